@@ -1,0 +1,71 @@
+//! The config file as written: serde structs that mirror the TOML one to one.
+//!
+//! Every struct denies unknown fields, so a typo fails loudly and names the field
+//! instead of silently falling back to a default. Values stay close to their text
+//! form here (durations and addresses are strings); [`super::validate`] turns them
+//! into typed values and reports every problem at once.
+
+use serde::Deserialize;
+
+/// The whole file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub server: ServerSection,
+    #[serde(default)]
+    pub admin: AdminSection,
+    pub fences: Option<FencesSection>,
+    #[serde(default)]
+    pub log: LogSection,
+    #[serde(default, rename = "route")]
+    pub routes: Vec<RouteSection>,
+}
+
+/// `[server]`: the proxy listener.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    pub listen: Option<String>,
+    pub shutdown_grace: Option<String>,
+}
+
+/// `[admin]`: health, readiness, metrics.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSection {
+    pub listen: Option<String>,
+    pub auth_token: Option<String>,
+}
+
+/// `[fences]`: where marks are kept.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FencesSection {
+    pub store: Option<String>,
+}
+
+/// `[log]`: tracing output.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSection {
+    pub format: Option<String>,
+    pub level: Option<String>,
+}
+
+/// One `[[route]]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSection {
+    pub name: Option<String>,
+    pub prefix: Option<String>,
+    pub upstream: Option<String>,
+    pub pattern: Option<String>,
+    pub key: Option<String>,
+    pub fenced_methods: Option<Vec<String>>,
+    pub missing_token: Option<String>,
+    pub timeout: Option<String>,
+    pub queue_timeout: Option<String>,
+    pub token_header: Option<String>,
+    pub preserve_host: Option<bool>,
+}

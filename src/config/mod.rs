@@ -1,0 +1,532 @@
+//! Configuration: `config.toml -> FileConfig (serde) -> validate -> Config`.
+//!
+//! Validation collects *every* problem and names the field it concerns, so one
+//! `fencegate --check` run tells an operator everything to fix:
+//!
+//! ```
+//! let err = fencegate::config::Config::from_toml_str(r#"
+//!     [[route]]
+//!     name = "objects"
+//!     prefix = "objects/"
+//!     upstream = "htp://10.0.0.5:9000"
+//! "#).unwrap_err();
+//! let text = err.to_string();
+//! assert!(text.contains("route[0] 'objects'.prefix"));
+//! assert!(text.contains("route[0] 'objects'.upstream"));
+//! ```
+
+mod file;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+
+pub use file::FileConfig;
+
+use crate::route::{KeyTemplate, PathPattern, Route, Upstream};
+
+const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
+const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9901";
+const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_TOKEN_HEADER: &str = "x-fencing-token";
+const DEFAULT_KEY: &str = "{path}";
+const DEFAULT_FENCED_METHODS: [Method; 4] = [Method::PUT, Method::POST, Method::PATCH, Method::DELETE];
+
+/// A validated configuration: everything here is known to be usable.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub admin: AdminConfig,
+    pub fences: FencesConfig,
+    pub log: LogConfig,
+    pub routes: Vec<Route>,
+}
+
+/// The proxy listener.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// How long in-flight requests may take to finish after SIGTERM/SIGINT.
+    pub shutdown_grace: Duration,
+}
+
+/// The admin listener.
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    /// Bearer token for mutating admin calls (the fence API).
+    pub auth_token: Option<String>,
+}
+
+/// Where fence marks live.
+#[derive(Debug, Clone)]
+pub struct FencesConfig {
+    pub store: StoreKind,
+    /// False when the config had no `[fences]` section and the default was taken.
+    pub explicit: bool,
+}
+
+/// The fence store backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// In-process map: fast, and every fence dies with the process.
+    Memory,
+}
+
+/// Log output.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// A `tracing_subscriber::EnvFilter` directive, e.g. `info` or `fencegate=debug`.
+    pub level: String,
+}
+
+/// Human-readable lines or one JSON object per event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+/// One problem found in a config, with the field it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    /// Dotted path of the field, e.g. `route[1] 'objects'.timeout`.
+    pub field: String,
+    pub message: String,
+}
+
+/// Everything wrong with a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub source_name: String,
+    pub problems: Vec<ConfigProblem>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.problems.len();
+        write!(f, "{}: {} problem{}", self.source_name, n, if n == 1 { "" } else { "s" })?;
+        for p in &self.problems {
+            if p.field.is_empty() {
+                write!(f, "\n  - {}", p.message)?;
+            } else {
+                write!(f, "\n  - {}: {}", p.field, p.message)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            source_name: name.clone(),
+            problems: vec![ConfigProblem { field: String::new(), message: format!("cannot read the file: {e}") }],
+        })?;
+        Self::parse(&text, &name)
+    }
+
+    /// Parses and validates config text (what tests and `--check` use).
+    pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
+        Self::parse(text, "config")
+    }
+
+    fn parse(text: &str, name: &str) -> Result<Config, ConfigError> {
+        let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError {
+            source_name: name.to_string(),
+            problems: vec![ConfigProblem { field: String::new(), message: e.to_string().trim_end().to_string() }],
+        })?;
+        validate(file).map_err(|problems| ConfigError { source_name: name.to_string(), problems })
+    }
+}
+
+/// Collects problems while validating, so all of them are reported together.
+#[derive(Default)]
+struct Problems(Vec<ConfigProblem>);
+
+impl Problems {
+    fn add(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(ConfigProblem { field: field.into(), message: message.into() });
+    }
+
+    fn addr(&mut self, field: &str, value: Option<&str>, default: &str) -> SocketAddr {
+        let text = value.unwrap_or(default);
+        text.parse().unwrap_or_else(|_| {
+            self.add(field, format!("'{text}' is not an IP:port address (e.g. \"127.0.0.1:8080\")"));
+            default.parse().expect("default address parses")
+        })
+    }
+
+    fn duration(&mut self, field: &str, value: Option<&str>, default: Duration) -> Duration {
+        let Some(text) = value else { return default };
+        match humantime::parse_duration(text) {
+            Ok(d) if d.is_zero() => {
+                self.add(field, "must be greater than zero");
+                default
+            }
+            Ok(d) => d,
+            Err(e) => {
+                self.add(field, format!("'{text}' is not a duration like \"250ms\" or \"30s\" ({e})"));
+                default
+            }
+        }
+    }
+}
+
+/// Turns a parsed file into a typed [`Config`], or lists every problem.
+pub fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
+    let mut p = Problems::default();
+
+    let server = ServerConfig {
+        listen: p.addr("server.listen", file.server.listen.as_deref(), DEFAULT_LISTEN),
+        shutdown_grace: p.duration("server.shutdown_grace", file.server.shutdown_grace.as_deref(), DEFAULT_SHUTDOWN_GRACE),
+    };
+
+    let admin = AdminConfig {
+        listen: p.addr("admin.listen", file.admin.listen.as_deref(), DEFAULT_ADMIN_LISTEN),
+        auth_token: file.admin.auth_token.filter(|t| !t.is_empty()),
+    };
+
+    let fences = match &file.fences {
+        None => FencesConfig { store: StoreKind::Memory, explicit: false },
+        Some(section) => {
+            let store = match section.store.as_deref() {
+                None | Some("memory") => StoreKind::Memory,
+                Some(other) => {
+                    p.add("fences.store", format!("'{other}' is not a store this build has; use \"memory\""));
+                    StoreKind::Memory
+                }
+            };
+            FencesConfig { store, explicit: true }
+        }
+    };
+
+    let log = LogConfig {
+        format: match file.log.format.as_deref() {
+            None | Some("human") => LogFormat::Human,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                p.add("log.format", format!("'{other}' is not \"human\" or \"json\""));
+                LogFormat::Human
+            }
+        },
+        level: file.log.level.unwrap_or_else(|| "info".to_string()),
+    };
+    if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log.level) {
+        p.add("log.level", format!("'{}' is not a log filter ({e})", log.level));
+    }
+
+    if file.routes.is_empty() {
+        p.add("route", "no [[route]] is configured; fencegate would answer 404 to everything");
+    }
+    let mut routes = Vec::with_capacity(file.routes.len());
+    for (i, section) in file.routes.into_iter().enumerate() {
+        if let Some(route) = validate_route(i, section, &mut p) {
+            routes.push(route);
+        }
+    }
+    for (i, a) in routes.iter().enumerate() {
+        for b in &routes[..i] {
+            if a.name == b.name {
+                p.add(format!("route '{}'.name", a.name), "two routes have this name; names must be unique");
+            }
+            if a.prefix == b.prefix {
+                p.add(
+                    format!("route '{}'.prefix", a.name),
+                    format!("route '{}' has the same prefix '{}'; the match would be ambiguous", b.name, a.prefix),
+                );
+            }
+        }
+    }
+
+    if p.0.is_empty() {
+        Ok(Config { server, admin, fences, log, routes })
+    } else {
+        Err(p.0)
+    }
+}
+
+fn validate_route(i: usize, s: file::RouteSection, p: &mut Problems) -> Option<Route> {
+    let label = match &s.name {
+        Some(name) => format!("route[{i}] '{name}'"),
+        None => format!("route[{i}]"),
+    };
+    let field = |f: &str| format!("{label}.{f}");
+    let before = p.0.len();
+
+    let name = match s.name {
+        Some(n) if !n.trim().is_empty() => n,
+        _ => {
+            p.add(field("name"), "is required (it labels metrics and logs)");
+            String::new()
+        }
+    };
+    let prefix = match s.prefix {
+        Some(pre) if pre.starts_with('/') => pre,
+        Some(pre) => {
+            p.add(field("prefix"), format!("'{pre}' must start with '/'"));
+            pre
+        }
+        None => {
+            p.add(field("prefix"), "is required, e.g. \"/objects/\"");
+            String::new()
+        }
+    };
+    let upstream = match s.upstream.as_deref().map(Upstream::parse) {
+        Some(Ok(u)) => Some(u),
+        Some(Err(msg)) => {
+            p.add(field("upstream"), msg);
+            None
+        }
+        None => {
+            p.add(field("upstream"), "is required, e.g. \"http://10.0.0.5:9000\"");
+            None
+        }
+    };
+    let pattern = match s.pattern.as_deref().map(PathPattern::parse) {
+        Some(Ok(pat)) => {
+            if !pat.literal_prefix().starts_with(prefix.as_str()) && !prefix.starts_with(pat.literal_prefix()) {
+                p.add(field("pattern"), format!("'{}' can never match a path under prefix '{prefix}'", pat.source()));
+            }
+            Some(pat)
+        }
+        Some(Err(msg)) => {
+            p.add(field("pattern"), msg);
+            None
+        }
+        None => None,
+    };
+    let key_text = s.key.as_deref().unwrap_or(DEFAULT_KEY);
+    let key = match KeyTemplate::parse(key_text, pattern.as_ref()) {
+        Ok(k) => Some(k),
+        Err(msg) => {
+            p.add(field("key"), msg);
+            None
+        }
+    };
+    let fenced_methods = match s.fenced_methods {
+        None => DEFAULT_FENCED_METHODS.to_vec(),
+        Some(list) => {
+            let mut methods = Vec::with_capacity(list.len());
+            for m in list {
+                match Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+                    Ok(method) if !methods.contains(&method) => methods.push(method),
+                    Ok(_) => p.add(field("fenced_methods"), format!("'{m}' is listed twice")),
+                    Err(_) => p.add(field("fenced_methods"), format!("'{m}' is not an HTTP method")),
+                }
+            }
+            methods
+        }
+    };
+    let allow_missing_token = match s.missing_token.as_deref() {
+        None | Some("reject") => false,
+        Some("allow") => true,
+        Some(other) => {
+            p.add(field("missing_token"), format!("'{other}' is not \"reject\" or \"allow\""));
+            false
+        }
+    };
+    let timeout = p.duration(&field("timeout"), s.timeout.as_deref(), DEFAULT_TIMEOUT);
+    let queue_timeout = p.duration(&field("queue_timeout"), s.queue_timeout.as_deref(), DEFAULT_QUEUE_TIMEOUT);
+    let token_header_text = s.token_header.as_deref().unwrap_or(DEFAULT_TOKEN_HEADER);
+    let token_header = match HeaderName::from_bytes(token_header_text.as_bytes()) {
+        Ok(h) => Some(h),
+        Err(_) => {
+            p.add(field("token_header"), format!("'{token_header_text}' is not a valid header name"));
+            None
+        }
+    };
+
+    if p.0.len() != before {
+        return None;
+    }
+    Some(Route {
+        name: name.into(),
+        prefix,
+        upstream: upstream?,
+        pattern,
+        key: key?,
+        fenced_methods,
+        allow_missing_token,
+        timeout,
+        queue_timeout,
+        token_header: token_header?,
+        preserve_host: s.preserve_host.unwrap_or(false),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(text: &str) -> Vec<ConfigProblem> {
+        Config::from_toml_str(text).unwrap_err().problems
+    }
+
+    fn fields(text: &str) -> Vec<String> {
+        problems(text).into_iter().map(|p| p.field).collect()
+    }
+
+    const MINIMAL: &str = r#"
+        [[route]]
+        name = "objects"
+        prefix = "/objects/"
+        upstream = "http://127.0.0.1:9000"
+    "#;
+
+    #[test]
+    fn minimal_config_takes_the_documented_defaults() {
+        let c = Config::from_toml_str(MINIMAL).unwrap();
+        assert_eq!(c.server.listen.to_string(), "0.0.0.0:8080");
+        assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9901");
+        assert_eq!(c.fences.store, StoreKind::Memory);
+        assert!(!c.fences.explicit);
+        let r = &c.routes[0];
+        assert_eq!(r.fenced_methods, DEFAULT_FENCED_METHODS.to_vec());
+        assert!(!r.allow_missing_token);
+        assert_eq!(r.timeout, Duration::from_secs(30));
+        assert_eq!(r.queue_timeout, Duration::from_secs(10));
+        assert_eq!(r.token_header.as_str(), "x-fencing-token");
+        assert!(!r.preserve_host);
+    }
+
+    #[test]
+    fn the_shipped_reference_config_is_valid() {
+        let text = include_str!("../../config/fencegate.toml");
+        if let Err(e) = Config::from_toml_str(text) {
+            panic!("config/fencegate.toml does not validate:\n{e}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_errors_that_name_the_field() {
+        let text = format!("{MINIMAL}\nfenced_method = [\"PUT\"]\n");
+        let msg = problems(&text)[0].message.clone();
+        assert!(msg.contains("unknown field `fenced_method`"), "{msg}");
+        let msg = problems("[server]\nlisten = \"127.0.0.1:1\"\nbacklog = 5\n")[0].message.clone();
+        assert!(msg.contains("unknown field `backlog`"), "{msg}");
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once_with_its_field() {
+        let f = fields(
+            r#"
+            [server]
+            listen = "localhost"
+            [log]
+            format = "xml"
+            [[route]]
+            name = "a"
+            prefix = "a/"
+            upstream = "htp://x"
+            timeout = "soon"
+            queue_timeout = "0s"
+            missing_token = "maybe"
+            fenced_methods = ["PUT", "P UT"]
+            token_header = "bad header"
+            key = "{query.}"
+            [[route]]
+            prefix = "/b/"
+        "#,
+        );
+        let want = [
+            "server.listen",
+            "log.format",
+            "route[0] 'a'.prefix",
+            "route[0] 'a'.upstream",
+            "route[0] 'a'.key",
+            "route[0] 'a'.fenced_methods",
+            "route[0] 'a'.missing_token",
+            "route[0] 'a'.timeout",
+            "route[0] 'a'.queue_timeout",
+            "route[0] 'a'.token_header",
+            "route[1].name",
+            "route[1].upstream",
+        ];
+        for w in want {
+            assert!(f.iter().any(|x| x == w), "missing problem for {w}; got {f:?}");
+        }
+        assert_eq!(f.len(), want.len(), "{f:?}");
+    }
+
+    #[test]
+    fn upstream_messages_say_what_is_wrong() {
+        let msg = |u: &str| {
+            problems(&format!("[[route]]\nname=\"a\"\nprefix=\"/\"\nupstream=\"{u}\"\n"))
+                .into_iter()
+                .find(|p| p.field.ends_with(".upstream"))
+                .unwrap()
+                .message
+        };
+        assert!(msg("htp://x").contains("http://"), "{}", msg("htp://x"));
+        assert!(msg("https://x").contains("https"), "{}", msg("https://x"));
+        assert!(msg("http://").contains("not a URL"), "{}", msg("http://"));
+        assert!(msg("http:///x").contains("not a URL") || msg("http:///x").contains("host"), "{}", msg("http:///x"));
+        assert!(msg("http://x/base?q=1").contains("query"), "{}", msg("http://x/base?q=1"));
+    }
+
+    #[test]
+    fn duplicate_names_and_prefixes_are_rejected() {
+        let f = fields(
+            r#"
+            [[route]]
+            name = "a"
+            prefix = "/x/"
+            upstream = "http://127.0.0.1:1"
+            [[route]]
+            name = "a"
+            prefix = "/x/"
+            upstream = "http://127.0.0.1:1"
+        "#,
+        );
+        assert_eq!(f, vec!["route 'a'.name".to_string(), "route 'a'.prefix".to_string()]);
+    }
+
+    #[test]
+    fn key_segments_must_come_from_the_pattern() {
+        let p = problems(
+            r#"
+            [[route]]
+            name = "b"
+            prefix = "/buckets/"
+            upstream = "http://127.0.0.1:1"
+            key = "{bucket}/{object}"
+            pattern = "/buckets/{bucket}/objects/{obj*}"
+        "#,
+        );
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].field, "route[0] 'b'.key");
+        assert!(p[0].message.contains("{object}"), "{}", p[0].message);
+    }
+
+    #[test]
+    fn a_pattern_outside_the_prefix_is_rejected() {
+        let p = problems(
+            r#"
+            [[route]]
+            name = "b"
+            prefix = "/buckets/"
+            upstream = "http://127.0.0.1:1"
+            pattern = "/other/{x}"
+        "#,
+        );
+        assert_eq!(p[0].field, "route[0] 'b'.pattern");
+    }
+
+    #[test]
+    fn an_unknown_store_names_the_field() {
+        let text = format!("[fences]\nstore = \"etcd\"\n{MINIMAL}");
+        let p = problems(&text);
+        assert_eq!(p[0].field, "fences.store");
+    }
+}

@@ -1,0 +1,221 @@
+//! Request-path errors, and the one place they become responses.
+//!
+//! Every response fencegate makes itself is `application/problem+json` (RFC 9457)
+//! with `type`, `title`, `status`, `detail`, and `key`, `token`, `current` where
+//! they apply. Errors never escape as connection resets: the rescue layer turns
+//! each [`Rejection`] into a response with [`Rejection::into_response`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderName, Response, StatusCode};
+use http_body_util::{Either, Full};
+use serde_json::json;
+
+use crate::fence::store::StoreError;
+use crate::fence::token::TokenError;
+use crate::route::KeyError;
+
+/// The body of every response fencegate sends: streamed from the upstream, or
+/// made here in one piece.
+pub type ProxyBody = Either<hyper::body::Incoming, Full<Bytes>>;
+
+/// Response header naming the current mark on a 409.
+pub const CURRENT_TOKEN_HEADER: HeaderName = HeaderName::from_static("x-fencing-token-current");
+
+/// Why fencegate answered a request itself instead of the upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("token {token} is lower than the fence {current} for this key")]
+    StaleToken { token: u64, current: u64 },
+    #[error("this method is fenced on this route and the request has no {header} header")]
+    MissingToken { header: HeaderName },
+    #[error("the {header} header is malformed: {error}")]
+    MalformedToken { header: HeaderName, error: TokenError },
+    #[error("cannot make the fence key: {0}")]
+    BadKey(#[from] KeyError),
+    #[error("no route matches path '{path}'")]
+    NoRoute { path: String },
+    #[error("the upstream could not be reached or failed: {0}")]
+    UpstreamUnreachable(String),
+    #[error("the upstream did not answer within {}", humantime::format_duration(*.0))]
+    UpstreamTimeout(Duration),
+    #[error("waited {} for the key's turn; another write to it is in flight", humantime::format_duration(*.0))]
+    QueueTimeout(Duration),
+    #[error(transparent)]
+    StoreUnavailable(#[from] StoreError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// What happened to a request: the `outcome` label of `fencegate_requests_total`
+/// and the `decision` field of the access log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// A fenced request whose token was accepted, forwarded.
+    Forwarded,
+    /// Not subject to the fence (method not fenced, or missing token allowed), forwarded.
+    Unfenced,
+    Stale,
+    MissingToken,
+    MalformedToken,
+    BadKey,
+    NoRoute,
+    UpstreamError,
+    UpstreamTimeout,
+    QueueTimeout,
+    StoreUnavailable,
+    Internal,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 12] = [
+        Outcome::Forwarded,
+        Outcome::Unfenced,
+        Outcome::Stale,
+        Outcome::MissingToken,
+        Outcome::MalformedToken,
+        Outcome::BadKey,
+        Outcome::NoRoute,
+        Outcome::UpstreamError,
+        Outcome::UpstreamTimeout,
+        Outcome::QueueTimeout,
+        Outcome::StoreUnavailable,
+        Outcome::Internal,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Forwarded => "forwarded",
+            Outcome::Unfenced => "unfenced",
+            Outcome::Stale => "stale",
+            Outcome::MissingToken => "missing_token",
+            Outcome::MalformedToken => "malformed_token",
+            Outcome::BadKey => "bad_key",
+            Outcome::NoRoute => "no_route",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::UpstreamTimeout => "upstream_timeout",
+            Outcome::QueueTimeout => "queue_timeout",
+            Outcome::StoreUnavailable => "store_unavailable",
+            Outcome::Internal => "internal",
+        }
+    }
+}
+
+/// The fence decision for one request, carried in the response extensions for
+/// the access log and metrics.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub outcome: Outcome,
+    pub key: Option<String>,
+    pub token: Option<u64>,
+}
+
+/// The route a response belongs to, carried in the response extensions.
+#[derive(Debug, Clone)]
+pub struct RouteName(pub Arc<str>);
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::StaleToken { .. } => StatusCode::CONFLICT,
+            ProxyError::MissingToken { .. } => StatusCode::PRECONDITION_REQUIRED,
+            ProxyError::MalformedToken { .. } | ProxyError::BadKey(_) => StatusCode::BAD_REQUEST,
+            ProxyError::NoRoute { .. } => StatusCode::NOT_FOUND,
+            ProxyError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::QueueTimeout(_) | ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            ProxyError::StaleToken { .. } => Outcome::Stale,
+            ProxyError::MissingToken { .. } => Outcome::MissingToken,
+            ProxyError::MalformedToken { .. } => Outcome::MalformedToken,
+            ProxyError::BadKey(_) => Outcome::BadKey,
+            ProxyError::NoRoute { .. } => Outcome::NoRoute,
+            ProxyError::UpstreamUnreachable(_) => Outcome::UpstreamError,
+            ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
+            ProxyError::QueueTimeout(_) => Outcome::QueueTimeout,
+            ProxyError::StoreUnavailable(_) => Outcome::StoreUnavailable,
+            ProxyError::Internal(_) => Outcome::Internal,
+        }
+    }
+
+    /// `(type, title)` of the problem document. The `type` URNs are stable: clients
+    /// may match on them.
+    fn problem_type(&self) -> (&'static str, &'static str) {
+        match self {
+            ProxyError::StaleToken { .. } => ("urn:fencegate:problem:stale-token", "Stale fencing token"),
+            ProxyError::MissingToken { .. } => ("urn:fencegate:problem:missing-token", "Fencing token required"),
+            ProxyError::MalformedToken { .. } => ("urn:fencegate:problem:malformed-token", "Malformed fencing token"),
+            ProxyError::BadKey(_) => ("urn:fencegate:problem:bad-key", "Cannot determine the fence key"),
+            ProxyError::NoRoute { .. } => ("urn:fencegate:problem:no-route", "No route"),
+            ProxyError::UpstreamUnreachable(_) => ("urn:fencegate:problem:upstream-error", "Upstream unreachable"),
+            ProxyError::UpstreamTimeout(_) => ("urn:fencegate:problem:upstream-timeout", "Upstream timeout"),
+            ProxyError::QueueTimeout(_) => ("urn:fencegate:problem:queue-timeout", "Key busy"),
+            ProxyError::StoreUnavailable(_) => ("urn:fencegate:problem:store-unavailable", "Fence store unavailable"),
+            ProxyError::Internal(_) => ("urn:fencegate:problem:internal", "Internal error"),
+        }
+    }
+}
+
+/// A [`ProxyError`] with the fence key and token it concerns, when known.
+#[derive(Debug)]
+pub struct Rejection {
+    pub error: ProxyError,
+    pub key: Option<String>,
+    pub token: Option<u64>,
+}
+
+impl From<ProxyError> for Rejection {
+    fn from(error: ProxyError) -> Self {
+        Rejection { error, key: None, token: None }
+    }
+}
+
+impl Rejection {
+    pub fn new(error: ProxyError, key: Option<String>, token: Option<u64>) -> Self {
+        Rejection { error, key, token }
+    }
+
+    /// The problem+json response for this rejection, with its [`Decision`].
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let status = self.error.status();
+        let (type_uri, title) = self.error.problem_type();
+        let mut body = json!({
+            "type": type_uri,
+            "title": title,
+            "status": status.as_u16(),
+            "detail": self.error.to_string(),
+        });
+        if let Some(key) = &self.key {
+            body["key"] = json!(key);
+        }
+        if let Some(token) = self.token {
+            body["token"] = json!(token);
+        }
+        if let ProxyError::StaleToken { current, .. } = &self.error {
+            body["current"] = json!(current);
+        }
+        let mut response = Response::new(Either::Right(Full::new(Bytes::from(body.to_string()))));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        match &self.error {
+            ProxyError::StaleToken { current, .. } => {
+                headers.insert(CURRENT_TOKEN_HEADER, HeaderValue::from(*current));
+            }
+            ProxyError::QueueTimeout(_) | ProxyError::StoreUnavailable(_) => {
+                headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
+        }
+        response.extensions_mut().insert(Decision { outcome: self.error.outcome(), key: self.key, token: self.token });
+        response
+    }
+}

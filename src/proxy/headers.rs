@@ -1,0 +1,131 @@
+//! Header rewriting between client and upstream: hop-by-hop removal and
+//! `X-Forwarded-*`.
+
+use std::net::SocketAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Headers that describe one connection, never the message (RFC 9110 §7.6.1).
+fn hop_by_hop() -> [&'static HeaderName; 9] {
+    [
+        &header::CONNECTION,
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+        &header::PROXY_AUTHENTICATE,
+        &header::PROXY_AUTHORIZATION,
+        &header::TE,
+        &header::TRAILER,
+        &header::TRANSFER_ENCODING,
+        &header::UPGRADE,
+    ]
+}
+
+/// Removes hop-by-hop headers, including every header `Connection` names.
+/// With `keep_upgrade`, `Upgrade` survives and `Connection: upgrade` is set again,
+/// so a protocol switch can pass through.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        if !(keep_upgrade && name == header::UPGRADE) {
+            headers.remove(&name);
+        }
+    }
+    for name in hop_by_hop() {
+        if !(keep_upgrade && *name == header::UPGRADE) {
+            headers.remove(name);
+        }
+    }
+    if keep_upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
+
+/// Whether a request asks to switch protocols (e.g. a websocket handshake).
+pub fn wants_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Appends the client to `X-Forwarded-For` and sets `X-Forwarded-Proto` and
+/// `X-Forwarded-Host` (the host the client asked for).
+pub fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr, original_host: Option<HeaderValue>) {
+    let ip = client.ip().to_string();
+    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {ip}"),
+        _ => ip,
+    };
+    if let Ok(value) = HeaderValue::from_str(&xff) {
+        headers.insert(&X_FORWARDED_FOR, value);
+    }
+    headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    if let Some(host) = original_host {
+        headers.insert(&X_FORWARDED_HOST, host);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn strips_hop_by_hop_and_connection_named_headers() {
+        let mut h = map(&[
+            ("connection", "keep-alive, x-session"),
+            ("keep-alive", "timeout=5"),
+            ("x-session", "abc"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("x-fencing-token", "7"),
+            ("content-type", "text/plain"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        let mut left: Vec<_> = h.keys().map(|k| k.as_str().to_string()).collect();
+        left.sort();
+        assert_eq!(left, ["content-type", "x-fencing-token"]);
+    }
+
+    #[test]
+    fn keeps_upgrade_when_asked() {
+        let mut h = map(&[("connection", "Upgrade"), ("upgrade", "websocket")]);
+        assert!(wants_upgrade(&h));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h["upgrade"], "websocket");
+        assert_eq!(h["connection"], "upgrade");
+        assert!(!wants_upgrade(&map(&[("upgrade", "websocket")])));
+    }
+
+    #[test]
+    fn forwarded_headers_append_to_a_chain() {
+        let client: SocketAddr = "10.1.2.3:5555".parse().unwrap();
+        let mut h = map(&[("x-forwarded-for", "192.0.2.1")]);
+        add_forwarded(&mut h, client, Some(HeaderValue::from_static("store.example")));
+        assert_eq!(h["x-forwarded-for"], "192.0.2.1, 10.1.2.3");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["x-forwarded-host"], "store.example");
+    }
+}

@@ -1,0 +1,160 @@
+//! Forwarding to the upstream: a pooled HTTP/1.1 client, URI and header rewrite,
+//! timeouts, and protocol upgrades. This module knows nothing of tokens: the
+//! fence has decided before a request gets here.
+
+mod headers;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::header::{HeaderValue, HOST};
+use http::{Request, Response, StatusCode, Version};
+use http_body_util::Either;
+use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tower::Service;
+
+pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
+
+use crate::error::{ProxyBody, ProxyError};
+use crate::route::{request_host, Route};
+
+/// Idle upstream connections are closed after this long: below the 5 s idle
+/// timeout that common upstream servers use, so the pool rarely hands out a
+/// connection the upstream is about to close.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// The client's address, put in the request extensions by the listener.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddr(pub SocketAddr);
+
+/// The innermost service: sends a request to its route's upstream.
+#[derive(Clone, Debug)]
+pub struct Forward {
+    client: Client<HttpConnector, Incoming>,
+}
+
+impl Forward {
+    pub fn new() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        Forward { client }
+    }
+}
+
+impl Default for Forward {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Service<Request<Incoming>> for Forward {
+    type Response = Response<ProxyBody>;
+    type Error = ProxyError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        Box::pin(forward(self.client.clone(), req))
+    }
+}
+
+async fn forward(client: Client<HttpConnector, Incoming>, req: Request<Incoming>) -> Result<Response<ProxyBody>, ProxyError> {
+    let route = req
+        .extensions()
+        .get::<Arc<Route>>()
+        .cloned()
+        .ok_or_else(|| ProxyError::Internal("request reached the forwarder without a route".into()))?;
+    let (mut parts, body) = req.into_parts();
+
+    // Only requests the fence does not cover may switch protocols: a fenced
+    // write must end with its response head, or the key's turn would never pass on.
+    let upgrade = wants_upgrade(&parts.headers) && !route.is_fenced(&parts.method);
+    let client_upgrade = if upgrade { parts.extensions.remove::<OnUpgrade>() } else { None };
+
+    let original_host = request_host(&parts.uri, &parts.headers).ok().and_then(|h| HeaderValue::from_str(h).ok());
+    let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
+    parts.uri = route.upstream.uri_for(path_and_query).map_err(|e| ProxyError::Internal(format!("upstream URI: {e}")))?;
+    // Clients may speak HTTP/2; the upstream connection is HTTP/1.1.
+    parts.version = Version::HTTP_11;
+
+    strip_hop_by_hop(&mut parts.headers, upgrade);
+    let client_addr = parts.extensions.get::<ClientAddr>().map(|c| c.0);
+    if let Some(addr) = client_addr {
+        add_forwarded(&mut parts.headers, addr, original_host.clone());
+    }
+    let host = match (&original_host, route.preserve_host) {
+        (Some(h), true) => h.clone(),
+        _ => HeaderValue::from_str(route.upstream.authority.as_str())
+            .map_err(|e| ProxyError::Internal(format!("upstream host: {e}")))?,
+    };
+    parts.headers.insert(HOST, host);
+
+    let request = Request::from_parts(parts, body);
+    let mut response = match tokio::time::timeout(route.timeout, client.request(request)).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(e)) => return Err(ProxyError::UpstreamUnreachable(error_chain(&e))),
+        Err(_) => return Err(ProxyError::UpstreamTimeout(route.timeout)),
+    };
+
+    let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+    if switching {
+        if let Some(client_upgrade) = client_upgrade {
+            let upstream_upgrade = hyper::upgrade::on(&mut response);
+            tokio::spawn(splice(client_upgrade, upstream_upgrade));
+        }
+    }
+    strip_hop_by_hop(response.headers_mut(), switching && upgrade);
+    Ok(response.map(Either::Left))
+}
+
+/// Copies bytes both ways between an upgraded client and upstream connection.
+async fn splice(client: OnUpgrade, upstream: OnUpgrade) {
+    let (client, upstream) = match tokio::try_join!(client, upstream) {
+        Ok(pair) => pair,
+        Err(e) => {
+            tracing::debug!(error = %e, "protocol upgrade failed");
+            return;
+        }
+    };
+    let mut client = TokioIo::new(client);
+    let mut upstream = TokioIo::new(upstream);
+    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        tracing::debug!(error = %e, "upgraded connection ended with an error");
+    }
+}
+
+/// `a: b: c` from an error and its sources: hyper's top-level messages alone
+/// ("client error (Connect)") do not say what went wrong.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Turns an infallible service result into the `Result` the stack expects.
+pub fn infallible<T>(value: T) -> Result<T, Infallible> {
+    Ok(value)
+}
