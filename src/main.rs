@@ -38,7 +38,12 @@ fn main() -> ExitCode {
         }
     };
     if cli.check {
-        println!("{}: OK ({} route{})", cli.config.display(), config.routes.len(), if config.routes.len() == 1 { "" } else { "s" });
+        println!(
+            "{}: OK ({} route{})",
+            cli.config.display(),
+            config.routes.len(),
+            if config.routes.len() == 1 { "" } else { "s" }
+        );
         return ExitCode::SUCCESS;
     }
     let format = match cli.log_format {

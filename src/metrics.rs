@@ -83,7 +83,9 @@ impl Metrics {
             .map(|name| RouteMetrics {
                 by_outcome: Outcome::ALL
                     .iter()
-                    .map(|o| requests.get_or_create(&RequestLabels { route: name.clone(), outcome: o.as_str() }).clone())
+                    .map(|o| {
+                        requests.get_or_create(&RequestLabels { route: name.clone(), outcome: o.as_str() }).clone()
+                    })
                     .collect(),
                 duration: duration.get_or_create(&RouteLabel { route: name.clone() }).clone(),
             })
@@ -97,7 +99,11 @@ impl Metrics {
             "Keys with a fenced request in flight or waiting (each has a queue)",
             active_keys.clone(),
         );
-        registry.register("fencegate_waiting_requests", "Fenced requests waiting for their key's turn", waiting.clone());
+        registry.register(
+            "fencegate_waiting_requests",
+            "Fenced requests waiting for their key's turn",
+            waiting.clone(),
+        );
         Metrics { registry, routes, tracked_keys, active_keys, waiting }
     }
 

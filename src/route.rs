@@ -86,7 +86,7 @@ pub struct RouteTable {
 impl RouteTable {
     pub fn new(routes: impl IntoIterator<Item = Route>) -> Self {
         let mut routes: Vec<(usize, Arc<Route>)> = routes.into_iter().map(Arc::new).enumerate().collect();
-        routes.sort_by(|a, b| b.1.prefix.len().cmp(&a.1.prefix.len()));
+        routes.sort_by_key(|(_, r)| std::cmp::Reverse(r.prefix.len()));
         RouteTable { routes }
     }
 
@@ -434,8 +434,13 @@ mod tests {
         assert_eq!(render("{query.id}", None, "/a?x=1&id=42", &[]).unwrap(), "42");
         assert_eq!(render("{query.id}", None, "/a?id", &[]).unwrap(), "");
         assert_eq!(
-            render("{bucket}/{object}", Some("/buckets/{bucket}/objects/{object*}"), "/buckets/b1/objects/x/y.txt", &[])
-                .unwrap(),
+            render(
+                "{bucket}/{object}",
+                Some("/buckets/{bucket}/objects/{object*}"),
+                "/buckets/b1/objects/x/y.txt",
+                &[]
+            )
+            .unwrap(),
             "b1/x/y.txt"
         );
     }
@@ -447,7 +452,10 @@ mod tests {
             render("{header.x-tenant}", None, "/a", &[("x-tenant", "a"), ("x-tenant", "b")]),
             Err(KeyError::Repeated("header 'x-tenant'".into()))
         );
-        assert_eq!(render("{query.id}", None, "/a?id=1&id=2", &[]), Err(KeyError::Repeated("query parameter 'id'".into())));
+        assert_eq!(
+            render("{query.id}", None, "/a?id=1&id=2", &[]),
+            Err(KeyError::Repeated("query parameter 'id'".into()))
+        );
         assert_eq!(render("{query.id}", None, "/a?idx=1", &[]), Err(KeyError::Missing("query parameter 'id'".into())));
         let p = "/buckets/{bucket}/objects/{object*}";
         assert!(matches!(render("{bucket}", Some(p), "/buckets/b1", &[]), Err(KeyError::PatternMismatch(_))));

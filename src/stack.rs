@@ -35,8 +35,16 @@ pub struct Shared {
 pub fn proxy_service(
     shared: &Shared,
     client: SocketAddr,
-) -> impl Service<Request<Incoming>, Response = Response<impl hyper::body::Body<Data = bytes::Bytes, Error = impl Into<Box<dyn std::error::Error + Send + Sync>>> + Send + 'static>, Error = Infallible, Future = impl Send>
-       + Clone
+) -> impl Service<
+    Request<Incoming>,
+    Response = Response<
+        impl hyper::body::Body<Data = bytes::Bytes, Error = impl Into<Box<dyn std::error::Error + Send + Sync>>>
+            + Send
+            + 'static,
+    >,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone
        + Send
        + 'static {
     ServiceBuilder::new()

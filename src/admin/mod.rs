@@ -40,9 +40,11 @@ pub async fn handle(state: Arc<AdminState>, req: Request<Incoming>) -> Result<Re
     }
     Ok(match path {
         "/healthz" => text(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into()),
-        "/readyz" if state.draining.load(Ordering::Acquire) => {
-            problem(StatusCode::SERVICE_UNAVAILABLE, "Draining", "fencegate is shutting down and accepts no new connections")
-        }
+        "/readyz" if state.draining.load(Ordering::Acquire) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Draining",
+            "fencegate is shutting down and accepts no new connections",
+        ),
         "/readyz" => text(StatusCode::OK, "text/plain; charset=utf-8", "ready\n".into()),
         _ => {
             let shared = &state.shared;

@@ -189,7 +189,11 @@ pub fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
 
     let server = ServerConfig {
         listen: p.addr("server.listen", file.server.listen.as_deref(), DEFAULT_LISTEN),
-        shutdown_grace: p.duration("server.shutdown_grace", file.server.shutdown_grace.as_deref(), DEFAULT_SHUTDOWN_GRACE),
+        shutdown_grace: p.duration(
+            "server.shutdown_grace",
+            file.server.shutdown_grace.as_deref(),
+            DEFAULT_SHUTDOWN_GRACE,
+        ),
     };
 
     let admin = AdminConfig {

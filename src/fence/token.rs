@@ -46,7 +46,9 @@ pub fn parse_token(value: &[u8]) -> Result<u64, TokenError> {
 /// malformed or when the header appears more than once.
 pub fn token_from_headers(headers: &HeaderMap, header: &HeaderName) -> Result<Option<u64>, TokenError> {
     let mut values = headers.get_all(header).iter();
-    let Some(first) = values.next() else { return Ok(None) };
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
     if values.next().is_some() {
         return Err(TokenError::Repeated);
     }

@@ -4,7 +4,6 @@
 
 mod headers;
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -76,7 +75,10 @@ impl Service<Request<Incoming>> for Forward {
     }
 }
 
-async fn forward(client: Client<HttpConnector, Incoming>, req: Request<Incoming>) -> Result<Response<ProxyBody>, ProxyError> {
+async fn forward(
+    client: Client<HttpConnector, Incoming>,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, ProxyError> {
     let route = req
         .extensions()
         .get::<Arc<Route>>()
@@ -91,7 +93,8 @@ async fn forward(client: Client<HttpConnector, Incoming>, req: Request<Incoming>
 
     let original_host = request_host(&parts.uri, &parts.headers).ok().and_then(|h| HeaderValue::from_str(h).ok());
     let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
-    parts.uri = route.upstream.uri_for(path_and_query).map_err(|e| ProxyError::Internal(format!("upstream URI: {e}")))?;
+    parts.uri =
+        route.upstream.uri_for(path_and_query).map_err(|e| ProxyError::Internal(format!("upstream URI: {e}")))?;
     // Clients may speak HTTP/2; the upstream connection is HTTP/1.1.
     parts.version = Version::HTTP_11;
 
@@ -152,9 +155,4 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         source = s.source();
     }
     text
-}
-
-/// Turns an infallible service result into the `Result` the stack expects.
-pub fn infallible<T>(value: T) -> Result<T, Infallible> {
-    Ok(value)
 }
