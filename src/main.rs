@@ -61,6 +61,13 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async {
+        let shutdown = match shutdown_signal() {
+            Ok(shutdown) => shutdown,
+            Err(e) => {
+                tracing::error!("cannot install signal handlers: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
         let server = match Fencegate::bind(config).await {
             Ok(server) => server,
             Err(e) => {
@@ -68,31 +75,21 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        server.run(shutdown_signal()).await;
+        server.run(shutdown).await;
         ExitCode::SUCCESS
     })
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
+/// Registers the SIGTERM and SIGINT handlers now (so a signal that arrives
+/// while starting up is a graceful stop too) and resolves on the first of them.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => tracing::info!("SIGINT received"),
-        _ = term => tracing::info!("SIGTERM received"),
-    }
+    })
 }

@@ -67,10 +67,16 @@ pub fn wants_upgrade(headers: &HeaderMap) -> bool {
 /// `X-Forwarded-Host` (the host the client asked for).
 pub fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr, original_host: Option<HeaderValue>) {
     let ip = client.ip().to_string();
-    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {ip}"),
-        _ => ip,
-    };
+    // Several header lines are one comma-joined list (RFC 9110 §5.3): keep every hop.
+    let mut xff = String::new();
+    for prior in headers.get_all(&X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()) {
+        let prior = prior.trim();
+        if !prior.is_empty() {
+            xff.push_str(prior);
+            xff.push_str(", ");
+        }
+    }
+    xff.push_str(&ip);
     if let Ok(value) = HeaderValue::from_str(&xff) {
         headers.insert(&X_FORWARDED_FOR, value);
     }
@@ -122,9 +128,9 @@ mod tests {
     #[test]
     fn forwarded_headers_append_to_a_chain() {
         let client: SocketAddr = "10.1.2.3:5555".parse().unwrap();
-        let mut h = map(&[("x-forwarded-for", "192.0.2.1")]);
+        let mut h = map(&[("x-forwarded-for", "192.0.2.1"), ("x-forwarded-for", "192.0.2.9")]);
         add_forwarded(&mut h, client, Some(HeaderValue::from_static("store.example")));
-        assert_eq!(h["x-forwarded-for"], "192.0.2.1, 10.1.2.3");
+        assert_eq!(h["x-forwarded-for"], "192.0.2.1, 192.0.2.9, 10.1.2.3");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "store.example");
     }

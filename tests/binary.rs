@@ -1,0 +1,580 @@
+//! The real `fencegate` binary as a child process: CLI, `--check`, start-up
+//! failures, logs, and graceful shutdown on SIGTERM/SIGINT.
+//!
+//! Every test listens on `127.0.0.1:0` and learns the bound addresses from the
+//! JSON "fencegate listening" log line. A [`Running`] guard kills the child when a
+//! test fails, and prints what it logged.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::*;
+use serde_json::Value;
+
+/// Generous: a loaded CI machine may take a while to start a process.
+const DEADLINE: Duration = Duration::from_secs(30);
+const BIN: &str = env!("CARGO_BIN_EXE_fencegate");
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("fencegate-binary-{}-{n}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `fencegate` with a clean environment: no inherited config path or log filter,
+/// and a working directory without a `config/` so no default file is picked up.
+fn fencegate(cwd: &Path) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.current_dir(cwd).env_remove("FENCEGATE_CONFIG").env_remove("RUST_LOG");
+    cmd
+}
+
+/// Kills the child on drop (test failure included).
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs a command that should exit on its own; kills it and fails past [`DEADLINE`].
+fn run_to_exit(cmd: &mut Command) -> Output {
+    let mut child = ChildGuard(cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let stdout = drain(Box::new(child.0.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.0.stderr.take().unwrap()));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > DEADLINE {
+            drop(child);
+            let (out, err) = (stdout.join().unwrap(), stderr.join().unwrap());
+            panic!(
+                "{cmd:?} did not exit within {DEADLINE:?}\nstdout: {}\nstderr: {}",
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&err)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A serving fencegate child started with `--log-format json`.
+struct Running {
+    child: ChildGuard,
+    stdout: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<Vec<String>>>,
+    proxy: SocketAddr,
+    admin: SocketAddr,
+    _dir: TempDir,
+}
+
+impl Running {
+    /// Writes `config` to a temp dir, starts the binary on it and waits for the
+    /// "fencegate listening" event.
+    async fn start(config: &str) -> Running {
+        let dir = TempDir::new();
+        let path = dir.write("fencegate.toml", config);
+        let mut child = ChildGuard(
+            fencegate(&dir.0)
+                .arg("--config")
+                .arg(&path)
+                .args(["--log-format", "json"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let collect = |r: Box<dyn Read + Send>| {
+            let lines = Arc::new(Mutex::new(Vec::new()));
+            let sink = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(r).lines() {
+                    let Ok(line) = line else { break };
+                    sink.lock().unwrap().push(line);
+                }
+            });
+            lines
+        };
+        let stdout = collect(Box::new(child.0.stdout.take().unwrap()));
+        let stderr = collect(Box::new(child.0.stderr.take().unwrap()));
+        let unbound: SocketAddr = "0.0.0.0:0".parse().unwrap();
+        let mut running = Running { child, stdout, stderr, proxy: unbound, admin: unbound, _dir: dir };
+
+        let listening =
+            running.wait_event("the \"fencegate listening\" event", |e| e["message"] == "fencegate listening").await;
+        let addr = |field: &str| -> SocketAddr {
+            listening[field]
+                .as_str()
+                .and_then(|a| a.parse().ok())
+                .unwrap_or_else(|| panic!("no {field} address in {listening}"))
+        };
+        running.proxy = addr("proxy");
+        running.admin = addr("admin");
+        running
+    }
+
+    fn pid(&self) -> String {
+        self.child.0.id().to_string()
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.proxy)
+    }
+
+    fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    /// Sends a signal with the `kill` command (no libc in the tests).
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill").arg(format!("-{name}")).arg(self.pid()).status().unwrap();
+        assert!(status.success(), "kill -{name} failed: {status}");
+    }
+
+    /// Every stdout line so far, each parsed as JSON (every line must be one).
+    fn events(&self) -> Vec<Value> {
+        let lines = self.stdout.lock().unwrap().clone();
+        lines
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {l}")))
+            .collect()
+    }
+
+    /// Waits for a log event matching `pred`; fails if the process exits first.
+    async fn wait_event(&mut self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            if let Some(e) = self.events().into_iter().find(&pred) {
+                return e;
+            }
+            if let Some(status) = self.child.0.try_wait().unwrap() {
+                // Let the reader threads catch up with the last lines.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if let Some(e) = self.events().into_iter().find(&pred) {
+                    return e;
+                }
+                panic!("fencegate exited ({status}) before logging {what}");
+            }
+            assert!(start.elapsed() < DEADLINE, "fencegate did not log {what} within {DEADLINE:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits for the process to exit on its own.
+    async fn wait_exit(&mut self) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.0.try_wait().unwrap() {
+                return status;
+            }
+            assert!(start.elapsed() < DEADLINE, "fencegate did not exit within {DEADLINE:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = self.child.0.kill();
+            let _ = self.child.0.wait();
+            std::thread::sleep(Duration::from_millis(100));
+            eprintln!("--- fencegate stdout ---\n{}", self.stdout.lock().unwrap().join("\n"));
+            eprintln!("--- fencegate stderr ---\n{}", self.stderr.lock().unwrap().join("\n"));
+        }
+    }
+}
+
+/// A config on ephemeral loopback ports with one route `objects` to `upstream`.
+fn serving_config(upstream: &RecordingUpstream) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"30s\"\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n\
+         [fences]\nstore = \"memory\"\n\
+         {}",
+        route("objects", "/objects/", upstream, "")
+    )
+}
+
+const VALID: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[fences]
+store = "memory"
+[[route]]
+name = "objects"
+prefix = "/objects/"
+upstream = "http://127.0.0.1:9000"
+"#;
+
+// ---------------------------------------------------------------- CLI, --check
+
+#[test]
+fn check_accepts_a_valid_config_and_says_ok() {
+    let dir = TempDir::new();
+    let path = dir.write("ok.toml", VALID);
+    let out = run_to_exit(fencegate(&dir.0).arg("--config").arg(&path).arg("--check"));
+    assert!(out.status.success(), "{:?}\nstderr: {}", out.status, text(&out.stderr));
+    assert!(text(&out.stdout).contains("OK"), "stdout: {}", text(&out.stdout));
+}
+
+#[test]
+fn check_names_every_field_with_a_problem() {
+    let dir = TempDir::new();
+    let path = dir.write(
+        "bad.toml",
+        r#"
+[server]
+listen = "localhost"
+[[route]]
+name = "a"
+prefix = "/a/"
+upstream = "htp://x"
+timeout = "soon"
+"#,
+    );
+    let out = run_to_exit(fencegate(&dir.0).arg("--config").arg(&path).arg("--check"));
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "a broken config passed --check; stdout: {}", text(&out.stdout));
+    for field in ["server.listen", "route[0] 'a'.upstream", "route[0] 'a'.timeout"] {
+        assert!(stderr.contains(field), "stderr does not name {field}:\n{stderr}");
+    }
+    assert!(stderr.contains("bad.toml"), "stderr does not name the file:\n{stderr}");
+    assert!(!text(&out.stdout).contains("OK"), "stdout: {}", text(&out.stdout));
+}
+
+#[test]
+fn check_names_an_unknown_field() {
+    let dir = TempDir::new();
+    // A typo in a route and an unknown server option: serde stops at the first.
+    for (typo, config) in [
+        ("fenced_method", format!("{VALID}fenced_method = [\"PUT\"]\n")),
+        ("backlog", "[server]\nlisten = \"127.0.0.1:0\"\nbacklog = 5\n".to_string()),
+    ] {
+        let path = dir.write("typo.toml", &config);
+        let out = run_to_exit(fencegate(&dir.0).arg("--config").arg(&path).arg("--check"));
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "unknown field {typo} passed --check");
+        assert!(stderr.contains(typo), "stderr does not name {typo}:\n{stderr}");
+    }
+}
+
+#[test]
+fn a_missing_config_file_fails_and_names_the_file() {
+    let dir = TempDir::new();
+    let path = dir.0.join("no-such-file.toml");
+    for check in [true, false] {
+        let mut cmd = fencegate(&dir.0);
+        cmd.arg("--config").arg(&path);
+        if check {
+            cmd.arg("--check");
+        }
+        let out = run_to_exit(&mut cmd);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "check={check}: a missing config file was accepted");
+        assert!(stderr.contains("no-such-file.toml"), "check={check}: stderr does not name the file:\n{stderr}");
+    }
+
+    // Without --config or FENCEGATE_CONFIG the documented default is what is missing.
+    let out = run_to_exit(fencegate(&dir.0).arg("--check"));
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("config/fencegate.toml"), "stderr: {}", text(&out.stderr));
+}
+
+#[test]
+fn fencegate_config_env_is_used_when_config_is_absent() {
+    let dir = TempDir::new();
+    let path = dir.write("from-env.toml", VALID);
+    let out = run_to_exit(fencegate(&dir.0).env("FENCEGATE_CONFIG", &path).arg("--check"));
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("from-env.toml"), "stdout: {}", text(&out.stdout));
+
+    // The env var points at a broken file: it is really read.
+    let broken = dir.write("broken.toml", "[server]\nlisten = \"nowhere\"\n");
+    let out = run_to_exit(fencegate(&dir.0).env("FENCEGATE_CONFIG", &broken).arg("--check"));
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("server.listen"), "stderr: {}", text(&out.stderr));
+
+    // --config wins over the env var.
+    let out = run_to_exit(fencegate(&dir.0).env("FENCEGATE_CONFIG", &broken).arg("--config").arg(&path).arg("--check"));
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+}
+
+#[test]
+fn help_and_version_exit_zero() {
+    let dir = TempDir::new();
+    let out = run_to_exit(fencegate(&dir.0).arg("--help"));
+    assert!(out.status.success(), "{:?}", out.status);
+    let help = text(&out.stdout);
+    for flag in ["--config", "--check", "--log-format", "FENCEGATE_CONFIG"] {
+        assert!(help.contains(flag), "--help does not mention {flag}:\n{help}");
+    }
+
+    let out = run_to_exit(fencegate(&dir.0).arg("--version"));
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(text(&out.stdout).contains(env!("CARGO_PKG_VERSION")), "stdout: {}", text(&out.stdout));
+}
+
+#[test]
+fn the_shipped_config_passes_check_from_the_repo_root() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // Named explicitly, and found as the default path.
+    for explicit in [true, false] {
+        let mut cmd = fencegate(root);
+        if explicit {
+            cmd.args(["--config", "config/fencegate.toml"]);
+        }
+        let out = run_to_exit(cmd.arg("--check"));
+        assert!(out.status.success(), "explicit={explicit}: {:?}\nstderr: {}", out.status, text(&out.stderr));
+        assert!(text(&out.stdout).contains("OK"), "stdout: {}", text(&out.stdout));
+    }
+}
+
+// ---------------------------------------------------------------- start-up
+
+#[test]
+fn a_listen_address_in_use_fails_start_up_and_names_the_address() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let dir = TempDir::new();
+    for (section, config) in [
+        ("server", format!("[server]\nlisten = \"{addr}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n")),
+        ("admin", format!("[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"{addr}\"\n")),
+    ] {
+        let config = format!(
+            "{config}[fences]\nstore = \"memory\"\n[[route]]\nname = \"o\"\nprefix = \"/\"\nupstream = \"http://127.0.0.1:9\"\n"
+        );
+        let path = dir.write("in-use.toml", &config);
+        let out = run_to_exit(fencegate(&dir.0).arg("--config").arg(&path));
+        // The error is logged (stdout) in the configured format; look at both streams.
+        let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(!out.status.success(), "{section}: started although {addr} is taken:\n{all}");
+        assert!(all.contains(&addr.to_string()), "{section}: the error does not name {addr}:\n{all}");
+    }
+    drop(taken);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_store_warns_loudly_that_fences_are_lost() {
+    let up = RecordingUpstream::start().await;
+    let mut fg = Running::start(&serving_config(&up)).await;
+    let warning = fg
+        .wait_event("the memory store warning", |e| {
+            e["level"] == "WARN" && e["message"].as_str().is_some_and(|m| m.contains("memory") && m.contains("lost"))
+        })
+        .await;
+    assert!(warning["message"].as_str().unwrap().contains("restart"), "{warning}");
+    fg.signal("TERM");
+    assert_eq!(fg.wait_exit().await.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_format_flag_overrides_the_config() {
+    let up = RecordingUpstream::start().await;
+    // The config asks for human lines; `--log-format json` (what Running passes) wins.
+    let config = format!("[log]\nformat = \"human\"\n{}", serving_config(&up));
+    let mut fg = Running::start(&config).await;
+    assert!(!fg.events().is_empty());
+    fg.signal("TERM");
+    assert_eq!(fg.wait_exit().await.code(), Some(0));
+}
+
+// ---------------------------------------------------------------- access log
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_access_log_has_one_event_per_request_with_the_decision() {
+    let up = RecordingUpstream::start().await;
+    let mut fg = Running::start(&serving_config(&up)).await;
+    assert_eq!(put(&fg.url("/objects/a"), 5, "v5").await.status, 200);
+    put(&fg.url("/objects/a"), 4, "v4").await.problem(409);
+
+    let is_access = |e: &Value| e["target"] == "fencegate::access";
+    let stale = fg.wait_event("the stale access-log event", |e| is_access(e) && e["decision"] == "stale").await;
+    let forwarded =
+        fg.wait_event("the forwarded access-log event", |e| is_access(e) && e["decision"] == "forwarded").await;
+
+    for (event, token, status) in [(&forwarded, 5, 200), (&stale, 4, 409)] {
+        assert_eq!(event["route"], "objects", "{event}");
+        assert_eq!(event["key"], "/objects/a", "{event}");
+        assert_eq!(event["token"], token, "{event}");
+        assert_eq!(event["status"], status, "{event}");
+        assert!(event["latency_us"].is_u64(), "{event}");
+        assert_eq!(event["level"], "INFO", "{event}");
+    }
+    assert_eq!(fg.events().iter().filter(|e| is_access(e)).count(), 2, "one access-log event per request");
+
+    fg.signal("TERM");
+    assert_eq!(fg.wait_exit().await.code(), Some(0));
+    // Every line, to the last, is one JSON object (events() panics otherwise).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!fg.events().is_empty());
+}
+
+// ---------------------------------------------------------------- shutdown
+
+async fn metric(admin: &str, series: &str) -> Option<f64> {
+    let text = get(admin).await.text();
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_writes_then_exits_zero() {
+    let up = RecordingUpstream::start().await;
+    let mut fg = Running::start(&serving_config(&up)).await;
+    assert_eq!(get(&fg.admin_url("/readyz")).await.status, 200);
+
+    // A slow fenced write, in flight when the signal arrives.
+    let url = fg.url("/objects/slow");
+    let slow_put =
+        tokio::spawn(
+            async move { send("PUT", &url, &[("x-fencing-token", "7"), ("x-slow-ms", "3000")], "drained").await },
+        );
+    let metrics = fg.admin_url("/metrics");
+    let start = Instant::now();
+    while metric(&metrics, "fencegate_active_keys").await != Some(1.0) {
+        assert!(!slow_put.is_finished(), "the slow PUT finished before it was seen in flight");
+        assert!(start.elapsed() < DEADLINE, "the slow PUT never became active");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    fg.signal("TERM");
+
+    // Draining: readiness turns 503 so load balancers stop sending.
+    let start = Instant::now();
+    loop {
+        let r = get(&fg.admin_url("/readyz")).await;
+        if r.status == 503 {
+            r.problem(503);
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "/readyz never turned 503 after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Health still answers: the process is alive, only draining.
+    assert_eq!(get(&fg.admin_url("/healthz")).await.status, 200);
+
+    // The proxy listener is closed: new connections are refused.
+    let start = Instant::now();
+    loop {
+        match TcpStream::connect_timeout(&fg.proxy, Duration::from_secs(1)) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
+            other => {
+                assert!(start.elapsed() < DEADLINE, "the proxy still accepts connections while draining: {other:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+
+    // The in-flight write still completes and was applied.
+    let reply = slow_put.await.unwrap();
+    assert_eq!(reply.status, 200, "body: {}", reply.text());
+    let applied = up.applied_for("/objects/slow");
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert_eq!(applied[0].token.as_deref(), Some("7"));
+    assert_eq!(up.object("/objects/slow").unwrap(), "drained");
+
+    let status = fg.wait_exit().await;
+    assert_eq!(status.code(), Some(0), "{status}");
+    fg.wait_event("the drained event", |e| e["message"] == "all connections drained").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_exits_zero() {
+    let up = RecordingUpstream::start().await;
+    let mut fg = Running::start(&serving_config(&up)).await;
+    // Serving for real before the signal.
+    assert_eq!(put(&fg.url("/objects/i"), 1, "x").await.status, 200);
+    assert_eq!(get(&fg.admin_url("/healthz")).await.status, 200);
+
+    fg.signal("INT");
+    let status = fg.wait_exit().await;
+    assert_eq!(status.code(), Some(0), "{status}");
+    fg.wait_event("the SIGINT event", |e| e["message"] == "SIGINT received").await;
+}
+
+/// A supervisor (systemd, Kubernetes, a test) takes "fencegate listening" as
+/// "up", and may stop the process right away. That stop must be graceful too.
+#[test]
+fn a_signal_right_after_listening_is_still_a_graceful_stop() {
+    let dir = TempDir::new();
+    let path = dir.write("fg.toml", VALID);
+    let mut codes = Vec::new();
+    for signal in ["TERM", "INT"].into_iter().cycle().take(20) {
+        let mut child = ChildGuard(
+            fencegate(&dir.0)
+                .arg("--config")
+                .arg(&path)
+                .args(["--log-format", "json"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+        let started = lines.by_ref().map_while(Result::ok).any(|l| l.contains("\"fencegate listening\""));
+        assert!(started, "fencegate exited without logging \"fencegate listening\"");
+        let pid = child.0.id().to_string();
+        assert!(Command::new("kill").arg(format!("-{signal}")).arg(&pid).status().unwrap().success());
+        let rest = std::thread::spawn(move || lines.map_while(Result::ok).count());
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = child.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(start.elapsed() < DEADLINE, "fencegate did not exit after SIG{signal}");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let _ = rest.join();
+        codes.push((signal, status));
+    }
+    // On unix a process killed by a signal has no exit code.
+    let hard: Vec<_> = codes.iter().filter(|(_, s)| s.code() != Some(0)).collect();
+    assert!(hard.is_empty(), "{} of {} stops were not graceful: {hard:?}", hard.len(), codes.len());
+}

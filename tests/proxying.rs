@@ -1,0 +1,428 @@
+//! What the proxy does to a request on its way to the upstream and to the response
+//! on its way back: header rewriting, URI rewriting, bodies of any size and shape,
+//! HTTP/2 clients and protocol upgrades. Real sockets on 127.0.0.1 throughout.
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rand::Rng;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use common::*;
+
+async fn setup(prefix: &str, extra: &str) -> (RecordingUpstream, Proxy) {
+    let up = RecordingUpstream::start().await;
+    let proxy = Proxy::start(&route("r", prefix, &up, extra)).await;
+    (up, proxy)
+}
+
+/// `GET url` against the upstream's `/echo` endpoint: the headers it saw, by name.
+async fn echoed_headers(url: &str, headers: &[(&str, &str)]) -> serde_json::Map<String, serde_json::Value> {
+    let reply = send("GET", url, headers, Bytes::new()).await;
+    assert_eq!(reply.status, 200, "body: {}", reply.text());
+    reply.json()["headers"].as_object().cloned().expect("echo has a headers object")
+}
+
+/// Every value the upstream saw for `name`, one per header line.
+fn values(headers: &serde_json::Map<String, serde_json::Value>, name: &str) -> Vec<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.as_array())
+        .map_or_else(Vec::new, |values| values.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+}
+
+fn random_bytes(len: usize) -> Bytes {
+    let mut data = vec![0u8; len];
+    rand::thread_rng().fill(&mut data[..]);
+    Bytes::from(data)
+}
+
+/// A guard against a hung socket: fails the test instead of blocking CI forever.
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), fut).await.unwrap_or_else(|_| panic!("{what} never finished"))
+}
+
+/// A request body fed frame by frame from a channel, with no length known up
+/// front, so HTTP/1.1 clients send it chunked.
+struct ChannelBody {
+    rx: mpsc::Receiver<Bytes>,
+}
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.rx.poll_recv(cx).map(|chunk| chunk.map(|data| Ok(Frame::data(data))))
+    }
+}
+
+/// Sends `request` with `client` and reads the whole response.
+async fn exchange<B>(
+    client: &Client<hyper_util::client::legacy::connect::HttpConnector, B>,
+    request: Request<B>,
+) -> Reply
+where
+    B: Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let what = format!("{} {}", request.method(), request.uri());
+    let response = within(&what, client.request(request)).await.unwrap_or_else(|e| panic!("{what}: {e:?}"));
+    let (parts, body) = response.into_parts();
+    let body = within(&what, body.collect()).await.unwrap().to_bytes();
+    Reply { status: parts.status, headers: parts.headers, body }
+}
+
+/// Writes raw HTTP/1.1 bytes and reads the response head (up to the blank line).
+async fn raw_exchange(addr: SocketAddr, request: &str) -> (TcpStream, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    // Byte by byte so that nothing after the head is consumed here.
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = within("reading a response head", stream.read(&mut byte)).await.unwrap();
+        assert_eq!(n, 1, "connection closed after {:?}", String::from_utf8_lossy(&head));
+        head.push(byte[0]);
+    }
+    (stream, String::from_utf8(head).unwrap())
+}
+
+/// An upstream that answers every request with the response `respond` makes.
+async fn canned_upstream(respond: fn() -> Response<Full<Bytes>>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = hyper::service::service_fn(move |_req| async move { Ok::<_, Infallible>(respond()) });
+            tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service));
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn hop_by_hop_headers_stay_behind_and_end_to_end_headers_arrive() {
+    let (up, proxy) = setup("/echo", "").await;
+    let sent = [
+        ("connection", "keep-alive, x-secret"),
+        ("keep-alive", "timeout=5"),
+        ("te", "trailers"),
+        ("trailer", "x-checksum"),
+        ("proxy-authorization", "Basic cHJveHk6c2VjcmV0"),
+        ("proxy-connection", "keep-alive"),
+        ("x-secret", "for the first hop only"),
+        ("content-type", "text/plain"),
+        ("x-custom", "kept"),
+        ("authorization", "Bearer end-to-end"),
+        ("x-fencing-token", "42"),
+    ];
+    let hop_by_hop =
+        ["connection", "keep-alive", "te", "trailer", "proxy-authorization", "proxy-connection", "x-secret"];
+
+    // Control: straight to the upstream, the client really sends every one of them.
+    let direct = echoed_headers(&format!("{}/echo/h", up.url()), &sent).await;
+    for name in hop_by_hop {
+        assert!(direct.contains_key(name), "the test client did not send {name}: {direct:?}");
+    }
+
+    let headers = echoed_headers(&proxy.url("/echo/h"), &sent).await;
+    for gone in hop_by_hop {
+        assert!(!headers.contains_key(gone), "{gone} reached the upstream: {headers:?}");
+    }
+    assert_eq!(values(&headers, "content-type"), ["text/plain"]);
+    assert_eq!(values(&headers, "x-custom"), ["kept"]);
+    assert_eq!(values(&headers, "authorization"), ["Bearer end-to-end"]);
+    assert_eq!(values(&headers, "x-fencing-token"), ["42"]);
+}
+
+#[tokio::test]
+async fn x_forwarded_headers_name_the_client_the_scheme_and_the_requested_host() {
+    let (_up, proxy) = setup("/echo", "").await;
+
+    // A client behind other proxies: fencegate appends itself to the chain.
+    let headers = echoed_headers(
+        &proxy.url("/echo/chain"),
+        &[("host", "store.example:8443"), ("x-forwarded-for", "203.0.113.7, 198.51.100.2")],
+    )
+    .await;
+    assert_eq!(values(&headers, "x-forwarded-for"), ["203.0.113.7, 198.51.100.2, 127.0.0.1"]);
+    assert_eq!(values(&headers, "x-forwarded-proto"), ["http"]);
+    assert_eq!(values(&headers, "x-forwarded-host"), ["store.example:8443"]);
+
+    // A direct client starts the chain.
+    let headers = echoed_headers(&proxy.url("/echo/direct"), &[]).await;
+    assert_eq!(values(&headers, "x-forwarded-for"), ["127.0.0.1"]);
+    assert_eq!(values(&headers, "x-forwarded-host"), [proxy.addr.to_string()]);
+}
+
+#[tokio::test]
+async fn x_forwarded_for_keeps_every_hop_when_the_chain_spans_several_header_lines() {
+    let (_up, proxy) = setup("/echo", "").await;
+    let headers = echoed_headers(
+        &proxy.url("/echo/lines"),
+        &[("x-forwarded-for", "203.0.113.7"), ("x-forwarded-for", "198.51.100.2")],
+    )
+    .await;
+    // RFC 9110 §5.3: several field lines mean the same as one comma-joined line.
+    assert_eq!(values(&headers, "x-forwarded-for").join(", "), "203.0.113.7, 198.51.100.2, 127.0.0.1");
+}
+
+#[tokio::test]
+async fn host_is_the_upstream_authority_unless_the_route_preserves_it() {
+    let up = RecordingUpstream::start().await;
+    let routes = format!(
+        "{}{}",
+        route("rewritten", "/echo/rewritten", &up, ""),
+        route("preserved", "/echo/preserved", &up, "preserve_host = true")
+    );
+    let proxy = Proxy::start(&routes).await;
+    let client_host = [("host", "store.example")];
+
+    let headers = echoed_headers(&proxy.url("/echo/rewritten"), &client_host).await;
+    assert_eq!(values(&headers, "host"), [up.addr.to_string()]);
+
+    let headers = echoed_headers(&proxy.url("/echo/preserved"), &client_host).await;
+    assert_eq!(values(&headers, "host"), ["store.example"]);
+}
+
+#[tokio::test]
+async fn an_upstream_base_path_is_prepended_to_the_full_path_and_query() {
+    let up = RecordingUpstream::start().await;
+    let routes = format!(
+        "[[route]]\nname = \"files\"\nprefix = \"/files/\"\nupstream = \"http://{0}/base\"\n\
+         [[route]]\nname = \"docs\"\nprefix = \"/docs/\"\nupstream = \"http://{0}/nested/base/\"\n",
+        up.addr
+    );
+    let proxy = Proxy::start(&routes).await;
+
+    assert_eq!(get(&proxy.url("/files/a%20b/c.txt?version=3&flag")).await.status, 404);
+    assert_eq!(get(&proxy.url("/docs/readme?lang=en")).await.status, 404);
+    assert_eq!(put(&proxy.url("/files/report"), 4, "r").await.status, 200);
+    let seen: Vec<String> = up.seen().into_iter().map(|(_, path_and_query, _)| path_and_query).collect();
+    assert_eq!(
+        seen,
+        ["/base/files/a%20b/c.txt?version=3&flag", "/nested/base/docs/readme?lang=en", "/base/files/report"]
+    );
+
+    // The fence key is still the client's path, not the upstream's.
+    let p = put(&proxy.url("/files/report"), 3, "old").await.problem(409);
+    assert_eq!(p["key"], "/files/report");
+    assert_eq!(up.object("/base/files/report").unwrap(), "r");
+}
+
+#[tokio::test]
+async fn a_4_mib_body_is_written_and_read_back_byte_for_byte() {
+    let (up, proxy) = setup("/objects/", "").await;
+    let url = proxy.url("/objects/big");
+    let data = random_bytes(4 << 20);
+
+    let written = send("PUT", &url, &[("x-fencing-token", "1")], data.clone()).await;
+    assert_eq!(written.status, 200, "body: {}", written.text());
+    assert_eq!(written.json()["len"], data.len());
+    assert!(up.object("/objects/big").unwrap() == data, "the upstream stored different bytes");
+
+    let read = get(&url).await;
+    assert_eq!(read.status, 200);
+    assert_eq!(read.body.len(), data.len());
+    assert!(read.body == data, "the body read back through fencegate differs from the one written");
+}
+
+#[tokio::test]
+async fn a_chunked_upload_of_many_frames_arrives_intact() {
+    let (up, proxy) = setup("/objects/", "").await;
+    let chunks: Vec<Bytes> = (0..64).map(|i| random_bytes(1000 + i * 517)).collect();
+    let expected: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+
+    let (tx, rx) = mpsc::channel(4);
+    let producer = tokio::spawn(async move {
+        for chunk in chunks {
+            tx.send(chunk).await.unwrap();
+        }
+    });
+    let client = Client::builder(TokioExecutor::new()).build_http::<ChannelBody>();
+    let request = Request::builder()
+        .method(Method::PUT)
+        .uri(proxy.url("/objects/streamed"))
+        .header("x-fencing-token", "3")
+        .body(ChannelBody { rx })
+        .unwrap();
+    let reply = exchange(&client, request).await;
+    producer.await.unwrap();
+
+    assert_eq!(reply.status, 200, "body: {}", reply.text());
+    let applied = up.applied_for("/objects/streamed");
+    assert_eq!(applied.len(), 1);
+    assert_eq!(applied[0].token.as_deref(), Some("3"));
+    assert!(up.object("/objects/streamed").unwrap() == expected, "the upstream stored different bytes");
+}
+
+#[tokio::test]
+async fn http2_cleartext_clients_are_fenced_and_served() {
+    let (up, proxy) = setup("/objects/", "").await;
+    let client = Client::builder(TokioExecutor::new()).http2_only(true).build_http::<Full<Bytes>>();
+    let url = proxy.url("/objects/h2");
+    let data = random_bytes(1 << 20);
+    let request = |method: Method, token: Option<&str>, body: Bytes| {
+        let mut req = Request::builder().method(method).uri(&url).version(Version::HTTP_2);
+        if let Some(token) = token {
+            req = req.header("x-fencing-token", token);
+        }
+        req.body(Full::new(body)).unwrap()
+    };
+
+    let written = exchange(&client, request(Method::PUT, Some("5"), data.clone())).await;
+    assert_eq!(written.status, 200, "body: {}", written.text());
+    assert_eq!(written.json()["len"], data.len());
+
+    let stale = exchange(&client, request(Method::PUT, Some("4"), Bytes::from_static(b"old"))).await;
+    stale.problem(409);
+    assert_eq!(stale.header("x-fencing-token-current"), Some("5"));
+
+    let read = exchange(&client, request(Method::GET, None, Bytes::new())).await;
+    assert_eq!(read.status, 200);
+    assert!(read.body == data, "the body read back over HTTP/2 differs from the one written");
+
+    let tokens: Vec<_> = up.applied_for("/objects/h2").into_iter().map(|a| a.token.unwrap()).collect();
+    assert_eq!(tokens, ["5"]);
+    // The upstream speaks HTTP/1.1 and needs a Host; an HTTP/2 request only has :authority.
+    let (_, _, headers) = up.seen().into_iter().next().unwrap();
+    assert_eq!(headers["host"], up.addr.to_string());
+    assert_eq!(headers["x-forwarded-host"], proxy.addr.to_string());
+}
+
+#[tokio::test]
+async fn an_unfenced_upgrade_switches_protocols_end_to_end() {
+    let (up, proxy) = setup("/objects/", "").await;
+    let (mut stream, head) =
+        raw_exchange(proxy.addr, "GET /objects/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+            .await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("\r\nupgrade: echo\r\n"), "{head}");
+
+    for message in [&b"hello through fencegate"[..], &[0u8, 1, 2, 255, 254, 13, 10][..]] {
+        stream.write_all(message).await.unwrap();
+        let mut echoed = vec![0u8; message.len()];
+        within("reading the echo", stream.read_exact(&mut echoed)).await.unwrap();
+        assert_eq!(echoed, message);
+    }
+    let (_, _, headers) = up.seen().into_iter().next().unwrap();
+    assert_eq!(headers["upgrade"], "echo");
+}
+
+#[tokio::test]
+async fn a_fenced_write_never_switches_protocols() {
+    let (up, proxy) = setup("/objects/", "").await;
+    let (_stream, head) = raw_exchange(
+        proxy.addr,
+        "POST /objects/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\
+         X-Fencing-Token: 1\r\nContent-Length: 5\r\n\r\nhello",
+    )
+    .await;
+    // The upstream was never asked to switch, so it took the request as a plain write.
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let applied = up.applied_for("/objects/ws");
+    assert_eq!(applied.len(), 1);
+    assert_eq!((applied[0].method.as_str(), applied[0].token.as_deref()), ("POST", Some("1")));
+    assert_eq!(up.object("/objects/ws").unwrap(), "hello");
+    let (_, _, headers) = up.seen().into_iter().next().unwrap();
+    assert!(headers.get("upgrade").is_none(), "{headers:?}");
+
+    // The key's turn was passed on: the next write goes through.
+    assert_eq!(put(&proxy.url("/objects/ws"), 1, "again").await.status, 200);
+}
+
+#[tokio::test]
+async fn an_upstream_404_reaches_the_client_as_the_upstream_sent_it() {
+    let (_up, proxy) = setup("/objects/", "").await;
+    let missing = get(&proxy.url("/objects/never-written")).await;
+    assert_eq!(missing.status, 404);
+    // Not fencegate's own no-route problem: the route matched and the upstream answered.
+    assert_ne!(missing.header("content-type"), Some("application/problem+json"));
+    assert!(missing.body.is_empty(), "body: {}", missing.text());
+}
+
+#[tokio::test]
+async fn upstream_status_and_end_to_end_response_headers_pass_through() {
+    let upstream = canned_upstream(|| {
+        Response::builder()
+            .status(StatusCode::CREATED)
+            .header("location", "/objects/new/v2")
+            .header("etag", "\"v2\"")
+            .header("set-cookie", "a=1")
+            .header("set-cookie", "b=2")
+            .header("connection", "x-upstream-private")
+            .header("x-upstream-private", "for fencegate only")
+            .header("keep-alive", "timeout=5")
+            .body(Full::new(Bytes::from_static(b"created")))
+            .unwrap()
+    })
+    .await;
+    let proxy =
+        Proxy::start(&format!("[[route]]\nname = \"c\"\nprefix = \"/\"\nupstream = \"http://{upstream}\"\n")).await;
+
+    // Control: straight from the upstream, the per-connection headers are there.
+    let direct = put(&format!("http://{upstream}/objects/new"), 1, "x").await;
+    for name in ["x-upstream-private", "keep-alive"] {
+        assert!(direct.headers.get(name).is_some(), "the upstream did not send {name}: {:?}", direct.headers);
+    }
+
+    let reply = put(&proxy.url("/objects/new"), 1, "x").await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    assert_eq!(reply.header("location"), Some("/objects/new/v2"));
+    assert_eq!(reply.header("etag"), Some("\"v2\""));
+    let cookies: Vec<_> = reply.headers.get_all("set-cookie").iter().map(|v| v.to_str().unwrap()).collect();
+    assert_eq!(cookies, ["a=1", "b=2"]);
+    assert_eq!(reply.text(), "created");
+    for gone in ["x-upstream-private", "keep-alive"] {
+        assert!(reply.headers.get(gone).is_none(), "{gone} reached the client: {:?}", reply.headers);
+    }
+}
+
+#[tokio::test]
+async fn unfenced_methods_such_as_options_pass_untouched() {
+    let (up, proxy) = setup("/objects/", "").await;
+    assert_eq!(put(&proxy.url("/objects/o"), 10, "v10").await.status, 200);
+
+    let options = send("OPTIONS", &proxy.url("/objects/o"), &[("x-fencing-token", "1")], "").await;
+    assert_eq!(options.status, 200, "body: {}", options.text());
+    let propfind = send("PROPFIND", &proxy.url("/objects/o"), &[("x-fencing-token", "junk")], "").await;
+    assert_eq!(propfind.status, 200, "body: {}", propfind.text());
+    let no_token = send("OPTIONS", &proxy.url("/objects/o"), &[], "").await;
+    assert_eq!(no_token.status, 200, "body: {}", no_token.text());
+
+    let seen: Vec<(String, Option<String>)> = up
+        .seen()
+        .into_iter()
+        .map(|(method, _, headers)| {
+            (method.to_string(), headers.get("x-fencing-token").map(|v| v.to_str().unwrap().to_string()))
+        })
+        .collect();
+    let expect = |m: &str, t: Option<&str>| (m.to_string(), t.map(str::to_string));
+    assert_eq!(
+        seen,
+        [
+            expect("PUT", Some("10")),
+            expect("OPTIONS", Some("1")),
+            expect("PROPFIND", Some("junk")),
+            expect("OPTIONS", None)
+        ]
+    );
+    // None of them moved the fence: 10 is still the mark.
+    put(&proxy.url("/objects/o"), 9, "").await.problem(409);
+    assert_eq!(put(&proxy.url("/objects/o"), 10, "").await.status, 200);
+}
