@@ -216,6 +216,8 @@ async fn key_templates_choose_what_is_fenced_together() {
         send("PUT", &proxy.url("/t/else"), &[("x-fencing-token", "2"), ("x-tenant", "acme")], "").await.problem(409);
     assert_eq!(p["key"], "acme");
     send("PUT", &proxy.url("/t/else"), &[("x-fencing-token", "2")], "").await.problem(400);
+    // A missing token is a 428 even when the key cannot be made either.
+    send("PUT", &proxy.url("/t/else"), &[], "").await.problem(428);
     assert_eq!(up.applied().len(), 3);
 }
 

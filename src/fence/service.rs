@@ -80,13 +80,12 @@ where
         Ok(None) => Err(ProxyError::MissingToken { header: header.clone() }),
         Err(error) => Err(ProxyError::MalformedToken { header: header.clone(), error }),
     };
-    let key = match route.key.render(req.uri(), req.headers(), route.pattern.as_ref()) {
-        Ok(key) => key,
-        Err(e) => return Err(Rejection::new(e.into(), None, token.ok())),
-    };
-    let token = match token {
-        Ok(token) => token,
-        Err(e) => return Err(Rejection::new(e, Some(key), None)),
+    let key = route.key.render(req.uri(), req.headers(), route.pattern.as_ref());
+    // Token problems come first (428 / 400 malformed), with the key when it can be made.
+    let (key, token) = match (key, token) {
+        (Ok(key), Ok(token)) => (key, token),
+        (key, Err(e)) => return Err(Rejection::new(e, key.ok(), None)),
+        (Err(e), Ok(token)) => return Err(Rejection::new(e.into(), None, Some(token))),
     };
 
     // A token already below the mark can never win: refuse it without queueing.

@@ -26,10 +26,11 @@ fn hop_by_hop() -> [&'static HeaderName; 9] {
     ]
 }
 
-/// Removes hop-by-hop headers, including every header `Connection` names.
-/// With `keep_upgrade`, `Upgrade` survives and `Connection: upgrade` is set again,
-/// so a protocol switch can pass through.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+/// Removes hop-by-hop headers, including every header `Connection` names, except
+/// `keep` (the route's token header: the fence read it, so the upstream gets it
+/// unchanged whatever `Connection` says). With `keep_upgrade`, `Upgrade` survives
+/// and `Connection: upgrade` is set again, so a protocol switch can pass through.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, keep: Option<&HeaderName>) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -38,7 +39,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
     for name in named {
-        if !(keep_upgrade && name == header::UPGRADE) {
+        if !(keep_upgrade && name == header::UPGRADE) && Some(&name) != keep {
             headers.remove(&name);
         }
     }
@@ -109,17 +110,26 @@ mod tests {
             ("x-fencing-token", "7"),
             ("content-type", "text/plain"),
         ]);
-        strip_hop_by_hop(&mut h, false);
+        strip_hop_by_hop(&mut h, false, None);
         let mut left: Vec<_> = h.keys().map(|k| k.as_str().to_string()).collect();
         left.sort();
         assert_eq!(left, ["content-type", "x-fencing-token"]);
     }
 
     #[test]
+    fn the_token_header_survives_being_named_in_connection() {
+        let token = HeaderName::from_static("x-fencing-token");
+        let mut h = map(&[("connection", "x-fencing-token, x-other"), ("x-fencing-token", "7"), ("x-other", "1")]);
+        strip_hop_by_hop(&mut h, false, Some(&token));
+        assert_eq!(h["x-fencing-token"], "7");
+        assert!(!h.contains_key("x-other"));
+    }
+
+    #[test]
     fn keeps_upgrade_when_asked() {
         let mut h = map(&[("connection", "Upgrade"), ("upgrade", "websocket")]);
         assert!(wants_upgrade(&h));
-        strip_hop_by_hop(&mut h, true);
+        strip_hop_by_hop(&mut h, true, None);
         assert_eq!(h["upgrade"], "websocket");
         assert_eq!(h["connection"], "upgrade");
         assert!(!wants_upgrade(&map(&[("upgrade", "websocket")])));

@@ -98,7 +98,7 @@ async fn forward(
     // Clients may speak HTTP/2; the upstream connection is HTTP/1.1.
     parts.version = Version::HTTP_11;
 
-    strip_hop_by_hop(&mut parts.headers, upgrade);
+    strip_hop_by_hop(&mut parts.headers, upgrade, Some(&route.token_header));
     let client_addr = parts.extensions.get::<ClientAddr>().map(|c| c.0);
     if let Some(addr) = client_addr {
         add_forwarded(&mut parts.headers, addr, original_host.clone());
@@ -124,7 +124,7 @@ async fn forward(
             tokio::spawn(splice(client_upgrade, upstream_upgrade));
         }
     }
-    strip_hop_by_hop(response.headers_mut(), switching && upgrade);
+    strip_hop_by_hop(response.headers_mut(), switching && upgrade, None);
     Ok(response.map(Either::Left))
 }
 
