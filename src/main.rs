@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use fencegate::config::LogFormat;
 use fencegate::{telemetry, Config, Fencegate};
 
@@ -20,6 +20,31 @@ struct Cli {
     /// Log format; overrides `[log] format`.
     #[arg(long, value_enum)]
     log_format: Option<LogFormatArg>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Read or raise fences through the admin API of a running fencegate
+    /// (address and bearer token from the same config).
+    Fence {
+        #[command(subcommand)]
+        action: FenceAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum FenceAction {
+    /// Print the fence (highest accepted token) of KEY, or "none".
+    Get { key: String },
+    /// Raise the fence of KEY to TOKEN (refused, exit 1, if it is already higher).
+    Set { key: String, token: u64 },
+    /// Print "TOKEN<TAB>KEY" for every fence whose key starts with PREFIX.
+    List {
+        #[arg(default_value = "")]
+        prefix: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -37,6 +62,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(Command::Fence { action }) = cli.command {
+        return fence_command(&config, action);
+    }
     if cli.check {
         println!(
             "{}: OK ({} route{})",
@@ -80,8 +108,50 @@ fn main() -> ExitCode {
     })
 }
 
+/// Runs `fencegate fence ...` against the configured admin listener.
+fn fence_command(config: &Config, action: FenceAction) -> ExitCode {
+    use fencegate::cli::{AdminClient, SetOutcome};
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let client = AdminClient::new(config.admin.listen, config.admin.auth_token.clone());
+    let result = runtime.block_on(async {
+        match action {
+            FenceAction::Get { key } => {
+                let token = client.get(&key).await?;
+                println!("{}", token.map_or_else(|| "none".to_string(), |t| t.to_string()));
+                Ok(ExitCode::SUCCESS)
+            }
+            FenceAction::Set { key, token } => match client.set(&key, token).await? {
+                SetOutcome::Raised { previous } => {
+                    let was = previous.map_or_else(|| "none".to_string(), |p| p.to_string());
+                    println!("{key}: fence raised to {token} (was {was})");
+                    Ok(ExitCode::SUCCESS)
+                }
+                SetOutcome::Refused { current } => {
+                    eprintln!("{key}: refused, the fence is already {current}, above {token}; a fence never goes back");
+                    Ok(ExitCode::FAILURE)
+                }
+            },
+            FenceAction::List { prefix } => {
+                client.list(&prefix, |key, token| println!("{token}\t{key}")).await?;
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    });
+    result.unwrap_or_else(|e: fencegate::cli::CliError| {
+        eprintln!("{e}");
+        ExitCode::from(2)
+    })
+}
+
 /// Registers the SIGTERM and SIGINT handlers now (so a signal that arrives
 /// while starting up is a graceful stop too) and resolves on the first of them.
+#[cfg(unix)]
 fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
@@ -91,5 +161,14 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
             _ = term.recv() => tracing::info!("SIGTERM received"),
             _ = int.recv() => tracing::info!("SIGINT received"),
         }
+    })
+}
+
+/// Resolves on Ctrl-C.
+#[cfg(not(unix))]
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("Ctrl-C received");
     })
 }

@@ -13,6 +13,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::error::Outcome;
+use crate::fence::store::CommitStats;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -40,6 +41,7 @@ pub struct Metrics {
     tracked_keys: Gauge<i64, AtomicI64>,
     active_keys: Gauge<i64, AtomicI64>,
     waiting: Gauge<i64, AtomicI64>,
+    cached_keys: Gauge<i64, AtomicI64>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -52,6 +54,7 @@ impl std::fmt::Debug for Metrics {
 #[derive(Debug, Clone, Copy)]
 pub struct Snapshot {
     pub tracked_keys: usize,
+    pub cached_keys: usize,
     pub active_keys: usize,
     pub waiting: i64,
 }
@@ -59,7 +62,8 @@ pub struct Snapshot {
 impl Metrics {
     /// Metrics for routes named `route_names`, in route-index order; index
     /// `route_names.len()` is the "no route" slot.
-    pub fn new<'a>(route_names: impl IntoIterator<Item = &'a str>) -> Self {
+    /// `store` adds the `fencegate_store_*` series of a store that commits.
+    pub fn new<'a>(route_names: impl IntoIterator<Item = &'a str>, store: Option<&CommitStats>) -> Self {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         let duration = Family::<RouteLabel, Histogram>::new_with_constructor(|| {
@@ -93,6 +97,7 @@ impl Metrics {
         let tracked_keys = Gauge::<i64, AtomicI64>::default();
         let active_keys = Gauge::<i64, AtomicI64>::default();
         let waiting = Gauge::<i64, AtomicI64>::default();
+        let cached_keys = Gauge::<i64, AtomicI64>::default();
         registry.register("fencegate_tracked_keys", "Keys with a fence mark in the store", tracked_keys.clone());
         registry.register(
             "fencegate_active_keys",
@@ -104,7 +109,30 @@ impl Metrics {
             "Fenced requests waiting for their key's turn",
             waiting.clone(),
         );
-        Metrics { registry, routes, tracked_keys, active_keys, waiting }
+        registry.register("fencegate_cached_keys", "Fence marks held in memory", cached_keys.clone());
+        if let Some(stats) = store {
+            registry.register(
+                "fencegate_store_commits",
+                "Fence store transactions committed (one fsync each)",
+                stats.commits.clone(),
+            );
+            registry.register(
+                "fencegate_store_raises",
+                "Marks raised on disk (more than commits: group commit)",
+                stats.raises.clone(),
+            );
+            registry.register(
+                "fencegate_store_commit_failures",
+                "Fence store commits that failed",
+                stats.failures.clone(),
+            );
+            registry.register(
+                "fencegate_store_commit_duration_seconds",
+                "Fence store commit latency, fsync included",
+                stats.commit_seconds.clone(),
+            );
+        }
+        Metrics { registry, routes, tracked_keys, active_keys, waiting, cached_keys }
     }
 
     /// Records one finished request. `route` is the route index, or `None`.
@@ -121,6 +149,7 @@ impl Metrics {
         self.tracked_keys.set(snapshot.tracked_keys as i64);
         self.active_keys.set(snapshot.active_keys as i64);
         self.waiting.set(snapshot.waiting);
+        self.cached_keys.set(snapshot.cached_keys as i64);
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -134,12 +163,12 @@ mod tests {
 
     #[test]
     fn records_by_route_and_outcome() {
-        let m = Metrics::new(["objects", "blobs"]);
+        let m = Metrics::new(["objects", "blobs"], None);
         m.record(Some(0), Outcome::Stale, 0.001);
         m.record(Some(0), Outcome::Stale, 0.001);
         m.record(Some(1), Outcome::Forwarded, 0.002);
         m.record(None, Outcome::NoRoute, 0.0001);
-        let text = m.encode(Snapshot { tracked_keys: 3, active_keys: 1, waiting: 2 });
+        let text = m.encode(Snapshot { tracked_keys: 3, cached_keys: 3, active_keys: 1, waiting: 2 });
         assert!(text.contains(r#"fencegate_requests_total{route="objects",outcome="stale"} 2"#), "{text}");
         assert!(text.contains(r#"fencegate_requests_total{route="blobs",outcome="forwarded"} 1"#), "{text}");
         assert!(text.contains(r#"fencegate_requests_total{route="none",outcome="no_route"} 1"#), "{text}");

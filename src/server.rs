@@ -15,7 +15,8 @@ use tracing::{debug, info, warn};
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreKind};
-use crate::fence::store::{AnyStore, MemoryStore};
+use crate::fence::store::FenceStore;
+use crate::fence::store::{AnyStore, FileStore, MemoryStore, OpenError};
 use crate::fence::KeyGate;
 use crate::metrics::Metrics;
 use crate::proxy::Forward;
@@ -27,6 +28,8 @@ use crate::stack::{proxy_service, Shared};
 pub enum StartError {
     #[error("cannot listen on {addr} ({what}): {source}")]
     Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Store(#[from] OpenError),
 }
 
 /// A bound, not yet running fencegate. Binding first lets callers (tests,
@@ -41,7 +44,7 @@ pub struct Fencegate {
 impl Fencegate {
     /// Builds the store, the route table and both listeners.
     pub async fn bind(config: Config) -> Result<Fencegate, StartError> {
-        let store = match config.fences.store {
+        let store = match &config.fences.store {
             StoreKind::Memory => {
                 warn!(
                     "fence store is \"memory\": every fence is lost when fencegate stops, and a stale lock \
@@ -49,11 +52,14 @@ impl Fencegate {
                 );
                 AnyStore::Memory(MemoryStore::default())
             }
+            StoreKind::File { path, require_existing, cache_keys } => {
+                AnyStore::File(FileStore::open(path, *require_existing, *cache_keys)?)
+            }
         };
         let routes = RouteTable::new(config.routes.iter().cloned());
         let names = routes.names();
         let shared = Arc::new(Shared {
-            metrics: Arc::new(Metrics::new(names.iter().map(|n| &**n))),
+            metrics: Arc::new(Metrics::new(names.iter().map(|n| &**n), store.stats())),
             routes,
             store: Arc::new(store),
             gate: Arc::new(KeyGate::default()),
@@ -61,7 +67,11 @@ impl Fencegate {
         });
         let proxy = bind("proxy", config.server.listen).await?;
         let admin = bind("admin", config.admin.listen).await?;
-        let state = Arc::new(AdminState { shared, draining: AtomicBool::new(false) });
+        let state = Arc::new(AdminState {
+            shared,
+            draining: AtomicBool::new(false),
+            auth_token: config.admin.auth_token.clone(),
+        });
         Ok(Fencegate { config, proxy, admin, state })
     }
 
@@ -137,12 +147,12 @@ async fn serve_admin(listener: TcpListener, state: Arc<AdminState>, mut stop: to
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else {
+                let Ok((stream, peer)) = accepted else {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 };
                 let state = state.clone();
-                let service = hyper::service::service_fn(move |req| admin::handle(state.clone(), req));
+                let service = hyper::service::service_fn(move |req| admin::handle(state.clone(), peer, req));
                 tokio::spawn(async move {
                     let _ = hyper::server::conn::http1::Builder::new()
                         .timer(TokioTimer::new())

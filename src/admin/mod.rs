@@ -1,9 +1,12 @@
-//! The admin listener: health, readiness and metrics.
+//! The admin listener: health, readiness, metrics and the fence API.
 //!
 //! It runs on its own address (loopback by default) so that operators and
 //! probes never share a port, a connection limit or a failure mode with traffic.
 
+mod fences;
+
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -24,32 +27,40 @@ pub struct AdminState {
     pub shared: Arc<Shared>,
     /// Set when shutdown begins; `/readyz` answers 503 from then on.
     pub draining: AtomicBool,
+    /// Bearer token for fence changes; `None` disables them (403).
+    pub auth_token: Option<String>,
 }
 
-/// Answers one admin request.
-pub async fn handle(state: Arc<AdminState>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+/// Answers one admin request from `peer`.
+pub async fn handle(
+    state: Arc<AdminState>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path();
-    let known = matches!(path, "/healthz" | "/readyz" | "/metrics");
-    if !known {
-        return Ok(problem(StatusCode::NOT_FOUND, "Not found", &format!("no admin endpoint at '{path}'")));
-    }
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        let mut r = problem(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed", &format!("{path} answers GET only"));
-        r.headers_mut().insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+    let allowed: &[Method] = match path {
+        "/healthz" | "/readyz" | "/metrics" => &[Method::GET, Method::HEAD],
+        "/fences" => &[Method::GET, Method::HEAD, Method::PUT],
+        _ => return Ok(problem(StatusCode::NOT_FOUND, "Not found", &format!("no admin endpoint at '{path}'"))),
+    };
+    if !allowed.contains(req.method()) {
+        let names: Vec<&str> = allowed.iter().map(Method::as_str).collect();
+        let mut r = problem(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "Method not allowed",
+            &format!("{path} answers {} only", names.join(", ")),
+        );
+        r.headers_mut().insert(ALLOW, HeaderValue::from_str(&names.join(", ")).expect("method names are ASCII"));
         return Ok(r);
     }
     Ok(match path {
         "/healthz" => text(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into()),
-        "/readyz" if state.draining.load(Ordering::Acquire) => problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "Draining",
-            "fencegate is shutting down and accepts no new connections",
-        ),
-        "/readyz" => text(StatusCode::OK, "text/plain; charset=utf-8", "ready\n".into()),
-        _ => {
+        "/readyz" => readiness(&state),
+        "/metrics" => {
             let shared = &state.shared;
             let snapshot = Snapshot {
                 tracked_keys: shared.store.tracked_keys(),
+                cached_keys: shared.store.cached_keys(),
                 active_keys: shared.gate.active_keys(),
                 waiting: shared.gate.waiting(),
             };
@@ -59,7 +70,22 @@ pub async fn handle(state: Arc<AdminState>, req: Request<Incoming>) -> Result<Re
                 shared.metrics.encode(snapshot),
             )
         }
+        _ => fences::handle(&state, peer, req).await,
     })
+}
+
+fn readiness(state: &AdminState) -> Response<Full<Bytes>> {
+    if state.draining.load(Ordering::Acquire) {
+        return problem(StatusCode::SERVICE_UNAVAILABLE, "Draining", "fencegate is shutting down");
+    }
+    if state.shared.store.stats().is_some_and(|s| s.is_failing()) {
+        return problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Fence store unavailable",
+            "the last fence store commit failed; fenced writes are refused until one succeeds",
+        );
+    }
+    text(StatusCode::OK, "text/plain; charset=utf-8", "ready\n".into())
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
@@ -69,15 +95,29 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
     r
 }
 
+fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
 fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Full<Bytes>> {
-    let body = json!({
+    problem_with(status, title, detail, json!({}))
+}
+
+/// A problem+json response; members of `extra` (an object) are added to it.
+fn problem_with(status: StatusCode, title: &str, detail: &str, extra: serde_json::Value) -> Response<Full<Bytes>> {
+    let mut body = json!({
         "type": "about:blank",
         "title": title,
         "status": status.as_u16(),
         "detail": detail,
     });
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
-    *r.status_mut() = status;
+    if let (Some(body), serde_json::Value::Object(extra)) = (body.as_object_mut(), extra) {
+        body.extend(extra);
+    }
+    let mut r = json_response(status, &body);
     r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
     r
 }

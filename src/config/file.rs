@@ -15,7 +15,8 @@ pub struct FileConfig {
     pub server: ServerSection,
     #[serde(default)]
     pub admin: AdminSection,
-    pub fences: Option<FencesSection>,
+    #[serde(default)]
+    pub fences: FencesSection,
     #[serde(default)]
     pub log: LogSection,
     #[serde(default, rename = "route")]
@@ -36,6 +37,7 @@ pub struct ServerSection {
 pub struct AdminSection {
     pub listen: Option<String>,
     pub auth_token: Option<String>,
+    pub auth_token_file: Option<String>,
 }
 
 /// `[fences]`: where marks are kept.
@@ -43,6 +45,9 @@ pub struct AdminSection {
 #[serde(deny_unknown_fields)]
 pub struct FencesSection {
     pub store: Option<String>,
+    pub path: Option<String>,
+    pub require_existing: Option<bool>,
+    pub cache_keys: Option<u64>,
 }
 
 /// `[log]`: tracing output.

@@ -19,7 +19,7 @@ mod file;
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::{HeaderName, Method};
@@ -64,19 +64,27 @@ pub struct AdminConfig {
 }
 
 /// Where fence marks live.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FencesConfig {
     pub store: StoreKind,
-    /// False when the config had no `[fences]` section and the default was taken.
-    pub explicit: bool,
 }
 
 /// The fence store backends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreKind {
     /// In-process map: fast, and every fence dies with the process.
     Memory,
+    /// Durable marks on local disk, with an in-memory cache of at most
+    /// `cache_keys` marks in front of them.
+    File { path: PathBuf, require_existing: bool, cache_keys: usize },
 }
+
+/// Default `[fences] path`, relative to the working directory.
+pub const DEFAULT_FENCES_PATH: &str = "data/fences";
+/// Default `[fences] cache_keys`.
+pub const DEFAULT_CACHE_KEYS: usize = 1_000_000;
+/// Environment variable that overrides `[admin] auth_token` and `auth_token_file`.
+pub const ADMIN_TOKEN_ENV: &str = "FENCEGATE_ADMIN_TOKEN";
 
 /// Log output.
 #[derive(Debug, Clone)]
@@ -198,22 +206,49 @@ pub fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
 
     let admin = AdminConfig {
         listen: p.addr("admin.listen", file.admin.listen.as_deref(), DEFAULT_ADMIN_LISTEN),
-        auth_token: file.admin.auth_token.filter(|t| !t.is_empty()),
+        auth_token: admin_token(&file.admin, std::env::var(ADMIN_TOKEN_ENV).ok(), &mut p),
     };
 
-    let fences = match &file.fences {
-        None => FencesConfig { store: StoreKind::Memory, explicit: false },
-        Some(section) => {
-            let store = match section.store.as_deref() {
-                None | Some("memory") => StoreKind::Memory,
-                Some(other) => {
-                    p.add("fences.store", format!("'{other}' is not a store this build has; use \"memory\""));
-                    StoreKind::Memory
+    let f = &file.fences;
+    let store = match f.store.as_deref() {
+        None | Some("file") => StoreKind::File {
+            path: PathBuf::from(f.path.as_deref().unwrap_or(DEFAULT_FENCES_PATH)),
+            require_existing: f.require_existing.unwrap_or(false),
+            cache_keys: match f.cache_keys {
+                None => DEFAULT_CACHE_KEYS,
+                Some(0) => {
+                    p.add("fences.cache_keys", "must be at least 1");
+                    DEFAULT_CACHE_KEYS
                 }
-            };
-            FencesConfig { store, explicit: true }
+                Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            },
+        },
+        Some("memory") => {
+            for (field, set) in [
+                ("path", f.path.is_some()),
+                ("require_existing", f.require_existing.is_some()),
+                ("cache_keys", f.cache_keys.is_some()),
+            ] {
+                if set {
+                    p.add(
+                        format!("fences.{field}"),
+                        "applies to store = \"file\" only; the memory store keeps nothing",
+                    );
+                }
+            }
+            StoreKind::Memory
+        }
+        Some(other) => {
+            p.add("fences.store", format!("'{other}' is not a store this build has; use \"file\" or \"memory\""));
+            StoreKind::Memory
         }
     };
+    if let StoreKind::File { path, .. } = &store {
+        if path.as_os_str().is_empty() {
+            p.add("fences.path", "must not be empty");
+        }
+    }
+    let fences = FencesConfig { store };
 
     let log = LogConfig {
         format: match file.log.format.as_deref() {
@@ -258,6 +293,31 @@ pub fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
     } else {
         Err(p.0)
     }
+}
+
+/// The admin bearer token: `FENCEGATE_ADMIN_TOKEN`, else `auth_token_file`, else
+/// `auth_token`. Empty means unset.
+fn admin_token(section: &file::AdminSection, env: Option<String>, p: &mut Problems) -> Option<String> {
+    if section.auth_token.is_some() && section.auth_token_file.is_some() {
+        p.add("admin.auth_token_file", "set either auth_token or auth_token_file, not both");
+    }
+    if let Some(token) = env.filter(|t| !t.is_empty()) {
+        return Some(token);
+    }
+    if let Some(path) = &section.auth_token_file {
+        return match std::fs::read_to_string(path) {
+            Ok(text) if text.trim().is_empty() => {
+                p.add("admin.auth_token_file", format!("'{path}' is empty"));
+                None
+            }
+            Ok(text) => Some(text.trim().to_string()),
+            Err(e) => {
+                p.add("admin.auth_token_file", format!("cannot read '{path}': {e}"));
+                None
+            }
+        };
+    }
+    section.auth_token.clone().filter(|t| !t.is_empty())
 }
 
 fn validate_route(i: usize, s: file::RouteSection, p: &mut Problems) -> Option<Route> {
@@ -393,8 +453,10 @@ mod tests {
         let c = Config::from_toml_str(MINIMAL).unwrap();
         assert_eq!(c.server.listen.to_string(), "0.0.0.0:8080");
         assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9901");
-        assert_eq!(c.fences.store, StoreKind::Memory);
-        assert!(!c.fences.explicit);
+        assert_eq!(
+            c.fences.store,
+            StoreKind::File { path: "data/fences".into(), require_existing: false, cache_keys: 1_000_000 }
+        );
         let r = &c.routes[0];
         assert_eq!(r.fenced_methods, DEFAULT_FENCED_METHODS.to_vec());
         assert!(!r.allow_missing_token);
@@ -525,6 +587,46 @@ mod tests {
         "#,
         );
         assert_eq!(p[0].field, "route[0] 'b'.pattern");
+    }
+
+    #[test]
+    fn file_store_options_are_read_and_refused_for_memory() {
+        let text = format!(
+            "[fences]\nstore = \"file\"\npath = \"/var/lib/f\"\nrequire_existing = true\ncache_keys = 5\n{MINIMAL}"
+        );
+        let c = Config::from_toml_str(&text).unwrap();
+        assert_eq!(
+            c.fences.store,
+            StoreKind::File { path: "/var/lib/f".into(), require_existing: true, cache_keys: 5 }
+        );
+        let text = format!("[fences]\nstore = \"memory\"\npath = \"x\"\n{MINIMAL}");
+        assert_eq!(fields(&text), ["fences.path"]);
+        let text = format!("[fences]\ncache_keys = 0\n{MINIMAL}");
+        assert_eq!(fields(&text), ["fences.cache_keys"]);
+    }
+
+    #[test]
+    fn admin_token_comes_from_env_then_file_then_config() {
+        let dir = std::env::temp_dir().join(format!("fencegate-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file_path = dir.join("token");
+        std::fs::write(&file_path, "from-file\n").unwrap();
+        let section = |token: Option<&str>, file: Option<&std::path::Path>| file::AdminSection {
+            listen: None,
+            auth_token: token.map(str::to_string),
+            auth_token_file: file.map(|f| f.display().to_string()),
+        };
+        let mut p = Problems::default();
+        assert_eq!(admin_token(&section(Some("inline"), None), None, &mut p).as_deref(), Some("inline"));
+        assert_eq!(admin_token(&section(None, Some(&file_path)), None, &mut p).as_deref(), Some("from-file"));
+        assert_eq!(admin_token(&section(None, Some(&file_path)), Some("env".into()), &mut p).as_deref(), Some("env"));
+        assert_eq!(admin_token(&section(Some(""), None), None, &mut p), None);
+        assert!(p.0.is_empty());
+        admin_token(&section(Some("a"), Some(&file_path)), None, &mut p);
+        admin_token(&section(None, Some(&dir.join("missing"))), None, &mut p);
+        let f: Vec<_> = p.0.iter().map(|x| x.field.as_str()).collect();
+        assert_eq!(f, ["admin.auth_token_file", "admin.auth_token_file"]);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

@@ -65,7 +65,24 @@ impl FenceStore for MemoryStore {
         Ok(self.advance_now(key, token))
     }
 
+    async fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<(String, u64)>, StoreError> {
+        // A full scan: the memory store has no order. Fine for an admin call.
+        let mut found: Vec<(String, u64)> = self
+            .marks
+            .iter()
+            .filter(|e| e.key().starts_with(prefix) && after.is_none_or(|a| &**e.key() > a))
+            .map(|e| (e.key().to_string(), *e.value()))
+            .collect();
+        found.sort_unstable();
+        found.truncate(limit);
+        Ok(found)
+    }
+
     fn tracked_keys(&self) -> usize {
+        self.marks.len()
+    }
+
+    fn cached_keys(&self) -> usize {
         self.marks.len()
     }
 }

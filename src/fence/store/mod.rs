@@ -2,12 +2,19 @@
 //!
 //! [`FenceStore::advance`] is the one primitive the fence needs: an atomic
 //! compare-and-raise. Every store must make it indivisible per key: two advances
-//! of the same key can never both read the old mark and both win.
+//! of the same key can never both read the old mark and both win, and a mark
+//! never goes back.
 
+mod file;
 mod memory;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+
+pub use file::{FileStore, OpenError};
 pub use memory::MemoryStore;
 
 /// The result of an [`FenceStore::advance`].
@@ -24,6 +31,9 @@ pub enum Advance {
 #[error("fence store unavailable: {0}")]
 pub struct StoreError(pub String);
 
+/// Largest page [`FenceStore::list`] returns.
+pub const MAX_LIST_LIMIT: usize = 1000;
+
 /// A place that keeps one monotonic mark per key.
 pub trait FenceStore: Send + Sync + 'static {
     /// The mark of `key`, or `None` when no token was ever accepted for it.
@@ -33,32 +43,116 @@ pub trait FenceStore: Send + Sync + 'static {
     /// When this returns `Accepted`, the raise is as durable as the store promises.
     fn advance(&self, key: &str, token: u64) -> impl Future<Output = Result<Advance, StoreError>> + Send;
 
+    /// Up to `limit` marks whose keys start with `prefix` and sort after `after`,
+    /// in key order.
+    fn list(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(String, u64)>, StoreError>> + Send;
+
     /// How many keys have a mark (the `fencegate_tracked_keys` gauge).
     fn tracked_keys(&self) -> usize;
+
+    /// How many marks are held in memory now.
+    fn cached_keys(&self) -> usize;
+
+    /// Commit counters, for stores that commit.
+    fn stats(&self) -> Option<&CommitStats> {
+        None
+    }
+}
+
+/// What a durable store's committer did: exported as `fencegate_store_*`.
+#[derive(Debug)]
+pub struct CommitStats {
+    /// Transactions committed (each one fsync).
+    pub commits: Counter,
+    /// Marks raised on disk; more raises than commits means group commit worked.
+    pub raises: Counter,
+    /// Commits that failed (the raises in them were refused with 503).
+    pub failures: Counter,
+    /// Commit latency, fsync included.
+    pub commit_seconds: Histogram,
+    /// Whether the most recent commit failed: readiness reports 503 until one succeeds.
+    pub failing: AtomicBool,
+}
+
+impl Default for CommitStats {
+    fn default() -> Self {
+        CommitStats {
+            commits: Counter::default(),
+            raises: Counter::default(),
+            failures: Counter::default(),
+            // 50 µs .. ~3 s
+            commit_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
+            failing: AtomicBool::new(false),
+        }
+    }
+}
+
+impl CommitStats {
+    pub fn commits(&self) -> u64 {
+        self.commits.get()
+    }
+
+    pub fn raises(&self) -> u64 {
+        self.raises.get()
+    }
+
+    pub fn is_failing(&self) -> bool {
+        self.failing.load(Ordering::Relaxed)
+    }
 }
 
 /// The store chosen by config, dispatched without boxing.
 #[derive(Debug)]
 pub enum AnyStore {
     Memory(MemoryStore),
+    File(FileStore),
 }
 
 impl FenceStore for AnyStore {
     async fn get(&self, key: &str) -> Result<Option<u64>, StoreError> {
         match self {
             AnyStore::Memory(s) => s.get(key).await,
+            AnyStore::File(s) => s.get(key).await,
         }
     }
 
     async fn advance(&self, key: &str, token: u64) -> Result<Advance, StoreError> {
         match self {
             AnyStore::Memory(s) => s.advance(key, token).await,
+            AnyStore::File(s) => s.advance(key, token).await,
+        }
+    }
+
+    async fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<(String, u64)>, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.list(prefix, after, limit).await,
+            AnyStore::File(s) => s.list(prefix, after, limit).await,
         }
     }
 
     fn tracked_keys(&self) -> usize {
         match self {
             AnyStore::Memory(s) => s.tracked_keys(),
+            AnyStore::File(s) => s.tracked_keys(),
+        }
+    }
+
+    fn cached_keys(&self) -> usize {
+        match self {
+            AnyStore::Memory(s) => s.cached_keys(),
+            AnyStore::File(s) => s.cached_keys(),
+        }
+    }
+
+    fn stats(&self) -> Option<&CommitStats> {
+        match self {
+            AnyStore::Memory(s) => s.stats(),
+            AnyStore::File(s) => s.stats(),
         }
     }
 }

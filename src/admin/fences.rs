@@ -1,0 +1,189 @@
+//! The fence API: read marks, page through them, and raise one ahead of the
+//! first write (pre-fencing: a new lock owner fences older owners at
+//! acquisition).
+//!
+//! - `GET /fences?key=K` → `{"key": K, "token": N | null}`
+//! - `GET /fences?prefix=P&limit=L&after=K` → `{"fences": [{"key", "token"}...], "next": K | null}`
+//! - `PUT /fences?key=K` with `{"token": N}` → raises the mark; a lower `N` → 409
+//!   with the current mark, and nothing changes. Needs `Authorization: Bearer`
+//!   matching `[admin] auth_token` (401 otherwise); with no token configured,
+//!   changes are refused with 403.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, AUTHORIZATION, WWW_AUTHENTICATE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use serde_json::json;
+use subtle::ConstantTimeEq;
+
+use super::{json_response, problem, problem_with, AdminState};
+use crate::error::CURRENT_TOKEN_HEADER;
+use crate::fence::store::{Advance, FenceStore, MAX_LIST_LIMIT};
+
+/// Default page size of a listing.
+const DEFAULT_LIMIT: usize = 100;
+/// Largest `PUT /fences` body read.
+const MAX_BODY: usize = 4096;
+
+/// The query parameters of `/fences`, each at most once.
+#[derive(Debug, Default)]
+struct Query {
+    key: Option<String>,
+    prefix: Option<String>,
+    after: Option<String>,
+    limit: Option<String>,
+}
+
+fn parse_query(query: &str) -> Result<Query, String> {
+    let mut q = Query::default();
+    for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+        let slot = match &*name {
+            "key" => &mut q.key,
+            "prefix" => &mut q.prefix,
+            "after" => &mut q.after,
+            "limit" => &mut q.limit,
+            other => return Err(format!("unknown query parameter '{other}' (use key, prefix, after, limit)")),
+        };
+        if slot.replace(value.into_owned()).is_some() {
+            return Err(format!("query parameter '{name}' appears more than once"));
+        }
+    }
+    Ok(q)
+}
+
+pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let query = match parse_query(req.uri().query().unwrap_or("")) {
+        Ok(q) => q,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, "Bad query", &detail),
+    };
+    if req.method() == Method::PUT {
+        return raise(state, peer, query, req).await;
+    }
+    let store = &state.shared.store;
+    if let Some(key) = query.key {
+        if query.prefix.is_some() || query.after.is_some() || query.limit.is_some() {
+            return problem(StatusCode::BAD_REQUEST, "Bad query", "key reads one fence; prefix, after and limit page");
+        }
+        return match store.get(&key).await {
+            Ok(token) => json_response(StatusCode::OK, &json!({ "key": key, "token": token })),
+            Err(e) => unavailable(&e.to_string()),
+        };
+    }
+    let limit = match query.limit.as_deref().map(str::parse::<usize>) {
+        None => DEFAULT_LIMIT,
+        Some(Ok(n)) if (1..=MAX_LIST_LIMIT).contains(&n) => n,
+        Some(_) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "Bad query",
+                &format!("limit must be a whole number from 1 to {MAX_LIST_LIMIT}"),
+            )
+        }
+    };
+    let prefix = query.prefix.unwrap_or_default();
+    match store.list(&prefix, query.after.as_deref(), limit).await {
+        Ok(fences) => {
+            let next = if fences.len() == limit { fences.last().map(|(k, _)| k.clone()) } else { None };
+            let fences: Vec<_> = fences.into_iter().map(|(key, token)| json!({ "key": key, "token": token })).collect();
+            json_response(StatusCode::OK, &json!({ "fences": fences, "next": next }))
+        }
+        Err(e) => unavailable(&e.to_string()),
+    }
+}
+
+async fn raise(state: &AdminState, peer: SocketAddr, query: Query, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let Some(expected) = &state.auth_token else {
+        return problem(
+            StatusCode::FORBIDDEN,
+            "Fence changes disabled",
+            "no [admin] auth_token is configured, so the fence API is read-only",
+        );
+    };
+    let presented = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    // Constant time over the token bytes: a mismatch does not tell how much matched.
+    let authorized = presented.is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes())));
+    if !authorized {
+        tracing::warn!(target: "fencegate::audit", caller = %peer, "fence change refused: missing or wrong bearer token");
+        let mut r = problem(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "fence changes need 'Authorization: Bearer <[admin] auth_token>'",
+        );
+        r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return r;
+    }
+    let (Some(key), None, None, None) = (query.key, query.prefix, query.after, query.limit) else {
+        return problem(StatusCode::BAD_REQUEST, "Bad query", "PUT /fences takes exactly one parameter: key");
+    };
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(e) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "Bad body",
+                &format!("cannot read a body of at most {MAX_BODY} bytes: {e}"),
+            )
+        }
+    };
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct RaiseBody {
+        token: u64,
+    }
+    let token = match serde_json::from_slice::<RaiseBody>(&body) {
+        Ok(b) => b.token,
+        Err(e) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "Bad body",
+                &format!("expected {{\"token\": N}} with N a whole number from 0 to 18446744073709551615 ({e})"),
+            )
+        }
+    };
+    match state.shared.store.advance(&key, token).await {
+        Ok(Advance::Accepted { previous }) => {
+            tracing::info!(target: "fencegate::audit", caller = %peer, key, token, previous, "fence raised");
+            json_response(StatusCode::OK, &json!({ "key": key, "token": token, "previous": previous }))
+        }
+        Ok(Advance::Stale { current }) => {
+            tracing::info!(target: "fencegate::audit", caller = %peer, key, token, current, "fence lowering refused");
+            let mut r = problem_with(
+                StatusCode::CONFLICT,
+                "Stale fencing token",
+                &format!("token {token} is lower than the fence {current}; a fence never goes back"),
+                json!({ "key": key, "token": token, "current": current }),
+            );
+            r.headers_mut().insert(CURRENT_TOKEN_HEADER, HeaderValue::from(current));
+            r
+        }
+        Err(e) => unavailable(&e.to_string()),
+    }
+}
+
+fn unavailable(detail: &str) -> Response<Full<Bytes>> {
+    let mut r = problem(StatusCode::SERVICE_UNAVAILABLE, "Fence store unavailable", detail);
+    r.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_parameters_are_decoded_and_checked() {
+        let q = parse_query("key=%2Fobjects%2Fa%20b&limit=5").unwrap();
+        assert_eq!(q.key.as_deref(), Some("/objects/a b"));
+        assert_eq!(q.limit.as_deref(), Some("5"));
+        assert!(parse_query("key=a&key=b").unwrap_err().contains("more than once"));
+        assert!(parse_query("keys=a").unwrap_err().contains("unknown"));
+    }
+}

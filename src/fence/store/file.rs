@@ -1,0 +1,522 @@
+//! The durable store: marks in a redb file on local disk, a bounded cache in
+//! front of it, and group commit.
+//!
+//! - A raise is committed (fsync'd) before `advance` returns `Accepted`, so a
+//!   request is never forwarded on a mark that a crash could forget.
+//! - A token equal to a durable mark touches no disk: the common case of one
+//!   owner writing many times costs a map lookup.
+//! - Raises from many requests are queued to one committer thread, which writes
+//!   everything queued in one transaction with one fsync: writers share the cost.
+//! - The cache holds at most about `cache_keys` marks. Marks that are on disk and
+//!   were not used since the last sweep leave memory (never the disk); a miss
+//!   reads the mark back before deciding.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
+use redb::{Database, DatabaseError, ReadableTable, ReadableTableMetadata, StorageError, TableDefinition};
+use tokio::sync::{oneshot, Notify};
+
+use super::{Advance, CommitStats, FenceStore, StoreError};
+
+const FENCES: TableDefinition<&str, u64> = TableDefinition::new("fences");
+/// The database file inside `[fences] path`.
+pub const DB_FILE: &str = "fences.redb";
+/// redb's own page cache. The mark cache in front of it does the heavy lifting.
+const DISK_CACHE_BYTES: usize = 16 << 20;
+/// Most raises one transaction commits.
+const MAX_BATCH: usize = 8192;
+/// Sweeps leave the cache this far below `cache_keys`, so they don't run on every miss.
+const SWEEP_TARGET_PERCENT: usize = 90;
+
+/// Why the store could not be opened; fencegate refuses to start.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(
+        "fence store {0} does not exist and [fences] require_existing = true: refusing to start without fences \
+         (mount the volume that holds it, or set require_existing = false to start empty on purpose)"
+    )]
+    Missing(PathBuf),
+    #[error("cannot create the fence store directory {path}: {source}")]
+    CreateDir { path: PathBuf, source: std::io::Error },
+    #[error("fence store {0} is open in another process (is another fencegate running on the same path?)")]
+    InUse(PathBuf),
+    #[error(
+        "fence store {path} is unreadable or corrupt ({detail}): refusing to start without its fences. \
+         Restore it from a backup; only move it away if starting with no fences is really what you want"
+    )]
+    Corrupt { path: PathBuf, detail: String },
+}
+
+/// Durable marks with a bounded cache; see the [module docs](self).
+#[derive(Debug)]
+pub struct FileStore {
+    inner: Arc<Inner>,
+    raises: mpsc::Sender<Raise>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    db: Arc<Database>,
+    path: PathBuf,
+    cache: DashMap<Box<str>, Cached>,
+    capacity: usize,
+    /// Bumped on every eviction: a miss that read the disk before an eviction
+    /// it did not see reads again, so a stale read can never re-enter the cache.
+    evictions: AtomicU64,
+    tracked: Arc<AtomicU64>,
+    stats: Arc<CommitStats>,
+    sweep: Arc<Notify>,
+}
+
+#[derive(Debug)]
+struct Cached {
+    /// The mark fencegate enforces. Never below `durable`.
+    mark: Option<u64>,
+    /// The highest mark known to be on disk.
+    durable: Option<u64>,
+    /// Used since the last sweep (second-chance eviction).
+    referenced: AtomicBool,
+}
+
+impl Cached {
+    fn evictable(&mut self) -> bool {
+        self.mark == self.durable && !self.referenced.swap(false, Ordering::Relaxed)
+    }
+}
+
+/// One raise for the committer, with where to send the outcome.
+struct Raise {
+    key: Box<str>,
+    token: u64,
+    done: oneshot::Sender<Result<(), StoreError>>,
+}
+
+enum Step {
+    Stale(u64),
+    Accepted(Option<u64>),
+    Persist(Option<u64>),
+}
+
+impl FileStore {
+    /// Opens (or, unless `require_existing`, creates) the store in directory `dir`.
+    /// Must be called inside a tokio runtime (the cache sweeper is a task).
+    pub fn open(dir: &Path, require_existing: bool, cache_keys: usize) -> Result<FileStore, OpenError> {
+        let file = dir.join(DB_FILE);
+        if !file.exists() {
+            if require_existing {
+                return Err(OpenError::Missing(file));
+            }
+            std::fs::create_dir_all(dir).map_err(|source| OpenError::CreateDir { path: dir.to_path_buf(), source })?;
+        }
+        let corrupt = |detail: String| OpenError::Corrupt { path: file.clone(), detail };
+        let db = Database::builder().set_cache_size(DISK_CACHE_BYTES).create(&file).map_err(|e| match e {
+            DatabaseError::DatabaseAlreadyOpen => OpenError::InUse(file.clone()),
+            DatabaseError::Storage(StorageError::Io(io)) if io.kind() == std::io::ErrorKind::WouldBlock => {
+                OpenError::InUse(file.clone())
+            }
+            other => corrupt(other.to_string()),
+        })?;
+        // Create the table once, so readers never meet a missing table, and count
+        // what was recovered.
+        let recovered = (|| -> Result<u64, redb::Error> {
+            let txn = db.begin_write()?;
+            let len = txn.open_table(FENCES)?.len()?;
+            txn.commit()?;
+            Ok(len)
+        })()
+        .map_err(|e| corrupt(e.to_string()))?;
+        tracing::info!(path = %file.display(), fences = recovered, "fence store opened");
+
+        let db = Arc::new(db);
+        let stats = Arc::new(CommitStats::default());
+        let tracked = Arc::new(AtomicU64::new(recovered));
+        let (raises, queue) = mpsc::channel();
+        {
+            let (db, stats, tracked) = (db.clone(), stats.clone(), tracked.clone());
+            std::thread::Builder::new()
+                .name("fencegate-commit".into())
+                .spawn(move || run_committer(&db, &queue, &stats, &tracked))
+                .map_err(|e| corrupt(format!("cannot start the commit thread: {e}")))?;
+        }
+        let inner = Arc::new(Inner {
+            db,
+            path: file,
+            cache: DashMap::new(),
+            capacity: cache_keys.max(1),
+            evictions: AtomicU64::new(0),
+            tracked,
+            stats,
+            sweep: Arc::new(Notify::new()),
+        });
+        tokio::spawn(run_sweeper(Arc::downgrade(&inner), inner.sweep.clone()));
+        Ok(FileStore { inner, raises })
+    }
+
+    /// Where the database file is.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Reads `key` from disk into the cache unless it is there already.
+    async fn load(&self, key: &str) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        loop {
+            let seen_evictions = inner.evictions.load(Ordering::SeqCst);
+            let disk = read_mark(inner.db.clone(), key.into()).await?;
+            match inner.cache.entry(key.into()) {
+                Entry::Occupied(_) => return Ok(()),
+                Entry::Vacant(slot) => {
+                    // Under the shard lock: an eviction since the read may have
+                    // removed a newer mark than the one read; read again.
+                    if inner.evictions.load(Ordering::SeqCst) != seen_evictions {
+                        continue;
+                    }
+                    slot.insert(Cached { mark: disk, durable: disk, referenced: AtomicBool::new(true) });
+                }
+            }
+            if inner.cache.len() > inner.capacity {
+                inner.sweep.notify_one();
+            }
+            return Ok(());
+        }
+    }
+
+    /// Queues a raise for the committer and waits until it is on disk.
+    async fn persist(&self, key: &str, token: u64) -> Result<(), StoreError> {
+        let (done, result) = oneshot::channel();
+        self.raises
+            .send(Raise { key: key.into(), token, done })
+            .map_err(|_| StoreError("the commit thread has stopped".into()))?;
+        result.await.map_err(|_| StoreError("the commit thread has stopped".into()))?
+    }
+}
+
+impl FenceStore for FileStore {
+    async fn get(&self, key: &str) -> Result<Option<u64>, StoreError> {
+        loop {
+            if let Some(e) = self.inner.cache.get(key) {
+                e.referenced.store(true, Ordering::Relaxed);
+                return Ok(e.mark);
+            }
+            self.load(key).await?;
+        }
+    }
+
+    async fn advance(&self, key: &str, token: u64) -> Result<Advance, StoreError> {
+        let step = loop {
+            let step = self.inner.cache.get_mut(key).map(|mut e| {
+                e.referenced.store(true, Ordering::Relaxed);
+                match e.mark {
+                    Some(mark) if token < mark => Step::Stale(mark),
+                    Some(mark) if mark == token && e.durable == Some(token) => Step::Accepted(Some(mark)),
+                    previous => {
+                        // Raised in memory first: a lower token is refused from
+                        // now on, while the raise is still on its way to disk.
+                        e.mark = Some(token);
+                        Step::Persist(previous)
+                    }
+                }
+            });
+            match step {
+                Some(step) => break step,
+                None => self.load(key).await?,
+            }
+        };
+        match step {
+            Step::Stale(current) => Ok(Advance::Stale { current }),
+            Step::Accepted(previous) => Ok(Advance::Accepted { previous }),
+            Step::Persist(previous) => {
+                // On failure the mark stays raised in memory and not durable:
+                // fail closed, and the next request for the key tries again.
+                self.persist(key, token).await?;
+                if let Some(mut e) = self.inner.cache.get_mut(key) {
+                    if e.durable < Some(token) {
+                        e.durable = Some(token);
+                    }
+                }
+                Ok(Advance::Accepted { previous })
+            }
+        }
+    }
+
+    async fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<(String, u64)>, StoreError> {
+        let (db, prefix_owned, after_owned) = (self.inner.db.clone(), prefix.to_string(), after.map(str::to_string));
+        let mut found =
+            tokio::task::spawn_blocking(move || list_marks(&db, &prefix_owned, after_owned.as_deref(), limit))
+                .await
+                .map_err(|e| StoreError(format!("list task failed: {e}")))??;
+        // A raise on its way to disk is already enforced: show it.
+        for (key, token) in &mut found {
+            if let Some(Some(mark)) = self.inner.cache.get(key.as_str()).map(|e| e.mark) {
+                *token = (*token).max(mark);
+            }
+        }
+        Ok(found)
+    }
+
+    fn tracked_keys(&self) -> usize {
+        self.inner.tracked.load(Ordering::Relaxed) as usize
+    }
+
+    fn cached_keys(&self) -> usize {
+        self.inner.cache.len()
+    }
+
+    fn stats(&self) -> Option<&CommitStats> {
+        Some(&self.inner.stats)
+    }
+}
+
+async fn read_mark(db: Arc<Database>, key: Box<str>) -> Result<Option<u64>, StoreError> {
+    tokio::task::spawn_blocking(move || -> Result<Option<u64>, redb::Error> {
+        let txn = db.begin_read()?;
+        let table = txn.open_table(FENCES)?;
+        Ok(table.get(&*key)?.map(|v| v.value()))
+    })
+    .await
+    .map_err(|e| StoreError(format!("read task failed: {e}")))?
+    .map_err(|e| StoreError(format!("reading the fence store: {e}")))
+}
+
+fn list_marks(
+    db: &Database,
+    prefix: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(String, u64)>, StoreError> {
+    let read = || -> Result<Vec<(String, u64)>, redb::Error> {
+        let txn = db.begin_read()?;
+        let table = txn.open_table(FENCES)?;
+        let start = match after {
+            Some(a) if a > prefix => a,
+            _ => prefix,
+        };
+        let mut out = Vec::new();
+        for item in table.range::<&str>(start..)? {
+            let (k, v) = item?;
+            let key = k.value();
+            if !key.starts_with(prefix) || out.len() == limit {
+                break;
+            }
+            if Some(key) != after {
+                out.push((key.to_string(), v.value()));
+            }
+        }
+        Ok(out)
+    };
+    read().map_err(|e| StoreError(format!("listing the fence store: {e}")))
+}
+
+/// The commit thread: takes everything queued, writes it in one transaction
+/// (one fsync), answers every waiter, repeats.
+fn run_committer(db: &Database, queue: &mpsc::Receiver<Raise>, stats: &CommitStats, tracked: &AtomicU64) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(raise) => batch.push(raise),
+                Err(_) => break,
+            }
+        }
+        let started = Instant::now();
+        let result = commit(db, &batch);
+        match &result {
+            Ok(new_keys) => {
+                stats.commits.inc();
+                stats.raises.inc_by(batch.len() as u64);
+                stats.commit_seconds.observe(started.elapsed().as_secs_f64());
+                stats.failing.store(false, Ordering::Relaxed);
+                tracked.fetch_add(*new_keys, Ordering::Relaxed);
+            }
+            Err(e) => {
+                stats.failures.inc();
+                stats.failing.store(true, Ordering::Relaxed);
+                tracing::error!(error = %e.0, raises = batch.len(), "fence store commit failed");
+            }
+        }
+        for raise in batch {
+            let _ = raise.done.send(result.as_ref().map(|_| ()).map_err(Clone::clone));
+        }
+    }
+}
+
+/// Writes each raise as `max(on disk, token)`: a mark on disk never goes back,
+/// whatever order raises arrive in. Returns how many keys are new.
+fn commit(db: &Database, batch: &[Raise]) -> Result<u64, StoreError> {
+    let write = || -> Result<u64, redb::Error> {
+        let txn = db.begin_write()?;
+        let mut new_keys = 0;
+        {
+            let mut table = txn.open_table(FENCES)?;
+            for raise in batch {
+                let on_disk = table.get(&*raise.key)?.map(|v| v.value());
+                match on_disk {
+                    Some(mark) if mark >= raise.token => {}
+                    found => {
+                        new_keys += u64::from(found.is_none());
+                        table.insert(&*raise.key, raise.token)?;
+                    }
+                }
+            }
+        }
+        txn.commit()?;
+        Ok(new_keys)
+    };
+    write().map_err(|e| StoreError(format!("committing to the fence store: {e}")))
+}
+
+/// Keeps the cache near `capacity`: wakes when a miss pushes it over, or once a
+/// second, and sweeps. It holds the store only while sweeping, so it ends soon
+/// after the store is dropped.
+async fn run_sweeper(inner: Weak<Inner>, wake: Arc<Notify>) {
+    loop {
+        {
+            let Some(store) = inner.upgrade() else { return };
+            if store.cache.len() > store.capacity {
+                sweep(&store);
+            }
+        }
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// Second-chance eviction: marks that are on disk and were not used since the
+/// previous pass leave the cache until it is under the target. A mark still on
+/// its way to disk never leaves.
+fn sweep(store: &Inner) {
+    let target = store.capacity / 100 * SWEEP_TARGET_PERCENT;
+    let excess = store.cache.len().saturating_sub(target);
+    let mut evicted = 0;
+    for _pass in 0..2 {
+        store.cache.retain(|_, cached| {
+            if evicted >= excess || !cached.evictable() {
+                return true;
+            }
+            evicted += 1;
+            // Under the shard lock, before the entry is gone (see `load`).
+            store.evictions.fetch_add(1, Ordering::SeqCst);
+            false
+        });
+        if evicted >= excess {
+            break;
+        }
+    }
+    tracing::debug!(evicted, cached = store.cache.len(), "fence cache swept");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("fencegate-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[tokio::test]
+    async fn marks_survive_reopening_and_equal_tokens_touch_no_disk() {
+        let dir = temp_dir("reopen");
+        {
+            let store = FileStore::open(&dir, false, 100).unwrap();
+            assert_eq!(store.advance("k", 5).await.unwrap(), Advance::Accepted { previous: None });
+            assert_eq!(store.advance("k", 7).await.unwrap(), Advance::Accepted { previous: Some(5) });
+            let commits = store.stats().unwrap().commits();
+            assert_eq!(commits, 2);
+            for _ in 0..10 {
+                assert_eq!(store.advance("k", 7).await.unwrap(), Advance::Accepted { previous: Some(7) });
+            }
+            assert_eq!(store.stats().unwrap().commits(), commits, "an equal token committed");
+            assert_eq!(store.advance("k", 6).await.unwrap(), Advance::Stale { current: 7 });
+        }
+        // The commit thread exits when the store is dropped; wait for its lock.
+        let store = reopen(&dir).await;
+        assert_eq!(store.get("k").await.unwrap(), Some(7));
+        assert_eq!(store.advance("k", 6).await.unwrap(), Advance::Stale { current: 7 });
+        assert_eq!(store.tracked_keys(), 1);
+        drop(store);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    async fn reopen(dir: &Path) -> FileStore {
+        for _ in 0..200 {
+            match FileStore::open(dir, true, 100) {
+                Ok(s) => return s,
+                Err(OpenError::InUse(_)) => tokio::time::sleep(Duration::from_millis(10)).await,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("store still in use");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_raises_share_commits() {
+        let dir = temp_dir("group");
+        let store = Arc::new(FileStore::open(&dir, false, 10_000).unwrap());
+        let tasks: Vec<_> = (0..256)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move { store.advance(&format!("key-{i}"), 1).await.unwrap() })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), Advance::Accepted { previous: None });
+        }
+        let stats = store.stats().unwrap();
+        assert_eq!(stats.raises(), 256);
+        assert!(stats.commits() < stats.raises(), "{} commits for {} raises", stats.commits(), stats.raises());
+        assert_eq!(store.tracked_keys(), 256);
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn evicted_marks_come_back_from_disk() {
+        let dir = temp_dir("evict");
+        let store = FileStore::open(&dir, false, 100).unwrap();
+        for i in 0..1000u64 {
+            store.advance(&format!("k{i}"), i).await.unwrap();
+        }
+        sweep(&store.inner);
+        sweep(&store.inner);
+        assert!(store.cached_keys() <= 100, "{} cached", store.cached_keys());
+        for i in (0..1000u64).step_by(37) {
+            assert_eq!(store.get(&format!("k{i}")).await.unwrap(), Some(i));
+            if i > 0 {
+                assert_eq!(store.advance(&format!("k{i}"), i - 1).await.unwrap(), Advance::Stale { current: i });
+            }
+        }
+        let page = store.list("k1", None, 5).await.unwrap();
+        assert_eq!(
+            page,
+            [("k1".into(), 1), ("k10".into(), 10), ("k100".into(), 100), ("k101".into(), 101), ("k102".into(), 102)]
+        );
+        let next = store.list("k1", Some("k102"), 2).await.unwrap();
+        assert_eq!(next, [("k103".into(), 103), ("k104".into(), 104)]);
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_file_refuses_to_open_and_a_missing_one_can_be_required() {
+        let dir = temp_dir("corrupt");
+        assert!(matches!(FileStore::open(&dir, true, 10), Err(OpenError::Missing(_))));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(DB_FILE), vec![0xA5u8; 64 * 1024]).unwrap();
+        let err = FileStore::open(&dir, false, 10).unwrap_err();
+        assert!(matches!(err, OpenError::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains("refusing to start"), "{err}");
+        // Nothing was written over the corrupt file.
+        assert_eq!(std::fs::read(dir.join(DB_FILE)).unwrap(), vec![0xA5u8; 64 * 1024]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
