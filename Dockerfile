@@ -27,19 +27,20 @@ RUN apt-get update \
 RUN groupadd --system --gid 10001 fencegate \
     && useradd --system --uid 10001 --gid fencegate \
         --home-dir /var/lib/fencegate --shell /usr/sbin/nologin fencegate \
-    && install -d -o fencegate -g fencegate -m 0750 /var/lib/fencegate \
+    && install -d -o fencegate -g fencegate -m 0750 /var/lib/fencegate /var/lib/fencegate/data \
     && install -d -m 0755 /etc/fencegate
 
 COPY --from=builder /usr/local/bin/fencegate /usr/local/bin/fencegate
 COPY config/fencegate.toml /etc/fencegate/fencegate.toml
 
 ENV FENCEGATE_CONFIG=/etc/fencegate/fencegate.toml
-# The durable fence store (next milestone) keeps data/ relative to the working
-# directory: mount a volume here to keep fences across container restarts.
+# The durable fence store keeps data/fences relative to the working directory:
+# mount a volume on /var/lib/fencegate/data to keep fences across containers.
 WORKDIR /var/lib/fencegate
+VOLUME /var/lib/fencegate/data
 USER 10001:10001
 
-# 8080: proxy. 9901: admin (/healthz, /readyz, /metrics).
+# 8080: proxy. 9901: admin (/healthz, /readyz, /metrics, /fences).
 EXPOSE 8080 9901
 # fencegate drains in-flight requests on SIGTERM for [server] shutdown_grace
 # (default 30s): give `docker stop` a longer timeout (-t) than that.

@@ -157,6 +157,7 @@ async fn raise(state: &AdminState, peer: SocketAddr, query: Query, req: Request<
             tracing::info!(target: "fencegate::audit", caller = %peer, key, token, current, "fence lowering refused");
             let mut r = problem_with(
                 StatusCode::CONFLICT,
+                "urn:fencegate:problem:stale-token",
                 "Stale fencing token",
                 &format!("token {token} is lower than the fence {current}; a fence never goes back"),
                 json!({ "key": key, "token": token, "current": current }),
@@ -169,7 +170,13 @@ async fn raise(state: &AdminState, peer: SocketAddr, query: Query, req: Request<
 }
 
 fn unavailable(detail: &str) -> Response<Full<Bytes>> {
-    let mut r = problem(StatusCode::SERVICE_UNAVAILABLE, "Fence store unavailable", detail);
+    let mut r = problem_with(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "urn:fencegate:problem:store-unavailable",
+        "Fence store unavailable",
+        detail,
+        json!({}),
+    );
     r.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
     r
 }

@@ -103,13 +103,19 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<
 }
 
 fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Full<Bytes>> {
-    problem_with(status, title, detail, json!({}))
+    problem_with(status, "about:blank", title, detail, json!({}))
 }
 
-/// A problem+json response; members of `extra` (an object) are added to it.
-fn problem_with(status: StatusCode, title: &str, detail: &str, extra: serde_json::Value) -> Response<Full<Bytes>> {
+/// A problem+json response of `type_uri`; members of `extra` (an object) are added.
+fn problem_with(
+    status: StatusCode,
+    type_uri: &str,
+    title: &str,
+    detail: &str,
+    extra: serde_json::Value,
+) -> Response<Full<Bytes>> {
     let mut body = json!({
-        "type": "about:blank",
+        "type": type_uri,
         "title": title,
         "status": status.as_u16(),
         "detail": detail,
