@@ -55,13 +55,13 @@ fn parse_query(query: &str) -> Result<Query, String> {
 }
 
 pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.method() == Method::PUT {
+        return raise(state, peer, req).await;
+    }
     let query = match parse_query(req.uri().query().unwrap_or("")) {
         Ok(q) => q,
         Err(detail) => return problem(StatusCode::BAD_REQUEST, "Bad query", &detail),
     };
-    if req.method() == Method::PUT {
-        return raise(state, peer, query, req).await;
-    }
     let store = &state.shared.store;
     if let Some(key) = query.key {
         if query.prefix.is_some() || query.after.is_some() || query.limit.is_some() {
@@ -84,9 +84,12 @@ pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<In
         }
     };
     let prefix = query.prefix.unwrap_or_default();
-    match store.list(&prefix, query.after.as_deref(), limit).await {
-        Ok(fences) => {
-            let next = if fences.len() == limit { fences.last().map(|(k, _)| k.clone()) } else { None };
+    // One more than asked tells whether another page follows.
+    match store.list(&prefix, query.after.as_deref(), limit + 1).await {
+        Ok(mut fences) => {
+            let more = fences.len() > limit;
+            fences.truncate(limit);
+            let next = if more { fences.last().map(|(k, _)| k.clone()) } else { None };
             let fences: Vec<_> = fences.into_iter().map(|(key, token)| json!({ "key": key, "token": token })).collect();
             json_response(StatusCode::OK, &json!({ "fences": fences, "next": next }))
         }
@@ -94,7 +97,7 @@ pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<In
     }
 }
 
-async fn raise(state: &AdminState, peer: SocketAddr, query: Query, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let Some(expected) = &state.auth_token else {
         return problem(
             StatusCode::FORBIDDEN,
@@ -102,12 +105,14 @@ async fn raise(state: &AdminState, peer: SocketAddr, query: Query, req: Request<
             "no [admin] auth_token is configured, so the fence API is read-only",
         );
     };
+    // The scheme name is case-insensitive (RFC 9110 §11.1); the token is not.
     let presented = req
         .headers()
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
     // Constant time over the token bytes: a mismatch does not tell how much matched.
     let authorized = presented.is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes())));
     if !authorized {
@@ -120,6 +125,10 @@ async fn raise(state: &AdminState, peer: SocketAddr, query: Query, req: Request<
         r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return r;
     }
+    let query = match parse_query(req.uri().query().unwrap_or("")) {
+        Ok(q) => q,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, "Bad query", &detail),
+    };
     let (Some(key), None, None, None) = (query.key, query.prefix, query.after, query.limit) else {
         return problem(StatusCode::BAD_REQUEST, "Bad query", "PUT /fences takes exactly one parameter: key");
     };

@@ -351,3 +351,5 @@ pub async fn get(url: &str) -> Reply {
 pub async fn put(url: &str, token: u64, body: &'static str) -> Reply {
     send("PUT", url, &[("x-fencing-token", &token.to_string())], body).await
 }
+
+pub mod process;

@@ -11,6 +11,10 @@
 //!   were not used since the last sweep leave memory (never the disk); a miss
 //!   reads the mark back before deciding.
 
+// redb's error type is large; these results travel between the commit thread,
+// blocking reads and start-up, never through the request hot path.
+#![allow(clippy::result_large_err)]
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -108,14 +112,28 @@ impl FileStore {
     /// Must be called inside a tokio runtime (the cache sweeper is a task).
     pub fn open(dir: &Path, require_existing: bool, cache_keys: usize) -> Result<FileStore, OpenError> {
         let file = dir.join(DB_FILE);
-        if !file.exists() {
+        // An empty file is no store: a first start that crashed before its first
+        // commit leaves one, and so does a copy that went wrong.
+        let exists = std::fs::metadata(&file).map(|m| m.len() > 0).unwrap_or(false);
+        if !exists {
             if require_existing {
                 return Err(OpenError::Missing(file));
             }
             std::fs::create_dir_all(dir).map_err(|source| OpenError::CreateDir { path: dir.to_path_buf(), source })?;
         }
         let corrupt = |detail: String| OpenError::Corrupt { path: file.clone(), detail };
-        let db = Database::builder().set_cache_size(DISK_CACHE_BYTES).create(&file).map_err(|e| match e {
+        // redb panics instead of returning an error on some damaged files (one
+        // shorter or longer than its header says): report those as corrupt too.
+        let opened = std::panic::catch_unwind(|| Database::builder().set_cache_size(DISK_CACHE_BYTES).create(&file))
+            .map_err(|panic| {
+                let detail = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("the store library panicked while opening it");
+                corrupt(detail.to_string())
+            })?;
+        let db = opened.map_err(|e| match e {
             DatabaseError::DatabaseAlreadyOpen => OpenError::InUse(file.clone()),
             DatabaseError::Storage(StorageError::Io(io)) if io.kind() == std::io::ErrorKind::WouldBlock => {
                 OpenError::InUse(file.clone())
@@ -379,7 +397,8 @@ async fn run_sweeper(inner: Weak<Inner>, wake: Arc<Notify>) {
         {
             let Some(store) = inner.upgrade() else { return };
             if store.cache.len() > store.capacity {
-                sweep(&store);
+                // A sweep walks the whole cache: keep it off the async workers.
+                let _ = tokio::task::spawn_blocking(move || sweep(&store)).await;
             }
         }
         tokio::select! {
@@ -511,6 +530,9 @@ mod tests {
         let dir = temp_dir("corrupt");
         assert!(matches!(FileStore::open(&dir, true, 10), Err(OpenError::Missing(_))));
         std::fs::create_dir_all(&dir).unwrap();
+        // An empty file is no store either.
+        std::fs::write(dir.join(DB_FILE), b"").unwrap();
+        assert!(matches!(FileStore::open(&dir, true, 10), Err(OpenError::Missing(_))));
         std::fs::write(dir.join(DB_FILE), vec![0xA5u8; 64 * 1024]).unwrap();
         let err = FileStore::open(&dir, false, 10).unwrap_err();
         assert!(matches!(err, OpenError::Corrupt { .. }), "{err}");
