@@ -38,8 +38,10 @@ pub enum ProxyError {
     BadKey(#[from] KeyError),
     #[error("no route matches path '{path}'")]
     NoRoute { path: String },
-    #[error("the upstream could not be reached or failed: {0}")]
-    UpstreamUnreachable(String),
+    #[error("the upstream could not be reached, nothing was sent: {0}")]
+    UpstreamConnect(String),
+    #[error("the upstream connection failed after the request was sent: {0}")]
+    UpstreamFailed(String),
     #[error("the upstream did not answer within {}", humantime::format_duration(*.0))]
     UpstreamTimeout(Duration),
     #[error("waited {} for the key's turn; another write to it is in flight", humantime::format_duration(*.0))]
@@ -111,6 +113,8 @@ pub struct Decision {
     pub outcome: Outcome,
     pub key: Option<String>,
     pub token: Option<u64>,
+    /// The key was held for a settle period after an ambiguous outcome.
+    pub settled: bool,
 }
 
 /// The route a response belongs to, carried in the response extensions.
@@ -124,7 +128,7 @@ impl ProxyError {
             ProxyError::MissingToken { .. } => StatusCode::PRECONDITION_REQUIRED,
             ProxyError::MalformedToken { .. } | ProxyError::BadKey(_) => StatusCode::BAD_REQUEST,
             ProxyError::NoRoute { .. } => StatusCode::NOT_FOUND,
-            ProxyError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamConnect(_) | ProxyError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::QueueTimeout(_) | ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -138,12 +142,18 @@ impl ProxyError {
             ProxyError::MalformedToken { .. } => Outcome::MalformedToken,
             ProxyError::BadKey(_) => Outcome::BadKey,
             ProxyError::NoRoute { .. } => Outcome::NoRoute,
-            ProxyError::UpstreamUnreachable(_) => Outcome::UpstreamError,
+            ProxyError::UpstreamConnect(_) | ProxyError::UpstreamFailed(_) => Outcome::UpstreamError,
             ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
             ProxyError::QueueTimeout(_) => Outcome::QueueTimeout,
             ProxyError::StoreUnavailable(_) => Outcome::StoreUnavailable,
             ProxyError::Internal(_) => Outcome::Internal,
         }
+    }
+
+    /// Whether the upstream may have received the request, and so may still
+    /// apply it: the outcome of the write is unknown.
+    pub fn is_ambiguous(&self) -> bool {
+        matches!(self, ProxyError::UpstreamFailed(_) | ProxyError::UpstreamTimeout(_))
     }
 
     /// `(type, title)` of the problem document. The `type` URNs are stable: clients
@@ -155,7 +165,8 @@ impl ProxyError {
             ProxyError::MalformedToken { .. } => ("urn:fencegate:problem:malformed-token", "Malformed fencing token"),
             ProxyError::BadKey(_) => ("urn:fencegate:problem:bad-key", "Cannot determine the fence key"),
             ProxyError::NoRoute { .. } => ("urn:fencegate:problem:no-route", "No route"),
-            ProxyError::UpstreamUnreachable(_) => ("urn:fencegate:problem:upstream-error", "Upstream unreachable"),
+            ProxyError::UpstreamConnect(_) => ("urn:fencegate:problem:upstream-error", "Upstream unreachable"),
+            ProxyError::UpstreamFailed(_) => ("urn:fencegate:problem:upstream-error", "Upstream failed"),
             ProxyError::UpstreamTimeout(_) => ("urn:fencegate:problem:upstream-timeout", "Upstream timeout"),
             ProxyError::QueueTimeout(_) => ("urn:fencegate:problem:queue-timeout", "Key busy"),
             ProxyError::StoreUnavailable(_) => ("urn:fencegate:problem:store-unavailable", "Fence store unavailable"),
@@ -170,17 +181,19 @@ pub struct Rejection {
     pub error: ProxyError,
     pub key: Option<String>,
     pub token: Option<u64>,
+    /// How long the key stays closed after this ambiguous outcome, if it does.
+    pub settle: Option<Duration>,
 }
 
 impl From<ProxyError> for Rejection {
     fn from(error: ProxyError) -> Self {
-        Rejection { error, key: None, token: None }
+        Rejection { error, key: None, token: None, settle: None }
     }
 }
 
 impl Rejection {
     pub fn new(error: ProxyError, key: Option<String>, token: Option<u64>) -> Self {
-        Rejection { error, key, token }
+        Rejection { error, key, token, settle: None }
     }
 
     /// The problem+json response for this rejection, with its [`Decision`].
@@ -193,6 +206,15 @@ impl Rejection {
             "status": status.as_u16(),
             "detail": self.error.to_string(),
         });
+        if let Some(settle) = self.settle {
+            body["detail"] = json!(format!(
+                "{}. The upstream may still apply this write, so fencegate holds the key for {} before it forwards \
+                 the next write to it",
+                self.error,
+                humantime::format_duration(settle)
+            ));
+            body["settle_ms"] = json!(settle.as_millis() as u64);
+        }
         if let Some(key) = &self.key {
             body["key"] = json!(key);
         }
@@ -215,7 +237,13 @@ impl Rejection {
             }
             _ => {}
         }
-        response.extensions_mut().insert(Decision { outcome: self.error.outcome(), key: self.key, token: self.token });
+        let decision = Decision {
+            outcome: self.error.outcome(),
+            key: self.key,
+            token: self.token,
+            settled: self.settle.is_some(),
+        };
+        response.extensions_mut().insert(decision);
         response
     }
 }

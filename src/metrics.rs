@@ -32,6 +32,7 @@ pub const NO_ROUTE_LABEL: &str = "none";
 struct RouteMetrics {
     by_outcome: Vec<Counter>,
     duration: Histogram,
+    settles: Counter,
 }
 
 /// Every metric fencegate exports.
@@ -80,6 +81,12 @@ impl Metrics {
             "Time from request head to response head, by route",
             duration.clone(),
         );
+        let settles = Family::<RouteLabel, Counter>::default();
+        registry.register(
+            "fencegate_settles",
+            "Fenced writes whose outcome was unknown (upstream timeout or connection lost after sending), after which the key was held for the route's settle period",
+            settles.clone(),
+        );
         let names: Vec<String> =
             route_names.into_iter().map(str::to_string).chain(std::iter::once(NO_ROUTE_LABEL.to_string())).collect();
         let routes = names
@@ -92,6 +99,7 @@ impl Metrics {
                     })
                     .collect(),
                 duration: duration.get_or_create(&RouteLabel { route: name.clone() }).clone(),
+                settles: settles.get_or_create(&RouteLabel { route: name.clone() }).clone(),
             })
             .collect();
         let tracked_keys = Gauge::<i64, AtomicI64>::default();
@@ -135,13 +143,17 @@ impl Metrics {
         Metrics { registry, routes, tracked_keys, active_keys, waiting, cached_keys }
     }
 
-    /// Records one finished request. `route` is the route index, or `None`.
-    pub fn record(&self, route: Option<usize>, outcome: Outcome, seconds: f64) {
+    /// Records one finished request. `route` is the route index, or `None`;
+    /// `settled`: the key was held for a settle period after it.
+    pub fn record(&self, route: Option<usize>, outcome: Outcome, seconds: f64, settled: bool) {
         let slot = route.unwrap_or(self.routes.len() - 1).min(self.routes.len() - 1);
         let m = &self.routes[slot];
         let i = Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
         m.by_outcome[i].inc();
         m.duration.observe(seconds);
+        if settled {
+            m.settles.inc();
+        }
     }
 
     /// The Prometheus text exposition, with gauges set from `snapshot`.
@@ -164,15 +176,17 @@ mod tests {
     #[test]
     fn records_by_route_and_outcome() {
         let m = Metrics::new(["objects", "blobs"], None);
-        m.record(Some(0), Outcome::Stale, 0.001);
-        m.record(Some(0), Outcome::Stale, 0.001);
-        m.record(Some(1), Outcome::Forwarded, 0.002);
-        m.record(None, Outcome::NoRoute, 0.0001);
+        m.record(Some(0), Outcome::Stale, 0.001, false);
+        m.record(Some(0), Outcome::Stale, 0.001, false);
+        m.record(Some(1), Outcome::Forwarded, 0.002, false);
+        m.record(Some(1), Outcome::UpstreamTimeout, 0.002, true);
+        m.record(None, Outcome::NoRoute, 0.0001, false);
         let text = m.encode(Snapshot { tracked_keys: 3, cached_keys: 3, active_keys: 1, waiting: 2 });
         assert!(text.contains(r#"fencegate_requests_total{route="objects",outcome="stale"} 2"#), "{text}");
         assert!(text.contains(r#"fencegate_requests_total{route="blobs",outcome="forwarded"} 1"#), "{text}");
         assert!(text.contains(r#"fencegate_requests_total{route="none",outcome="no_route"} 1"#), "{text}");
         assert!(text.contains("fencegate_tracked_keys 3"), "{text}");
+        assert!(text.contains(r#"fencegate_settles_total{route="blobs"} 1"#), "{text}");
         assert!(text.contains("fencegate_waiting_requests 2"), "{text}");
         assert!(text.contains(r#"fencegate_request_duration_seconds_count{route="objects"} 2"#), "{text}");
     }

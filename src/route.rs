@@ -26,6 +26,9 @@ pub struct Route {
     pub timeout: Duration,
     /// Longest wait for the key's turn (503 past it).
     pub queue_timeout: Duration,
+    /// How long the key stays closed after a fenced write's outcome became
+    /// unknown (upstream timeout, or connection lost after sending). Zero: off.
+    pub settle: Duration,
     pub token_header: HeaderName,
     pub preserve_host: bool,
 }
@@ -389,6 +392,7 @@ mod tests {
             allow_missing_token: false,
             timeout: Duration::from_secs(1),
             queue_timeout: Duration::from_secs(1),
+            settle: Duration::ZERO,
             token_header: HeaderName::from_static("x-fencing-token"),
             preserve_host: false,
         }

@@ -180,7 +180,8 @@ impl<B> OnResponse<B> for AccessLog {
         let route = response.extensions().get::<RouteTag>();
         let decision = response.extensions().get::<Decision>();
         let outcome = decision.map(|d| d.outcome).unwrap_or(Outcome::Internal);
-        self.metrics.record(route.map(|r| r.index), outcome, latency.as_secs_f64());
+        let settled = decision.is_some_and(|d| d.settled);
+        self.metrics.record(route.map(|r| r.index), outcome, latency.as_secs_f64(), settled);
         tracing::info!(
             target: "fencegate::access",
             route = route.map(|r| &*r.name).unwrap_or(crate::metrics::NO_ROUTE_LABEL),

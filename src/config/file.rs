@@ -71,6 +71,7 @@ pub struct RouteSection {
     pub missing_token: Option<String>,
     pub timeout: Option<String>,
     pub queue_timeout: Option<String>,
+    pub settle: Option<String>,
     pub token_header: Option<String>,
     pub preserve_host: Option<bool>,
 }

@@ -33,6 +33,7 @@ const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9901";
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_SETTLE: Duration = Duration::from_secs(2);
 const DEFAULT_TOKEN_HEADER: &str = "x-fencing-token";
 const DEFAULT_KEY: &str = "{path}";
 const DEFAULT_FENCED_METHODS: [Method; 4] = [Method::PUT, Method::POST, Method::PATCH, Method::DELETE];
@@ -176,9 +177,13 @@ impl Problems {
     }
 
     fn duration(&mut self, field: &str, value: Option<&str>, default: Duration) -> Duration {
+        self.duration_from(field, value, default, false)
+    }
+
+    fn duration_from(&mut self, field: &str, value: Option<&str>, default: Duration, zero_ok: bool) -> Duration {
         let Some(text) = value else { return default };
         match humantime::parse_duration(text) {
-            Ok(d) if d.is_zero() => {
+            Ok(d) if d.is_zero() && !zero_ok => {
                 self.add(field, "must be greater than zero");
                 default
             }
@@ -402,6 +407,8 @@ fn validate_route(i: usize, s: file::RouteSection, p: &mut Problems) -> Option<R
     };
     let timeout = p.duration(&field("timeout"), s.timeout.as_deref(), DEFAULT_TIMEOUT);
     let queue_timeout = p.duration(&field("queue_timeout"), s.queue_timeout.as_deref(), DEFAULT_QUEUE_TIMEOUT);
+    // "0s" turns settling off.
+    let settle = p.duration_from(&field("settle"), s.settle.as_deref(), DEFAULT_SETTLE, true);
     let token_header_text = s.token_header.as_deref().unwrap_or(DEFAULT_TOKEN_HEADER);
     let token_header = match HeaderName::from_bytes(token_header_text.as_bytes()) {
         Ok(h) => Some(h),
@@ -424,6 +431,7 @@ fn validate_route(i: usize, s: file::RouteSection, p: &mut Problems) -> Option<R
         allow_missing_token,
         timeout,
         queue_timeout,
+        settle,
         token_header: token_header?,
         preserve_host: s.preserve_host.unwrap_or(false),
     })
@@ -462,6 +470,7 @@ mod tests {
         assert!(!r.allow_missing_token);
         assert_eq!(r.timeout, Duration::from_secs(30));
         assert_eq!(r.queue_timeout, Duration::from_secs(10));
+        assert_eq!(r.settle, Duration::from_secs(2));
         assert_eq!(r.token_header.as_str(), "x-fencing-token");
         assert!(!r.preserve_host);
     }

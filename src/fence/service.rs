@@ -111,16 +111,33 @@ where
         Err(e) => return Err(Rejection::new(e.into(), Some(key), Some(token))),
     }
     let result = inner.call(req).await;
-    // The upstream's response head arrived (or the forward failed): the next
-    // fenced request for this key may go.
-    drop(turn);
     match result {
         Ok(mut response) => {
-            let decision = Decision { outcome: Outcome::Forwarded, key: Some(key), token: Some(token) };
+            // The upstream's response head arrived: the next fenced request for
+            // this key may go.
+            drop(turn);
+            let decision = Decision { outcome: Outcome::Forwarded, key: Some(key), token: Some(token), settled: false };
             response.extensions_mut().insert(decision);
             Ok(response)
         }
-        Err(e) => Err(Rejection::new(e, Some(key), Some(token))),
+        Err(e) if e.is_ambiguous() && !route.settle.is_zero() => {
+            // The upstream may still apply this write. Keep the key closed for the
+            // settle period, so a newer write cannot land and then be overwritten
+            // by this one (the idea of Chubby's lock-delay).
+            let settle = route.settle;
+            tokio::spawn(async move {
+                tokio::time::sleep(settle).await;
+                drop(turn);
+            });
+            let mut rejection = Rejection::new(e, Some(key), Some(token));
+            rejection.settle = Some(settle);
+            Err(rejection)
+        }
+        Err(e) => {
+            // Nothing reached the upstream, or settling is off: pass the turn on.
+            drop(turn);
+            Err(Rejection::new(e, Some(key), Some(token)))
+        }
     }
 }
 
@@ -129,6 +146,6 @@ where
     S: Service<Request<B>, Response = Response<ProxyBody>, Error = ProxyError>,
 {
     let mut response = inner.call(req).await?;
-    response.extensions_mut().insert(Decision { outcome: Outcome::Unfenced, key: None, token: None });
+    response.extensions_mut().insert(Decision { outcome: Outcome::Unfenced, key: None, token: None, settled: false });
     Ok(response)
 }

@@ -3,6 +3,7 @@
 //! fence has decided before a request gets here.
 
 mod headers;
+mod retry;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -12,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::{HeaderValue, HOST};
-use http::{Request, Response, StatusCode, Version};
+use http::{Request, Response, StatusCode};
 use http_body_util::Either;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
@@ -38,7 +39,7 @@ pub struct ClientAddr(pub SocketAddr);
 /// The innermost service: sends a request to its route's upstream.
 #[derive(Clone, Debug)]
 pub struct Forward {
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpConnector, retry::Rewindable>,
 }
 
 impl Forward {
@@ -76,7 +77,7 @@ impl Service<Request<Incoming>> for Forward {
 }
 
 async fn forward(
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpConnector, retry::Rewindable>,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let route = req
@@ -95,8 +96,6 @@ async fn forward(
     let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
     parts.uri =
         route.upstream.uri_for(path_and_query).map_err(|e| ProxyError::Internal(format!("upstream URI: {e}")))?;
-    // Clients may speak HTTP/2; the upstream connection is HTTP/1.1.
-    parts.version = Version::HTTP_11;
 
     strip_hop_by_hop(&mut parts.headers, upgrade, Some(&route.token_header));
     let client_addr = parts.extensions.get::<ClientAddr>().map(|c| c.0);
@@ -110,10 +109,12 @@ async fn forward(
     };
     parts.headers.insert(HOST, host);
 
-    let request = Request::from_parts(parts, body);
-    let mut response = match tokio::time::timeout(route.timeout, client.request(request)).await {
+    let head = retry::Head { method: parts.method, uri: parts.uri, headers: parts.headers };
+    // The timeout covers connecting, retries and backoff included.
+    let mut response = match tokio::time::timeout(route.timeout, retry::send(&client, head, body)).await {
         Ok(Ok(response)) => response,
-        Ok(Err(e)) => return Err(ProxyError::UpstreamUnreachable(error_chain(&e))),
+        Ok(Err(retry::SendError::Connect(e))) => return Err(ProxyError::UpstreamConnect(error_chain(&e))),
+        Ok(Err(retry::SendError::Failed(e))) => return Err(ProxyError::UpstreamFailed(error_chain(&e))),
         Err(_) => return Err(ProxyError::UpstreamTimeout(route.timeout)),
     };
 
