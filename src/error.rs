@@ -36,6 +36,12 @@ pub enum ProxyError {
     MalformedToken { header: HeaderName, error: TokenError },
     #[error("cannot make the fence key: {0}")]
     BadKey(#[from] KeyError),
+    #[error("the token signature is {0}")]
+    BadSignature(&'static str),
+    #[error("token {token} is more than {max_jump} above the fence {current} for this key")]
+    TokenJump { token: u64, current: u64, max_jump: u64 },
+    #[error("the request body is larger than this route's limit of {limit} bytes")]
+    BodyTooLarge { limit: u64 },
     #[error("no route matches path '{path}'")]
     NoRoute { path: String },
     #[error("the upstream could not be reached, nothing was sent: {0}")]
@@ -64,6 +70,9 @@ pub enum Outcome {
     MissingToken,
     MalformedToken,
     BadKey,
+    BadSignature,
+    TokenJump,
+    BodyTooLarge,
     NoRoute,
     UpstreamError,
     UpstreamTimeout,
@@ -73,13 +82,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 12] = [
+    pub const ALL: [Outcome; 15] = [
         Outcome::Forwarded,
         Outcome::Unfenced,
         Outcome::Stale,
         Outcome::MissingToken,
         Outcome::MalformedToken,
         Outcome::BadKey,
+        Outcome::BadSignature,
+        Outcome::TokenJump,
+        Outcome::BodyTooLarge,
         Outcome::NoRoute,
         Outcome::UpstreamError,
         Outcome::UpstreamTimeout,
@@ -96,6 +108,9 @@ impl Outcome {
             Outcome::MissingToken => "missing_token",
             Outcome::MalformedToken => "malformed_token",
             Outcome::BadKey => "bad_key",
+            Outcome::BadSignature => "bad_signature",
+            Outcome::TokenJump => "token_jump",
+            Outcome::BodyTooLarge => "body_too_large",
             Outcome::NoRoute => "no_route",
             Outcome::UpstreamError => "upstream_error",
             Outcome::UpstreamTimeout => "upstream_timeout",
@@ -127,6 +142,8 @@ impl ProxyError {
             ProxyError::StaleToken { .. } => StatusCode::CONFLICT,
             ProxyError::MissingToken { .. } => StatusCode::PRECONDITION_REQUIRED,
             ProxyError::MalformedToken { .. } | ProxyError::BadKey(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BadSignature(_) | ProxyError::TokenJump { .. } => StatusCode::FORBIDDEN,
+            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::NoRoute { .. } => StatusCode::NOT_FOUND,
             ProxyError::UpstreamConnect(_) | ProxyError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -141,6 +158,9 @@ impl ProxyError {
             ProxyError::MissingToken { .. } => Outcome::MissingToken,
             ProxyError::MalformedToken { .. } => Outcome::MalformedToken,
             ProxyError::BadKey(_) => Outcome::BadKey,
+            ProxyError::BadSignature(_) => Outcome::BadSignature,
+            ProxyError::TokenJump { .. } => Outcome::TokenJump,
+            ProxyError::BodyTooLarge { .. } => Outcome::BodyTooLarge,
             ProxyError::NoRoute { .. } => Outcome::NoRoute,
             ProxyError::UpstreamConnect(_) | ProxyError::UpstreamFailed(_) => Outcome::UpstreamError,
             ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
@@ -164,6 +184,9 @@ impl ProxyError {
             ProxyError::MissingToken { .. } => ("urn:fencegate:problem:missing-token", "Fencing token required"),
             ProxyError::MalformedToken { .. } => ("urn:fencegate:problem:malformed-token", "Malformed fencing token"),
             ProxyError::BadKey(_) => ("urn:fencegate:problem:bad-key", "Cannot determine the fence key"),
+            ProxyError::BadSignature(_) => ("urn:fencegate:problem:bad-signature", "Token signature missing or wrong"),
+            ProxyError::TokenJump { .. } => ("urn:fencegate:problem:token-jump", "Token jumps too far ahead"),
+            ProxyError::BodyTooLarge { .. } => ("urn:fencegate:problem:body-too-large", "Request body too large"),
             ProxyError::NoRoute { .. } => ("urn:fencegate:problem:no-route", "No route"),
             ProxyError::UpstreamConnect(_) => ("urn:fencegate:problem:upstream-error", "Upstream unreachable"),
             ProxyError::UpstreamFailed(_) => ("urn:fencegate:problem:upstream-error", "Upstream failed"),
@@ -221,7 +244,7 @@ impl Rejection {
         if let Some(token) = self.token {
             body["token"] = json!(token);
         }
-        if let ProxyError::StaleToken { current, .. } = &self.error {
+        if let ProxyError::StaleToken { current, .. } | ProxyError::TokenJump { current, .. } = &self.error {
             body["current"] = json!(current);
         }
         let mut response = Response::new(Either::Right(Full::new(Bytes::from(body.to_string()))));

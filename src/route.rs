@@ -31,6 +31,33 @@ pub struct Route {
     pub settle: Duration,
     pub token_header: HeaderName,
     pub preserve_host: bool,
+    /// Largest request body, in bytes (413 past it).
+    pub max_body: u64,
+    /// Key for signed tokens: when set, a fenced request needs a valid
+    /// `X-Fencing-Signature` (403 otherwise).
+    pub signing_key: Option<SigningKey>,
+    /// A token more than this above the key's mark is refused (403).
+    pub max_token_jump: Option<u64>,
+}
+
+/// A shared secret for token signatures. Its `Debug` never shows the bytes.
+#[derive(Clone)]
+pub struct SigningKey(Arc<[u8]>);
+
+impl SigningKey {
+    pub fn new(bytes: &[u8]) -> Self {
+        SigningKey(bytes.into())
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SigningKey(..)")
+    }
 }
 
 impl Route {
@@ -395,6 +422,9 @@ mod tests {
             settle: Duration::ZERO,
             token_header: HeaderName::from_static("x-fencing-token"),
             preserve_host: false,
+            max_body: 1 << 20,
+            signing_key: None,
+            max_token_jump: None,
         }
     }
 

@@ -29,6 +29,10 @@ pub struct FileConfig {
 pub struct ServerSection {
     pub listen: Option<String>,
     pub shutdown_grace: Option<String>,
+    pub header_read_timeout: Option<String>,
+    pub max_header_bytes: Option<String>,
+    pub max_connections: Option<u64>,
+    pub idle_timeout: Option<String>,
 }
 
 /// `[admin]`: health, readiness, metrics.
@@ -74,4 +78,7 @@ pub struct RouteSection {
     pub settle: Option<String>,
     pub token_header: Option<String>,
     pub preserve_host: Option<bool>,
+    pub max_body: Option<String>,
+    pub signing_key_file: Option<String>,
+    pub max_token_jump: Option<u64>,
 }

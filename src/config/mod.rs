@@ -26,11 +26,18 @@ use http::{HeaderName, Method};
 
 pub use file::FileConfig;
 
-use crate::route::{KeyTemplate, PathPattern, Route, Upstream};
+use crate::route::{KeyTemplate, PathPattern, Route, SigningKey, Upstream};
 
 const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
 const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9901";
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_MAX_HEADER_BYTES: u64 = 64 * 1024;
+const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_MAX_BODY: u64 = 16 * 1024 * 1024;
+/// hyper cannot buffer a request head smaller than this.
+const MIN_HEADER_BYTES: u64 = 8192;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SETTLE: Duration = Duration::from_secs(2);
@@ -54,6 +61,14 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// How long in-flight requests may take to finish after SIGTERM/SIGINT.
     pub shutdown_grace: Duration,
+    /// Longest a client may take to send a request head (slowloris guard).
+    pub header_read_timeout: Duration,
+    /// Largest request head accepted (431 past it).
+    pub max_header_bytes: usize,
+    /// Most client connections open at once; further ones wait in the backlog.
+    pub max_connections: usize,
+    /// A keep-alive connection with no request in flight for this long is closed.
+    pub idle_timeout: Duration,
 }
 
 /// The admin listener.
@@ -176,6 +191,21 @@ impl Problems {
         })
     }
 
+    fn size(&mut self, field: &str, value: Option<&str>, default: u64) -> u64 {
+        let Some(text) = value else { return default };
+        match parse_size(text) {
+            Some(0) => {
+                self.add(field, "must be greater than zero");
+                default
+            }
+            Some(n) => n,
+            None => {
+                self.add(field, format!("'{text}' is not a size like \"16MiB\", \"512KiB\" or \"1048576\""));
+                default
+            }
+        }
+    }
+
     fn duration(&mut self, field: &str, value: Option<&str>, default: Duration) -> Duration {
         self.duration_from(field, value, default, false)
     }
@@ -196,6 +226,26 @@ impl Problems {
     }
 }
 
+/// Parses a byte size: a whole number with an optional unit `B`, `KB`/`KiB`,
+/// `MB`/`MiB`, `GB`/`GiB` (decimal and binary units as written).
+pub fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" => 1000,
+        "KiB" => 1 << 10,
+        "MB" => 1000 * 1000,
+        "MiB" => 1 << 20,
+        "GB" => 1000 * 1000 * 1000,
+        "GiB" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(scale)
+}
+
 /// Turns a parsed file into a typed [`Config`], or lists every problem.
 pub fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
     let mut p = Problems::default();
@@ -207,6 +257,31 @@ pub fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
             file.server.shutdown_grace.as_deref(),
             DEFAULT_SHUTDOWN_GRACE,
         ),
+        header_read_timeout: p.duration(
+            "server.header_read_timeout",
+            file.server.header_read_timeout.as_deref(),
+            DEFAULT_HEADER_READ_TIMEOUT,
+        ),
+        max_header_bytes: match p.size(
+            "server.max_header_bytes",
+            file.server.max_header_bytes.as_deref(),
+            DEFAULT_MAX_HEADER_BYTES,
+        ) {
+            n if n < MIN_HEADER_BYTES => {
+                p.add("server.max_header_bytes", format!("must be at least {MIN_HEADER_BYTES} bytes (8KiB)"));
+                DEFAULT_MAX_HEADER_BYTES as usize
+            }
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        },
+        max_connections: match file.server.max_connections {
+            None => DEFAULT_MAX_CONNECTIONS,
+            Some(0) => {
+                p.add("server.max_connections", "must be at least 1");
+                DEFAULT_MAX_CONNECTIONS
+            }
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        },
+        idle_timeout: p.duration("server.idle_timeout", file.server.idle_timeout.as_deref(), DEFAULT_IDLE_TIMEOUT),
     };
 
     let admin = AdminConfig {
@@ -418,6 +493,31 @@ fn validate_route(i: usize, s: file::RouteSection, p: &mut Problems) -> Option<R
         }
     };
 
+    let max_body = p.size(&field("max_body"), s.max_body.as_deref(), DEFAULT_MAX_BODY);
+    let signing_key = match &s.signing_key_file {
+        None => Some(None),
+        Some(path) => match std::fs::read(path) {
+            Ok(bytes) => {
+                // Trailing whitespace is a file-editing accident, not key material.
+                let key = bytes.trim_ascii_end();
+                if key.len() < 16 {
+                    p.add(
+                        field("signing_key_file"),
+                        format!("'{path}' holds {} bytes; use a key of at least 16", key.len()),
+                    );
+                    None
+                } else {
+                    Some(Some(SigningKey::new(key)))
+                }
+            }
+            Err(e) => {
+                p.add(field("signing_key_file"), format!("cannot read '{path}': {e}"));
+                None
+            }
+        },
+    };
+    let max_token_jump = s.max_token_jump;
+
     if p.0.len() != before {
         return None;
     }
@@ -434,6 +534,9 @@ fn validate_route(i: usize, s: file::RouteSection, p: &mut Problems) -> Option<R
         settle,
         token_header: token_header?,
         preserve_host: s.preserve_host.unwrap_or(false),
+        max_body,
+        signing_key: signing_key?,
+        max_token_jump,
     })
 }
 
@@ -471,6 +574,13 @@ mod tests {
         assert_eq!(r.timeout, Duration::from_secs(30));
         assert_eq!(r.queue_timeout, Duration::from_secs(10));
         assert_eq!(r.settle, Duration::from_secs(2));
+        assert_eq!(r.max_body, 16 << 20);
+        assert!(r.signing_key.is_none());
+        assert_eq!(r.max_token_jump, None);
+        assert_eq!(c.server.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.server.max_header_bytes, 64 << 10);
+        assert_eq!(c.server.max_connections, 10_000);
+        assert_eq!(c.server.idle_timeout, Duration::from_secs(60));
         assert_eq!(r.token_header.as_str(), "x-fencing-token");
         assert!(!r.preserve_host);
     }
@@ -596,6 +706,23 @@ mod tests {
         "#,
         );
         assert_eq!(p[0].field, "route[0] 'b'.pattern");
+    }
+
+    #[test]
+    fn sizes_take_decimal_and_binary_units() {
+        assert_eq!(parse_size("16MiB"), Some(16 << 20));
+        assert_eq!(parse_size("512KiB"), Some(512 << 10));
+        assert_eq!(parse_size("1GB"), Some(1_000_000_000));
+        assert_eq!(parse_size("1048576"), Some(1 << 20));
+        assert_eq!(parse_size("10 MB"), Some(10_000_000));
+        for bad in ["", "MiB", "1.5MiB", "-1", "16mib", "16XB", "99999999999999999999GiB"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+        let text = format!("[server]\nmax_header_bytes = \"1KiB\"\nidle_timeout = \"x\"\nmax_connections = 0\n{MINIMAL}max_body = \"lots\"\n");
+        assert_eq!(
+            fields(&text),
+            ["server.max_header_bytes", "server.max_connections", "server.idle_timeout", "route[0] 'objects'.max_body"]
+        );
     }
 
     #[test]
