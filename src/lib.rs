@@ -15,6 +15,7 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod connection;
 pub mod error;
 pub mod fence;
 pub mod metrics;

@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreKind};
+use crate::connection::{Activity, ActivityIo, Expiry};
 use crate::fence::store::FenceStore;
 use crate::fence::store::{AnyStore, FileStore, MemoryStore, OpenError};
 use crate::fence::KeyGate;
@@ -97,24 +98,39 @@ impl Fencegate {
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
         let admin_task = tokio::spawn(serve_admin(admin, state.clone(), admin_stopped));
 
-        let graceful = GracefulShutdown::new();
+        let server = &config.server;
         let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder.http1().timer(TokioTimer::new());
-        builder.http2().timer(TokioTimer::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            // Our own guards (connection.rs) time request heads and idleness:
+            // hyper's head timer would also close idle keep-alive connections.
+            .header_read_timeout(None)
+            // A head larger than this gets 431.
+            .max_buf_size(server.max_header_bytes);
+        builder.http2().timer(TokioTimer::new()).max_header_list_size(server.max_header_bytes as u32);
+
+        // One permit per open client connection: at the limit, accepting pauses
+        // and new connections wait in the listen backlog. At shutdown, taking
+        // every permit back means every connection has finished.
+        let max_connections = u32::try_from(server.max_connections).unwrap_or(u32::MAX);
+        let connections = Arc::new(Semaphore::new(max_connections as usize));
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         tokio::pin!(shutdown);
         loop {
+            let permit = tokio::select! {
+                permit = connections.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+                _ = &mut shutdown => break,
+            };
             tokio::select! {
                 accepted = proxy.accept() => match accepted {
                     Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
-                        let service = TowerToHyperService::new(proxy_service(&state.shared, peer));
-                        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
-                        let conn = graceful.watch(conn);
-                        tokio::spawn(async move {
-                            if let Err(e) = conn.await {
-                                debug!(%peer, error = %e, "client connection ended with an error");
-                            }
-                        });
+                        let activity = Activity::new(server.header_read_timeout, server.idle_timeout);
+                        let io = TokioIo::new(ActivityIo::new(stream, activity.clone()));
+                        let service = TowerToHyperService::new(proxy_service(&state.shared, peer, activity.clone()));
+                        let conn = builder.serve_connection_with_upgrades(io, service).into_owned();
+                        tokio::spawn(serve_connection(conn, activity, stop_rx.clone(), permit, peer));
                     }
                     Err(e) => {
                         // Usually out of file descriptors: back off instead of spinning.
@@ -130,12 +146,75 @@ impl Fencegate {
         drop(proxy);
         let grace = config.server.shutdown_grace;
         info!(grace = %humantime::format_duration(grace), "shutting down: draining in-flight requests");
-        match tokio::time::timeout(grace, graceful.shutdown()).await {
-            Ok(()) => info!("all connections drained"),
+        let _ = stop_tx.send(true);
+        match tokio::time::timeout(grace, connections.acquire_many(max_connections)).await {
+            Ok(_) => info!("all connections drained"),
             Err(_) => warn!("shutdown grace period elapsed; closing the remaining connections"),
         }
         let _ = admin_stop.send(());
         let _ = admin_task.await;
+    }
+}
+
+/// Serves one client connection until it ends, closing it when a guard trips
+/// (a stuck request head at once, an idle connection gracefully) or when
+/// shutdown begins (gracefully: the request in flight finishes first).
+async fn serve_connection<C, E>(
+    conn: C,
+    activity: Arc<Activity>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    permit: OwnedSemaphorePermit,
+    peer: SocketAddr,
+) where
+    C: Future<Output = Result<(), E>> + GracefulClose,
+    E: std::fmt::Display,
+{
+    tokio::pin!(conn);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    debug!(%peer, error = %e, "client connection ended with an error");
+                }
+                break;
+            }
+            expiry = activity.expired(), if !closing => match expiry {
+                Expiry::SlowHead => {
+                    debug!(%peer, "closing a connection whose request head did not arrive in time");
+                    break;
+                }
+                Expiry::Idle => {
+                    conn.as_mut().close_gracefully();
+                    closing = true;
+                }
+            },
+            _ = stop.wait_for(|stopping| *stopping), if !closing => {
+                conn.as_mut().close_gracefully();
+                closing = true;
+            }
+        }
+    }
+    drop(permit);
+}
+
+/// A connection that can finish its request in flight and then close.
+trait GracefulClose {
+    fn close_gracefully(self: std::pin::Pin<&mut Self>);
+}
+
+impl<I, S, E, B> GracefulClose for auto::UpgradeableConnection<'_, I, S, E>
+where
+    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::Future: 'static,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
+{
+    fn close_gracefully(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
     }
 }
 

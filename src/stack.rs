@@ -14,6 +14,7 @@ use tower_http::add_extension::AddExtensionLayer;
 use tower_http::trace::{MakeSpan, OnResponse, TraceLayer};
 use tracing::Span;
 
+use crate::connection::{Activity, TrackRequestsLayer};
 use crate::error::{Decision, Outcome, ProxyBody, ProxyError, Rejection};
 use crate::fence::store::AnyStore;
 use crate::fence::{FencingLayer, KeyGate};
@@ -35,6 +36,7 @@ pub struct Shared {
 pub fn proxy_service(
     shared: &Shared,
     client: SocketAddr,
+    activity: Arc<Activity>,
 ) -> impl Service<
     Request<Incoming>,
     Response = Response<
@@ -48,6 +50,9 @@ pub fn proxy_service(
        + Send
        + 'static {
     ServiceBuilder::new()
+        // Per connection: requests in flight, so the idle and slow-head guards
+        // never close a connection that is serving a request.
+        .layer(TrackRequestsLayer(activity))
         // Per connection: who the client is, for X-Forwarded-For.
         .layer(AddExtensionLayer::new(ClientAddr(client)))
         // Outermost, so the access log and metrics see every response, including

@@ -1,0 +1,250 @@
+//! Per-connection guards against clients that hold resources without making
+//! progress: a request head that never completes (slowloris), and a keep-alive
+//! connection that sits idle.
+//!
+//! [`Activity`] is fed from two sides: [`ActivityIo`] sees bytes arrive, and
+//! [`TrackRequests`] sees requests start and finish. [`Activity::expired`]
+//! resolves when either guard trips; the connection task then closes the
+//! connection (at once for a stuck head, gracefully for an idle one).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+/// What the connection is doing, as far as the guards care.
+#[derive(Debug)]
+pub struct Activity {
+    state: Mutex<State>,
+    header_read_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+#[derive(Debug)]
+struct State {
+    in_flight: usize,
+    /// When the last request finished (or the connection opened).
+    idle_since: Instant,
+    /// When the first byte of a request head arrived, while no request is in flight.
+    head_started: Option<Instant>,
+}
+
+/// Why a connection should close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// Bytes arrived but no complete request head within `header_read_timeout`.
+    SlowHead,
+    /// No request in flight and nothing received for `idle_timeout`.
+    Idle,
+}
+
+impl Activity {
+    pub fn new(header_read_timeout: Duration, idle_timeout: Duration) -> Arc<Self> {
+        Arc::new(Activity {
+            state: Mutex::new(State { in_flight: 0, idle_since: Instant::now(), head_started: None }),
+            header_read_timeout,
+            idle_timeout,
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn bytes_received(&self) {
+        let mut s = self.state();
+        if s.in_flight == 0 && s.head_started.is_none() {
+            s.head_started = Some(Instant::now());
+        }
+    }
+
+    fn request_started(&self) {
+        let mut s = self.state();
+        s.in_flight += 1;
+        s.head_started = None;
+    }
+
+    fn request_finished(&self) {
+        let mut s = self.state();
+        s.in_flight = s.in_flight.saturating_sub(1);
+        if s.in_flight == 0 {
+            s.idle_since = Instant::now();
+        }
+    }
+
+    /// The next moment a guard could trip, or what tripped.
+    fn check(&self) -> Result<Instant, Expiry> {
+        let s = self.state();
+        let now = Instant::now();
+        if s.in_flight > 0 {
+            // A request is being served: its own timeouts apply.
+            return Ok(now + self.idle_timeout.min(self.header_read_timeout));
+        }
+        if let Some(started) = s.head_started {
+            let deadline = started + self.header_read_timeout;
+            return if now >= deadline { Err(Expiry::SlowHead) } else { Ok(deadline) };
+        }
+        let deadline = s.idle_since + self.idle_timeout;
+        if now >= deadline {
+            Err(Expiry::Idle)
+        } else {
+            Ok(deadline)
+        }
+    }
+
+    /// Resolves when a guard trips.
+    pub async fn expired(&self) -> Expiry {
+        loop {
+            match self.check() {
+                Err(expiry) => return expiry,
+                Ok(next) => tokio::time::sleep_until(next).await,
+            }
+        }
+    }
+}
+
+/// A connection's IO that tells its [`Activity`] when bytes arrive.
+#[derive(Debug)]
+pub struct ActivityIo<I> {
+    inner: I,
+    activity: Arc<Activity>,
+}
+
+impl<I> ActivityIo<I> {
+    pub fn new(inner: I, activity: Arc<Activity>) -> Self {
+        ActivityIo { inner, activity }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for ActivityIo<I> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.bytes_received();
+        }
+        result
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for ActivityIo<I> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+}
+
+/// Counts a connection's requests in flight for its [`Activity`].
+#[derive(Clone)]
+pub struct TrackRequestsLayer(pub Arc<Activity>);
+
+impl<S> Layer<S> for TrackRequestsLayer {
+    type Service = TrackRequests<S>;
+
+    fn layer(&self, inner: S) -> TrackRequests<S> {
+        TrackRequests { inner, activity: self.0.clone() }
+    }
+}
+
+/// See [`TrackRequestsLayer`].
+#[derive(Clone)]
+pub struct TrackRequests<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S, R> Service<R> for TrackRequests<S>
+where
+    S: Service<R>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        self.activity.request_started();
+        // The guard also counts a request whose future is dropped unfinished.
+        let guard = InFlight(self.activity.clone());
+        let future = self.inner.call(req);
+        Box::pin(async move {
+            let result = future.await;
+            drop(guard);
+            result
+        })
+    }
+}
+
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.request_finished();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_expires_after_idle_timeout() {
+        let a = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
+        assert_eq!(a.expired().await, Expiry::Idle);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_started_head_must_complete_within_header_read_timeout() {
+        let a = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        a.bytes_received();
+        let started = Instant::now();
+        assert_eq!(a.expired().await, Expiry::SlowHead);
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_in_flight_keeps_the_connection() {
+        let a = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
+        a.bytes_received();
+        a.request_started();
+        let waiting = tokio::spawn({
+            let a = a.clone();
+            async move { a.expired().await }
+        });
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert!(!waiting.is_finished());
+        a.request_finished();
+        let finished = Instant::now();
+        assert_eq!(waiting.await.unwrap(), Expiry::Idle);
+        assert!(finished.elapsed() >= Duration::from_secs(60));
+    }
+}
