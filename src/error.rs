@@ -42,6 +42,8 @@ pub enum ProxyError {
     TokenJump { token: u64, current: u64, max_jump: u64 },
     #[error("the request body is larger than this route's limit of {limit} bytes")]
     BodyTooLarge { limit: u64 },
+    #[error("the client's request body failed: {0}")]
+    ClientBody(String),
     #[error("no route matches path '{path}'")]
     NoRoute { path: String },
     #[error("the upstream could not be reached, nothing was sent: {0}")]
@@ -73,6 +75,7 @@ pub enum Outcome {
     BadSignature,
     TokenJump,
     BodyTooLarge,
+    ClientError,
     NoRoute,
     UpstreamError,
     UpstreamTimeout,
@@ -82,7 +85,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 15] = [
+    pub const ALL: [Outcome; 16] = [
         Outcome::Forwarded,
         Outcome::Unfenced,
         Outcome::Stale,
@@ -92,6 +95,7 @@ impl Outcome {
         Outcome::BadSignature,
         Outcome::TokenJump,
         Outcome::BodyTooLarge,
+        Outcome::ClientError,
         Outcome::NoRoute,
         Outcome::UpstreamError,
         Outcome::UpstreamTimeout,
@@ -111,6 +115,7 @@ impl Outcome {
             Outcome::BadSignature => "bad_signature",
             Outcome::TokenJump => "token_jump",
             Outcome::BodyTooLarge => "body_too_large",
+            Outcome::ClientError => "client_error",
             Outcome::NoRoute => "no_route",
             Outcome::UpstreamError => "upstream_error",
             Outcome::UpstreamTimeout => "upstream_timeout",
@@ -144,6 +149,7 @@ impl ProxyError {
             ProxyError::MalformedToken { .. } | ProxyError::BadKey(_) => StatusCode::BAD_REQUEST,
             ProxyError::BadSignature(_) | ProxyError::TokenJump { .. } => StatusCode::FORBIDDEN,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::NoRoute { .. } => StatusCode::NOT_FOUND,
             ProxyError::UpstreamConnect(_) | ProxyError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -161,6 +167,7 @@ impl ProxyError {
             ProxyError::BadSignature(_) => Outcome::BadSignature,
             ProxyError::TokenJump { .. } => Outcome::TokenJump,
             ProxyError::BodyTooLarge { .. } => Outcome::BodyTooLarge,
+            ProxyError::ClientBody(_) => Outcome::ClientError,
             ProxyError::NoRoute { .. } => Outcome::NoRoute,
             ProxyError::UpstreamConnect(_) | ProxyError::UpstreamFailed(_) => Outcome::UpstreamError,
             ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
@@ -187,6 +194,7 @@ impl ProxyError {
             ProxyError::BadSignature(_) => ("urn:fencegate:problem:bad-signature", "Token signature missing or wrong"),
             ProxyError::TokenJump { .. } => ("urn:fencegate:problem:token-jump", "Token jumps too far ahead"),
             ProxyError::BodyTooLarge { .. } => ("urn:fencegate:problem:body-too-large", "Request body too large"),
+            ProxyError::ClientBody(_) => ("urn:fencegate:problem:client-body", "Request body failed"),
             ProxyError::NoRoute { .. } => ("urn:fencegate:problem:no-route", "No route"),
             ProxyError::UpstreamConnect(_) => ("urn:fencegate:problem:upstream-error", "Upstream unreachable"),
             ProxyError::UpstreamFailed(_) => ("urn:fencegate:problem:upstream-error", "Upstream failed"),

@@ -18,6 +18,7 @@ pub mod config;
 pub mod connection;
 pub mod error;
 pub mod fence;
+pub mod limits;
 pub mod metrics;
 pub mod proxy;
 pub mod route;

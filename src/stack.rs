@@ -18,6 +18,7 @@ use crate::connection::{Activity, TrackRequestsLayer};
 use crate::error::{Decision, Outcome, ProxyBody, ProxyError, Rejection};
 use crate::fence::store::AnyStore;
 use crate::fence::{FencingLayer, KeyGate};
+use crate::limits::BodyLimitLayer;
 use crate::metrics::Metrics;
 use crate::proxy::{ClientAddr, Forward};
 use crate::route::{Route, RouteTable};
@@ -72,6 +73,10 @@ pub fn proxy_service(
         // Rescue: every rejection below becomes a problem+json response here, so
         // no error escapes to hyper as a connection reset.
         .layer(tower::layer::layer_fn(|inner| Rescue { inner }))
+        // Body limits come before the fence: a fenced chunked upload is read whole
+        // (up to max_body) before it may take its key's turn, so a slow or
+        // oversized upload never holds the key or reaches the upstream in part.
+        .layer(BodyLimitLayer)
         // The fence decides before anything reaches the upstream, and holds the
         // key's turn until the upstream's response head is back.
         .layer(FencingLayer::new(shared.store.clone(), shared.gate.clone()))

@@ -15,7 +15,6 @@ use std::time::Duration;
 use http::header::{HeaderValue, HOST};
 use http::{Request, Response, StatusCode};
 use http_body_util::Either;
-use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -25,6 +24,7 @@ use tower::Service;
 pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
 
 use crate::error::{ProxyBody, ProxyError};
+use crate::limits::RequestBody;
 use crate::route::{request_host, Route};
 
 /// Idle upstream connections are closed after this long: below the 5 s idle
@@ -62,7 +62,7 @@ impl Default for Forward {
     }
 }
 
-impl Service<Request<Incoming>> for Forward {
+impl Service<Request<RequestBody>> for Forward {
     type Response = Response<ProxyBody>;
     type Error = ProxyError;
     type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send>>;
@@ -71,14 +71,14 @@ impl Service<Request<Incoming>> for Forward {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
         Box::pin(forward(self.client.clone(), req))
     }
 }
 
 async fn forward(
     client: Client<HttpConnector, retry::Rewindable>,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let route = req
         .extensions()
@@ -114,7 +114,14 @@ async fn forward(
     let mut response = match tokio::time::timeout(route.timeout, retry::send(&client, head, body)).await {
         Ok(Ok(response)) => response,
         Ok(Err(retry::SendError::Connect(e))) => return Err(ProxyError::UpstreamConnect(error_chain(&e))),
-        Ok(Err(retry::SendError::Failed(e))) => return Err(ProxyError::UpstreamFailed(error_chain(&e))),
+        Ok(Err(retry::SendError::Failed(e))) => {
+            // A body that overran the route's limit (only an unfenced one can:
+            // fenced bodies are checked whole before they are sent).
+            if let Some(limit) = crate::limits::overran_limit(&e) {
+                return Err(ProxyError::BodyTooLarge { limit });
+            }
+            return Err(ProxyError::UpstreamFailed(error_chain(&e)));
+        }
         Err(_) => return Err(ProxyError::UpstreamTimeout(route.timeout)),
     };
 

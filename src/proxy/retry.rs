@@ -14,6 +14,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
+
+use crate::limits::{BodyError, RequestBody};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 
@@ -25,8 +27,8 @@ pub const FIRST_BACKOFF: Duration = Duration::from_millis(25);
 /// A request body that stays in its slot until the client first polls it, so a
 /// request whose connection never came up can be sent again with its body.
 pub struct Rewindable {
-    slot: Arc<Mutex<Option<Incoming>>>,
-    taken: Option<Incoming>,
+    slot: Arc<Mutex<Option<RequestBody>>>,
+    taken: Option<RequestBody>,
     // Known up front, so the client frames the request (length or chunked)
     // exactly as the original before it ever polls the body.
     hint: SizeHint,
@@ -34,7 +36,7 @@ pub struct Rewindable {
 }
 
 impl Rewindable {
-    fn new(body: Incoming) -> (Self, Arc<Mutex<Option<Incoming>>>) {
+    fn new(body: RequestBody) -> (Self, Arc<Mutex<Option<RequestBody>>>) {
         let (hint, end) = (body.size_hint(), body.is_end_stream());
         let slot = Arc::new(Mutex::new(Some(body)));
         (Rewindable { slot: slot.clone(), taken: None, hint, end }, slot)
@@ -43,9 +45,9 @@ impl Rewindable {
 
 impl Body for Rewindable {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         if self.taken.is_none() {
             let body = self.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
             match body {
@@ -94,7 +96,7 @@ pub enum SendError {
 pub async fn send(
     client: &Client<HttpConnector, Rewindable>,
     mut head: Head,
-    body: Incoming,
+    body: RequestBody,
 ) -> Result<Response<Incoming>, SendError> {
     let (mut body, mut slot) = Rewindable::new(body);
     let mut backoff = FIRST_BACKOFF;
