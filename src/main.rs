@@ -32,6 +32,22 @@ enum Command {
         #[command(subcommand)]
         action: FenceAction,
     },
+    /// Print the X-Fencing-Signature value for TOKEN on fence KEY: base64url
+    /// (no padding) of HMAC-SHA256 over KEY, a newline, and TOKEN in base 10.
+    ///
+    /// KEY is the fence key fencegate makes for the request (the route's `key`
+    /// template; the request path by default). The key file is read as a route's
+    /// `signing_key_file` is: trailing whitespace removed, at least 16 bytes.
+    /// Needs no config and no running fencegate.
+    Sign {
+        /// The fence key, e.g. "/objects/report.csv".
+        key: String,
+        /// The fencing token.
+        token: u64,
+        /// The shared secret (the same file as the route's `signing_key_file`).
+        #[arg(long, value_name = "FILE")]
+        key_file: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -55,6 +71,19 @@ enum LogFormatArg {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Signing needs only the key file, not a valid config.
+    if let Some(Command::Sign { key, token, key_file }) = &cli.command {
+        return match fencegate::config::load_signing_key(key_file) {
+            Ok(secret) => {
+                println!("{}", fencegate::fence::signature::sign(secret.bytes(), key, *token));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("--key-file: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let config = match Config::load(&cli.config) {
         Ok(config) => config,
         Err(e) => {
@@ -62,8 +91,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(Command::Fence { action }) = cli.command {
-        return fence_command(&config, action);
+    match cli.command {
+        Some(Command::Fence { action }) => return fence_command(&config, action),
+        Some(Command::Sign { .. }) | None => {}
     }
     if cli.check {
         println!(

@@ -400,6 +400,26 @@ fn admin_token(section: &file::AdminSection, env: Option<String>, p: &mut Proble
     section.auth_token.clone().filter(|t| !t.is_empty())
 }
 
+/// Shortest signing key accepted, in bytes.
+pub const MIN_SIGNING_KEY_BYTES: usize = 16;
+
+/// Reads a route's `signing_key_file`: the file's bytes with trailing ASCII
+/// whitespace removed, at least [`MIN_SIGNING_KEY_BYTES`] of them. The server and
+/// `fencegate sign` both load keys here, so they always agree on the key.
+pub fn load_signing_key(path: &Path) -> Result<SigningKey, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
+    // Trailing whitespace is a file-editing accident, not key material.
+    let key = bytes.trim_ascii_end();
+    if key.len() < MIN_SIGNING_KEY_BYTES {
+        return Err(format!(
+            "'{}' holds {} bytes; use a key of at least {MIN_SIGNING_KEY_BYTES}",
+            path.display(),
+            key.len()
+        ));
+    }
+    Ok(SigningKey::new(key))
+}
+
 fn validate_route(i: usize, s: file::RouteSection, p: &mut Problems) -> Option<Route> {
     let label = match &s.name {
         Some(name) => format!("route[{i}] '{name}'"),
@@ -496,22 +516,10 @@ fn validate_route(i: usize, s: file::RouteSection, p: &mut Problems) -> Option<R
     let max_body = p.size(&field("max_body"), s.max_body.as_deref(), DEFAULT_MAX_BODY);
     let signing_key = match &s.signing_key_file {
         None => Some(None),
-        Some(path) => match std::fs::read(path) {
-            Ok(bytes) => {
-                // Trailing whitespace is a file-editing accident, not key material.
-                let key = bytes.trim_ascii_end();
-                if key.len() < 16 {
-                    p.add(
-                        field("signing_key_file"),
-                        format!("'{path}' holds {} bytes; use a key of at least 16", key.len()),
-                    );
-                    None
-                } else {
-                    Some(Some(SigningKey::new(key)))
-                }
-            }
-            Err(e) => {
-                p.add(field("signing_key_file"), format!("cannot read '{path}': {e}"));
+        Some(path) => match load_signing_key(Path::new(path)) {
+            Ok(key) => Some(Some(key)),
+            Err(msg) => {
+                p.add(field("signing_key_file"), msg);
                 None
             }
         },
@@ -770,5 +778,25 @@ mod tests {
         let text = format!("[fences]\nstore = \"etcd\"\n{MINIMAL}");
         let p = problems(&text);
         assert_eq!(p[0].field, "fences.store");
+    }
+
+    #[test]
+    fn signing_keys_lose_trailing_whitespace_and_must_be_long_enough() {
+        let dir = std::env::temp_dir().join(format!("fencegate-signing-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good");
+        std::fs::write(&good, b" 0123456789abcdef\r\n\t ").unwrap();
+        assert_eq!(load_signing_key(&good).unwrap().bytes(), b" 0123456789abcdef");
+        let short = dir.join("short");
+        std::fs::write(&short, b"0123456789abcde\n").unwrap();
+        assert!(load_signing_key(&short).unwrap_err().contains("holds 15 bytes"));
+        assert!(load_signing_key(&dir.join("missing")).unwrap_err().contains("cannot read"));
+
+        let route = |path: &Path| format!("{MINIMAL}signing_key_file = '{}'\nmax_token_jump = 1000\n", path.display());
+        let c = Config::from_toml_str(&route(&good)).unwrap();
+        assert_eq!(c.routes[0].signing_key.as_ref().unwrap().bytes(), b" 0123456789abcdef");
+        assert_eq!(c.routes[0].max_token_jump, Some(1000));
+        assert_eq!(fields(&route(&short)), ["route[0] 'objects'.signing_key_file"]);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -4,6 +4,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower::Service;
 
+use super::signature::verify_headers;
 use super::store::{Advance, FenceStore};
 use super::token::token_from_headers;
 use super::{KeyGate, ResponseFuture};
@@ -88,12 +89,27 @@ where
         (Err(e), Ok(token)) => return Err(Rejection::new(e.into(), None, Some(token))),
     };
 
-    // A token already below the mark can never win: refuse it without queueing.
+    // Before anything else: a token nobody with the key signed must not read the
+    // mark, queue, or (above all) raise the mark, or any client could fence a key
+    // forever with u64::MAX.
+    if let Some(signing_key) = &route.signing_key {
+        if let Err(e) = verify_headers(signing_key.bytes(), &key, token, req.headers()) {
+            return Err(Rejection::new(ProxyError::BadSignature(e.as_str()), Some(key), Some(token)));
+        }
+    }
+
+    // A token already below the mark can never win, and one too far above it
+    // never will: refuse both without queueing.
     match store.get(&key).await {
         Ok(Some(current)) if token < current => {
             return Err(Rejection::new(ProxyError::StaleToken { token, current }, Some(key), Some(token)))
         }
-        Ok(_) => {}
+        Ok(Some(current)) => {
+            if let Err(e) = check_jump(route.max_token_jump, token, current) {
+                return Err(Rejection::new(e, Some(key), Some(token)));
+            }
+        }
+        Ok(None) => {}
         Err(e) => return Err(Rejection::new(e.into(), Some(key), Some(token))),
     }
 
@@ -101,8 +117,22 @@ where
         Ok(turn) => turn,
         Err(_) => return Err(Rejection::new(ProxyError::QueueTimeout(route.queue_timeout), Some(key), Some(token))),
     };
-    // The check that counts happens with the turn held: a newer token may have
-    // won while this request waited.
+    // The checks that count happen with the turn held: a newer token may have
+    // won while this request waited. The jump is measured against the mark as it
+    // is now; between this get and the advance only the fence API can move the
+    // mark (fenced requests for this key wait for the turn), and raising it only
+    // makes the jump smaller.
+    if let Some(max_jump) = route.max_token_jump {
+        match store.get(&key).await {
+            Ok(Some(current)) => {
+                if let Err(e) = check_jump(Some(max_jump), token, current) {
+                    return Err(Rejection::new(e, Some(key), Some(token)));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => return Err(Rejection::new(e.into(), Some(key), Some(token))),
+        }
+    }
     match store.advance(&key, token).await {
         Ok(Advance::Accepted { .. }) => {}
         Ok(Advance::Stale { current }) => {
@@ -141,6 +171,17 @@ where
     }
 }
 
+/// Refuses a token more than `max_jump` above the mark `current`. Without a
+/// limit, or when `current + max_jump` passes `u64::MAX`, every token is near enough.
+fn check_jump(max_jump: Option<u64>, token: u64, current: u64) -> Result<(), ProxyError> {
+    match max_jump {
+        Some(max_jump) if token > current.saturating_add(max_jump) => {
+            Err(ProxyError::TokenJump { token, current, max_jump })
+        }
+        _ => Ok(()),
+    }
+}
+
 async fn forward_unfenced<S, B>(mut inner: S, req: Request<B>) -> Result<Response<ProxyBody>, Rejection>
 where
     S: Service<Request<B>, Response = Response<ProxyBody>, Error = ProxyError>,
@@ -148,4 +189,145 @@ where
     let mut response = inner.call(req).await?;
     response.extensions_mut().insert(Decision { outcome: Outcome::Unfenced, key: None, token: None, settled: false });
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http::{HeaderName, Method};
+    use http_body_util::{Either, Full};
+
+    use super::*;
+    use crate::fence::signature::sign;
+    use crate::fence::store::{MemoryStore, StoreError};
+    use crate::route::{KeyTemplate, SigningKey, Upstream};
+
+    const SECRET: &[u8] = b"service-test-secret-0123";
+
+    fn route(signing_key: Option<&[u8]>, max_token_jump: Option<u64>) -> Arc<Route> {
+        Arc::new(Route {
+            name: "objects".into(),
+            prefix: "/objects/".into(),
+            upstream: Upstream::parse("http://127.0.0.1:1").unwrap(),
+            pattern: None,
+            key: KeyTemplate::parse("{path}", None).unwrap(),
+            fenced_methods: vec![Method::PUT],
+            allow_missing_token: false,
+            timeout: Duration::from_secs(1),
+            queue_timeout: Duration::from_secs(1),
+            settle: Duration::ZERO,
+            token_header: HeaderName::from_static("x-fencing-token"),
+            preserve_host: false,
+            max_body: 1 << 20,
+            signing_key: signing_key.map(SigningKey::new),
+            max_token_jump,
+        })
+    }
+
+    /// A memory store that counts reads, and whose first read answers what the
+    /// mark was just before another request raised it to `raced_to`.
+    #[derive(Default)]
+    struct WitnessStore {
+        inner: MemoryStore,
+        gets: AtomicUsize,
+        advances: AtomicUsize,
+        raced_to: Option<u64>,
+    }
+
+    impl FenceStore for WitnessStore {
+        async fn get(&self, key: &str) -> Result<Option<u64>, StoreError> {
+            let first = self.gets.fetch_add(1, Ordering::SeqCst) == 0;
+            let mark = self.inner.get(key).await;
+            if let (true, Some(token)) = (first, self.raced_to) {
+                self.inner.advance_now(key, token);
+            }
+            mark
+        }
+        async fn advance(&self, key: &str, token: u64) -> Result<Advance, StoreError> {
+            self.advances.fetch_add(1, Ordering::SeqCst);
+            self.inner.advance(key, token).await
+        }
+        async fn list(&self, _: &str, _: Option<&str>, _: usize) -> Result<Vec<(String, u64)>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn tracked_keys(&self) -> usize {
+            0
+        }
+        fn cached_keys(&self) -> usize {
+            0
+        }
+    }
+
+    /// Runs one `PUT /objects/a` through the fence; returns the status and how
+    /// many requests reached the inner service.
+    async fn put(route: Arc<Route>, store: Arc<WitnessStore>, headers: &[(&str, &str)]) -> (u16, usize) {
+        let forwarded = Arc::new(AtomicUsize::new(0));
+        let seen = forwarded.clone();
+        let inner = tower::service_fn(move |_req: Request<()>| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, ProxyError>(Response::new(Either::Right(Full::new(Bytes::new())))) }
+        });
+        let mut req = Request::builder().method(Method::PUT).uri("/objects/a");
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let mut req = req.body(()).unwrap();
+        req.extensions_mut().insert(route);
+        let status = match decide_and_forward(inner, store, Arc::new(KeyGate::default()), req).await {
+            Ok(response) => response.status().as_u16(),
+            Err(rejection) => rejection.error.status().as_u16(),
+        };
+        (status, forwarded.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test]
+    async fn a_bad_signature_never_touches_the_store() {
+        let route = route(Some(SECRET), Some(5));
+        let wrong = sign(b"some-other-secret-012345", "/objects/a", 7);
+        for headers in [
+            vec![("x-fencing-token", "18446744073709551615")],
+            vec![("x-fencing-token", "7"), ("x-fencing-signature", wrong.as_str())],
+        ] {
+            let store = Arc::new(WitnessStore::default());
+            assert_eq!(put(route.clone(), store.clone(), &headers).await, (403, 0));
+            assert_eq!(store.gets.load(Ordering::SeqCst), 0, "the mark was read");
+            assert_eq!(store.advances.load(Ordering::SeqCst), 0, "the mark was raised");
+        }
+        let store = Arc::new(WitnessStore::default());
+        let good = sign(SECRET, "/objects/a", 7);
+        let headers = [("x-fencing-token", "7"), ("x-fencing-signature", good.as_str())];
+        assert_eq!(put(route, store.clone(), &headers).await, (200, 1));
+        assert_eq!(store.inner.get("/objects/a").await.unwrap(), Some(7));
+    }
+
+    #[tokio::test]
+    async fn the_jump_is_checked_again_when_the_turn_comes() {
+        // The early read sees a fresh key (no limit); by the time the turn comes
+        // another request has made the mark 1. u64::MAX must not get through.
+        let store = Arc::new(WitnessStore { raced_to: Some(1), ..Default::default() });
+        let headers = [("x-fencing-token", "18446744073709551615")];
+        assert_eq!(put(route(None, Some(5)), store.clone(), &headers).await, (403, 0));
+        assert_eq!(store.advances.load(Ordering::SeqCst), 0);
+        assert_eq!(store.inner.get("/objects/a").await.unwrap(), Some(1));
+        // Without a limit the same race is just a higher token.
+        let store = Arc::new(WitnessStore { raced_to: Some(1), ..Default::default() });
+        assert_eq!(put(route(None, None), store.clone(), &headers).await, (200, 1));
+    }
+
+    #[test]
+    fn jump_limit_is_inclusive_and_cannot_overflow() {
+        assert!(check_jump(None, u64::MAX, 0).is_ok());
+        assert!(check_jump(Some(5), 15, 10).is_ok());
+        assert!(matches!(
+            check_jump(Some(5), 16, 10),
+            Err(ProxyError::TokenJump { token: 16, current: 10, max_jump: 5 })
+        ));
+        assert!(check_jump(Some(0), 10, 10).is_ok());
+        assert!(check_jump(Some(0), 11, 10).is_err());
+        assert!(check_jump(Some(u64::MAX), u64::MAX, 1).is_ok());
+        assert!(check_jump(Some(10), u64::MAX, u64::MAX - 3).is_ok());
+    }
 }
