@@ -57,13 +57,22 @@ impl Fencegate {
                 AnyStore::File(FileStore::open(path, *require_existing, *cache_keys)?)
             }
         };
+        // A restart on fences a previous process left: it may have died with
+        // writes in flight, so keys start closed for their settle period.
+        let gate = match &store {
+            AnyStore::File(file) if file.reopened() => {
+                info!("fences recovered: fenced writes wait for their route's settle period before the first goes out");
+                KeyGate::reopened()
+            }
+            _ => KeyGate::default(),
+        };
         let routes = RouteTable::new(config.routes.iter().cloned());
         let names = routes.names();
         let shared = Arc::new(Shared {
             metrics: Arc::new(Metrics::new(names.iter().map(|n| &**n), store.stats())),
             routes,
             store: Arc::new(store),
-            gate: Arc::new(KeyGate::default()),
+            gate: Arc::new(gate),
             forward: Forward::new(),
         });
         let proxy = bind("proxy", config.server.listen).await?;

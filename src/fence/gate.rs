@@ -18,6 +18,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub struct KeyGate {
     queues: DashMap<Box<str>, Arc<Semaphore>>,
     waiting: AtomicI64,
+    /// Set when fencegate restarted on fences a previous process left: writes
+    /// that process sent may still be in flight, so every key starts closed
+    /// for its route's settle period from this instant.
+    reopened_at: Option<tokio::time::Instant>,
 }
 
 /// Waited `queue_timeout` without getting the key's turn.
@@ -36,6 +40,31 @@ pub struct Turn {
 }
 
 impl KeyGate {
+    /// A gate whose keys all start closed for their settle period: for a
+    /// restart on a store that a previous process wrote to (and may have died
+    /// with writes in flight).
+    pub fn reopened() -> Self {
+        KeyGate { reopened_at: Some(tokio::time::Instant::now()), ..KeyGate::default() }
+    }
+
+    /// Waits until keys are open after a restart (see [`KeyGate::reopened`]),
+    /// at most `timeout`; `false` when the wait would outlast it.
+    pub async fn wait_reopened(&self, settle: Duration, timeout: Duration) -> bool {
+        let Some(reopened) = self.reopened_at else { return true };
+        let open_at = reopened + settle;
+        let now = tokio::time::Instant::now();
+        if open_at <= now {
+            return true;
+        }
+        if open_at - now > timeout {
+            tokio::time::sleep(timeout).await;
+            return false;
+        }
+        let _waiting = WaitingGuard::new(&self.waiting);
+        tokio::time::sleep_until(open_at).await;
+        true
+    }
+
     /// Waits up to `timeout` for the turn of `key`.
     ///
     /// Cancel-safe: dropping the returned future while it waits leaves the queue
@@ -138,6 +167,23 @@ mod tests {
         drop(b);
         assert_eq!(gate.active_keys(), 0);
         assert_eq!(gate.waiting(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reopened_gate_holds_keys_for_the_settle_period() {
+        let gate = KeyGate::reopened();
+        let start = tokio::time::Instant::now();
+        assert!(gate.wait_reopened(Duration::from_secs(2), LONG).await);
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        // Open from then on.
+        assert!(gate.wait_reopened(Duration::from_secs(2), LONG).await);
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        // A wait past the queue timeout gives up at the timeout.
+        let gate = KeyGate::reopened();
+        let start = tokio::time::Instant::now();
+        assert!(!gate.wait_reopened(Duration::from_secs(5), Duration::from_secs(1)).await);
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        assert!(KeyGate::default().wait_reopened(Duration::from_secs(5), Duration::ZERO).await);
     }
 
     #[tokio::test(start_paused = true)]

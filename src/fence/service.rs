@@ -113,6 +113,11 @@ where
         Err(e) => return Err(Rejection::new(e.into(), Some(key), Some(token))),
     }
 
+    // After a restart on a store a previous process wrote to, that process may
+    // have died with writes in flight: keys start closed for the settle period.
+    if !gate.wait_reopened(route.settle, route.queue_timeout).await {
+        return Err(Rejection::new(ProxyError::QueueTimeout(route.queue_timeout), Some(key), Some(token)));
+    }
     let turn = match gate.acquire(&key, route.queue_timeout).await {
         Ok(turn) => turn,
         Err(_) => return Err(Rejection::new(ProxyError::QueueTimeout(route.queue_timeout), Some(key), Some(token))),

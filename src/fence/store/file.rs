@@ -62,6 +62,8 @@ pub enum OpenError {
 pub struct FileStore {
     inner: Arc<Inner>,
     raises: mpsc::Sender<Raise>,
+    /// The store held fences when opened: a previous process wrote to it.
+    reopened: bool,
 }
 
 #[derive(Debug)]
@@ -173,7 +175,12 @@ impl FileStore {
             sweep: Arc::new(Notify::new()),
         });
         tokio::spawn(run_sweeper(Arc::downgrade(&inner), inner.sweep.clone()));
-        Ok(FileStore { inner, raises })
+        Ok(FileStore { inner, raises, reopened: recovered > 0 })
+    }
+
+    /// Whether the store held fences when it was opened, i.e. this is a restart.
+    pub fn reopened(&self) -> bool {
+        self.reopened
     }
 
     /// Where the database file is.

@@ -1,0 +1,586 @@
+//! The checks behind the fuzz targets, shared with `tests/fuzz_regressions.rs`.
+//!
+//! Every `check_*` function takes one raw fuzzer input, decodes it, calls
+//! fencegate and panics when an oracle does not hold. The fuzz targets in
+//! `fuzz_targets/` are one-line wrappers, and the regression tests call the same
+//! functions on saved inputs, so `cargo test` exercises the harness logic too.
+//!
+//! Structured inputs are fields separated by [`SEP`] (0xFF, a byte that never
+//! occurs in UTF-8 text). Missing fields take a default; extra fields are used
+//! or ignored as each check documents.
+//!
+//! The oracles are written independently of the code under test (a second
+//! parser, a brute-force matcher, a reference renderer), so they catch wrong
+//! answers as well as panics.
+
+use std::cmp::Reverse;
+use std::sync::OnceLock;
+
+use fencegate::config::{parse_size, Config, FileConfig, StoreKind};
+use fencegate::fence::token::{parse_token, token_from_headers, TokenError};
+use fencegate::route::{KeyTemplate, PathPattern, Route, RouteTable, Upstream};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, HeaderName, HeaderValue, Uri};
+
+/// Field separator in structured inputs.
+pub const SEP: u8 = 0xFF;
+
+/// The token header the `token` check reads.
+pub const TOKEN_HEADER: &str = "x-fencing-token";
+
+fn fields(data: &[u8]) -> Vec<&[u8]> {
+    data.split(|&b| b == SEP).collect()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+// ---------------------------------------------------------------------------
+// token
+// ---------------------------------------------------------------------------
+
+/// What `parse_token` must answer, computed without it: the value of the
+/// leading run of ASCII digits (in `u128`, saturated just past `u64::MAX`)
+/// decides between `Overflow` and the rest. A digit run that overflows is
+/// reported before a later non-digit, because the parser reads left to right.
+pub fn expected_token(value: &[u8]) -> Result<u64, TokenError> {
+    if value.is_empty() {
+        return Err(TokenError::Empty);
+    }
+    let run = value.iter().take_while(|b| b.is_ascii_digit()).count();
+    let limit = u128::from(u64::MAX) + 1;
+    let mut n: u128 = 0;
+    for &b in &value[..run] {
+        n = (n * 10 + u128::from(b - b'0')).min(limit);
+    }
+    if n == limit {
+        return Err(TokenError::Overflow);
+    }
+    if run < value.len() {
+        return Err(TokenError::NotDigits);
+    }
+    Ok(n as u64)
+}
+
+/// `token` target. The whole input goes to `parse_token`; the fields after the
+/// first SEP-separated one (at most 3) become values of the token header for
+/// `token_from_headers`, beside decoy headers that must be ignored.
+pub fn check_token(data: &[u8]) {
+    check_one_token(data);
+    let parts = fields(data);
+    for part in &parts {
+        check_one_token(part);
+    }
+
+    let name = HeaderName::from_static(TOKEN_HEADER);
+    let mut headers = HeaderMap::new();
+    headers.append(HeaderName::from_static("x-fencing-token-current"), HeaderValue::from_static("1"));
+    headers.append(HeaderName::from_static("x-fencing-tokens"), HeaderValue::from_static("2"));
+    let mut values: Vec<&[u8]> = Vec::new();
+    for part in parts.iter().skip(1).take(3) {
+        if let Ok(v) = HeaderValue::from_bytes(part) {
+            headers.append(&name, v);
+            values.push(*part);
+        }
+    }
+    let want = match values.as_slice() {
+        [] => Ok(None),
+        [one] => expected_token(one).map(Some),
+        _ => Err(TokenError::Repeated),
+    };
+    assert_eq!(token_from_headers(&headers, &name), want, "token_from_headers with values {values:?}");
+}
+
+fn check_one_token(value: &[u8]) {
+    let got = parse_token(value);
+    assert_eq!(got, expected_token(value), "parse_token({:?})", String::from_utf8_lossy(value));
+    // A second, unrelated oracle for the accepting side: the standard library.
+    let std_value = if !value.is_empty() && value.iter().all(u8::is_ascii_digit) {
+        std::str::from_utf8(value).ok().and_then(|s| s.parse::<u64>().ok())
+    } else {
+        None
+    };
+    assert_eq!(got.ok(), std_value, "parse_token({:?}) against str::parse", String::from_utf8_lossy(value));
+}
+
+// ---------------------------------------------------------------------------
+// key_template
+// ---------------------------------------------------------------------------
+
+/// A path pattern segment as the reference parser sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum RefSegment {
+    Literal(String),
+    Capture(String),
+    Rest(String),
+}
+
+/// Reference parse of a path pattern: `Some(segments)` exactly when
+/// `PathPattern::parse` must accept the text.
+fn ref_pattern(text: &str) -> Option<Vec<RefSegment>> {
+    let body = text.strip_prefix('/')?;
+    let parts: Vec<&str> = body.split('/').collect();
+    let mut out = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        let whole = part.len() >= 2 && part.starts_with('{') && part.ends_with('}');
+        if whole {
+            let inner = &part[1..part.len() - 1];
+            let (name, rest) = match inner.strip_suffix('*') {
+                Some(n) => (n, true),
+                None => (inner, false),
+            };
+            let ident = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !ident || names.iter().any(|n| n == name) || (rest && i + 1 != parts.len()) {
+                return None;
+            }
+            names.push(name.to_string());
+            out.push(if rest { RefSegment::Rest(name.to_string()) } else { RefSegment::Capture(name.to_string()) });
+        } else if part.contains(['{', '}']) {
+            return None;
+        } else {
+            out.push(RefSegment::Literal(part.to_string()));
+        }
+    }
+    Some(out)
+}
+
+/// Brute-force matcher: the captures of `path` against reference segments.
+fn ref_captures(segs: &[RefSegment], path: &str) -> Option<Vec<String>> {
+    let body = path.strip_prefix('/')?;
+    let parts: Vec<&str> = body.split('/').collect();
+    let has_rest = matches!(segs.last(), Some(RefSegment::Rest(_)));
+    if has_rest && parts.len() < segs.len() || !has_rest && parts.len() != segs.len() {
+        return None;
+    }
+    let mut out = Vec::new();
+    for (i, seg) in segs.iter().enumerate() {
+        match seg {
+            RefSegment::Literal(l) if l == parts[i] => {}
+            RefSegment::Literal(_) => return None,
+            RefSegment::Capture(_) if parts[i].is_empty() => return None,
+            RefSegment::Capture(_) => out.push(parts[i].to_string()),
+            RefSegment::Rest(_) => {
+                let rest = parts[i..].join("/");
+                if rest.is_empty() {
+                    return None;
+                }
+                out.push(rest);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// A path the pattern must match, with the captures it must yield.
+fn ref_example(segs: &[RefSegment]) -> (String, Vec<String>) {
+    let mut path = String::new();
+    let mut caps = Vec::new();
+    for (i, seg) in segs.iter().enumerate() {
+        path.push('/');
+        match seg {
+            RefSegment::Literal(l) => path.push_str(l),
+            RefSegment::Capture(_) => {
+                let v = format!("v{i}");
+                path.push_str(&v);
+                caps.push(v);
+            }
+            RefSegment::Rest(_) => {
+                path.push_str("r/s/");
+                caps.push("r/s/".to_string());
+            }
+        }
+    }
+    (path, caps)
+}
+
+fn check_pattern(pat: &PathPattern, segs: &[RefSegment], path: &str) {
+    let got = pat.captures(path).map(|v| v.into_iter().map(str::to_string).collect::<Vec<_>>());
+    assert_eq!(got, ref_captures(segs, path), "captures of {path:?} by pattern {:?}", pat.source());
+    if got.is_some() {
+        assert!(
+            path.starts_with(pat.literal_prefix()),
+            "{path:?} matches {:?} but lacks its literal prefix {:?}",
+            pat.source(),
+            pat.literal_prefix()
+        );
+    }
+}
+
+/// A key template part as the reference parser sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum RefPart {
+    Literal(String),
+    Path,
+    Host,
+    Header(HeaderName),
+    Query(String),
+    Capture(usize),
+}
+
+/// Reference parse of a key template: `Some(parts)` exactly when
+/// `KeyTemplate::parse` must accept it.
+fn ref_template(text: &str, pattern: Option<&[RefSegment]>) -> Option<Vec<RefPart>> {
+    let mut parts = Vec::new();
+    let mut chars = text.chars();
+    let mut literal = String::new();
+    while let Some(c) = chars.next() {
+        match c {
+            '{' => {
+                let mut inner = String::new();
+                loop {
+                    match chars.next()? {
+                        '}' => break,
+                        c => inner.push(c),
+                    }
+                }
+                if !literal.is_empty() {
+                    parts.push(RefPart::Literal(std::mem::take(&mut literal)));
+                }
+                parts.push(ref_placeholder(&inner, pattern)?);
+            }
+            '}' => return None,
+            c => literal.push(c),
+        }
+    }
+    if !literal.is_empty() {
+        parts.push(RefPart::Literal(literal));
+    }
+    parts.iter().any(|p| !matches!(p, RefPart::Literal(_))).then_some(parts)
+}
+
+fn ref_placeholder(inner: &str, pattern: Option<&[RefSegment]>) -> Option<RefPart> {
+    match inner {
+        "path" => return Some(RefPart::Path),
+        "host" => return Some(RefPart::Host),
+        _ => {}
+    }
+    if let Some(name) = inner.strip_prefix("header.") {
+        return HeaderName::from_bytes(name.as_bytes()).ok().map(RefPart::Header);
+    }
+    if let Some(name) = inner.strip_prefix("query.") {
+        return (!name.is_empty()).then(|| RefPart::Query(name.to_string()));
+    }
+    pattern?
+        .iter()
+        .filter(|s| !matches!(s, RefSegment::Literal(_)))
+        .position(|s| matches!(s, RefSegment::Capture(n) | RefSegment::Rest(n) if n == inner))
+        .map(RefPart::Capture)
+}
+
+/// Reference render: `Some(key)` exactly when `KeyTemplate::render` must succeed.
+fn ref_render(parts: &[RefPart], segs: Option<&[RefSegment]>, uri: &Uri, headers: &HeaderMap) -> Option<String> {
+    let captures = match segs {
+        Some(segs) if parts.iter().any(|p| matches!(p, RefPart::Capture(_))) => Some(ref_captures(segs, uri.path())?),
+        _ => None,
+    };
+    let mut key = String::new();
+    for part in parts {
+        match part {
+            RefPart::Literal(l) => key.push_str(l),
+            RefPart::Path => key.push_str(uri.path()),
+            RefPart::Host => {
+                // The first Host header (a repeated Host is not refused), else the URI authority.
+                let host = match headers.get_all(http::header::HOST).iter().next() {
+                    Some(v) => v.to_str().ok()?.to_string(),
+                    None => uri.authority()?.as_str().to_string(),
+                };
+                key.push_str(&host.to_ascii_lowercase());
+            }
+            RefPart::Header(name) => {
+                let values: Vec<&HeaderValue> = headers.get_all(name).iter().collect();
+                let [one] = values.as_slice() else { return None };
+                key.push_str(one.to_str().ok()?);
+            }
+            RefPart::Query(name) => {
+                let query = uri.query().unwrap_or("");
+                let found: Vec<&str> = query
+                    .split('&')
+                    .filter_map(|pair| {
+                        let (k, v) = match pair.find('=') {
+                            Some(at) => (&pair[..at], &pair[at + 1..]),
+                            None => (pair, ""),
+                        };
+                        (k == name).then_some(v)
+                    })
+                    .collect();
+                let [one] = found.as_slice() else { return None };
+                key.push_str(one);
+            }
+            RefPart::Capture(i) => key.push_str(&captures.as_ref()?[*i]),
+        }
+    }
+    Some(key)
+}
+
+/// `key_template` target. Fields: template, pattern (empty: none), request URI
+/// (unparsable: `/`), then headers as `name:value` (invalid ones are skipped).
+///
+/// Oracles: `PathPattern::parse`, `KeyTemplate::parse` and `render` never
+/// panic; both parses accept exactly what the reference parsers accept; the
+/// rendered key equals the reference render; captures equal the brute-force
+/// matcher's on the request path and on a path built from the pattern; the
+/// default `{path}` template renders the URI path.
+pub fn check_key_template(data: &[u8]) {
+    let f = fields(data);
+    let template = text(f[0]);
+    let pattern_text = f.get(1).map(|b| text(b)).unwrap_or_default();
+    let uri = f.get(2).and_then(|b| Uri::try_from(*b).ok()).unwrap_or_else(|| Uri::from_static("/"));
+    let mut headers = HeaderMap::new();
+    for field in f.iter().skip(3).take(8) {
+        let Some(colon) = field.iter().position(|&b| b == b':') else { continue };
+        let (Ok(name), Ok(value)) =
+            (HeaderName::from_bytes(&field[..colon]), HeaderValue::from_bytes(&field[colon + 1..]))
+        else {
+            continue;
+        };
+        headers.append(name, value);
+    }
+
+    let (pattern, segs) = if pattern_text.is_empty() {
+        (None, None)
+    } else {
+        let parsed = PathPattern::parse(&pattern_text);
+        let segs = ref_pattern(&pattern_text);
+        assert_eq!(parsed.is_ok(), segs.is_some(), "PathPattern::parse({pattern_text:?}) = {parsed:?}");
+        match (parsed, segs) {
+            (Ok(p), Some(s)) => (Some(p), Some(s)),
+            _ => (None, None),
+        }
+    };
+    if let (Some(pat), Some(segs)) = (&pattern, &segs) {
+        assert_eq!(pat.source(), pattern_text);
+        check_pattern(pat, segs, uri.path());
+        let (example, caps) = ref_example(segs);
+        assert_eq!(ref_captures(segs, &example).as_ref(), Some(&caps), "reference matcher on {example:?}");
+        check_pattern(pat, segs, &example);
+    }
+
+    let parsed = KeyTemplate::parse(&template, pattern.as_ref());
+    let reference = ref_template(&template, segs.as_deref());
+    assert_eq!(
+        parsed.is_ok(),
+        reference.is_some(),
+        "KeyTemplate::parse({template:?}, {pattern_text:?}) = {parsed:?}, reference {reference:?}"
+    );
+    if let (Ok(t), Some(parts)) = (&parsed, &reference) {
+        let got = t.render(&uri, &headers, pattern.as_ref());
+        let want = ref_render(parts, segs.as_deref(), &uri, &headers);
+        assert_eq!(got.as_ref().ok(), want.as_ref(), "render of {template:?} for {uri} with {headers:?}: {got:?}");
+        if template == "{path}" {
+            assert_eq!(got.as_deref(), Ok(uri.path()));
+        }
+    }
+
+    let default = KeyTemplate::parse("{path}", pattern.as_ref()).expect("the default template parses");
+    assert_eq!(default.render(&uri, &headers, pattern.as_ref()).as_deref(), Ok(uri.path()));
+}
+
+// ---------------------------------------------------------------------------
+// route_match
+// ---------------------------------------------------------------------------
+
+/// A route with the config defaults, built once through the config loader so
+/// that a new `Route` field does not break the harness.
+fn base_route() -> &'static Route {
+    static BASE: OnceLock<Route> = OnceLock::new();
+    BASE.get_or_init(|| {
+        let text = "[fences]\nstore = \"memory\"\n[[route]]\nname = \"base\"\nprefix = \"/\"\nupstream = \"http://127.0.0.1:1\"\n";
+        Config::from_toml_str(text).expect("the base config is valid").routes.remove(0)
+    })
+}
+
+fn route(name: String, prefix: String) -> Route {
+    let mut r = base_route().clone();
+    r.name = name.into();
+    r.prefix = prefix;
+    r
+}
+
+/// Brute force: the config index of the route `find` must return for `path`,
+/// the longest matching prefix, the first in config order among equal ones.
+fn ref_find(prefixes: &[String], path: &str) -> Option<usize> {
+    prefixes
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| path.starts_with(p.as_str()))
+        .max_by_key(|(i, p)| (p.len(), Reverse(*i)))
+        .map(|(i, _)| i)
+}
+
+fn check_upstream(text: &str) {
+    let Ok(u) = Upstream::parse(text) else { return };
+    assert!(!u.authority.host().is_empty(), "{text:?} parsed with an empty host");
+    assert!(
+        u.base_path.is_empty() || u.base_path.starts_with('/') && !u.base_path.ends_with('/'),
+        "{text:?} gave base path {:?}",
+        u.base_path
+    );
+    let root = u.uri_for("/").unwrap_or_else(|e| panic!("{text:?}: uri_for(\"/\") failed: {e}"));
+    assert_eq!(root.authority(), Some(&u.authority));
+    assert_eq!(root.path(), format!("{}/", u.base_path));
+    let again = format!("http://{}{}", u.authority, u.base_path);
+    assert_eq!(Upstream::parse(&again).as_ref(), Ok(&u), "{text:?} does not round-trip through {again:?}");
+}
+
+/// `route_match` target. Fields: up to 16 route prefixes, then a request path
+/// (the last field). Oracles: `find`/`find_indexed` agree with a brute-force
+/// longest-prefix search for the path and for every prefix; `names` keeps the
+/// config order; `Upstream::parse` on every field never panics and what it
+/// accepts is usable (`uri_for` works, and the result round-trips).
+pub fn check_route_match(data: &[u8]) {
+    let f: Vec<String> = fields(data).into_iter().map(text).collect();
+    for t in &f {
+        check_upstream(t);
+    }
+    let (path, prefixes) = f.split_last().expect("split yields at least one field");
+    let prefixes = &prefixes[..prefixes.len().min(16)];
+    let routes = prefixes.iter().enumerate().map(|(i, p)| route(format!("r{i}"), p.clone()));
+    let table = RouteTable::new(routes);
+
+    let names: Vec<String> = table.names().iter().map(|n| n.to_string()).collect();
+    let want: Vec<String> = (0..prefixes.len()).map(|i| format!("r{i}")).collect();
+    assert_eq!(names, want, "names() must keep config order");
+
+    for probe in prefixes.iter().chain(std::iter::once(path)) {
+        let got = table.find_indexed(probe).map(|(i, r)| (i, r.prefix.clone(), r.name.to_string()));
+        let want = ref_find(prefixes, probe).map(|i| (i, prefixes[i].clone(), format!("r{i}")));
+        assert_eq!(got, want, "find_indexed({probe:?}) with prefixes {prefixes:?}");
+        let found = table.find(probe).map(|r| r.name.to_string());
+        assert_eq!(found, want.map(|(_, _, n)| n), "find({probe:?}) with prefixes {prefixes:?}");
+    }
+
+    // A request path that is a valid path-and-query always makes an upstream URI
+    // (the http crate drops a '#fragment' from both alike).
+    if let (true, Ok(pq)) = (path.starts_with('/'), PathAndQuery::try_from(path.as_str())) {
+        let u = Upstream::parse("http://127.0.0.1:1/base/").expect("a valid upstream");
+        let uri = u.uri_for(path).unwrap_or_else(|e| panic!("uri_for({path:?}) failed: {e}"));
+        assert_eq!(uri.path_and_query().map(|pq| pq.as_str()), Some(format!("/base{pq}").as_str()), "{path:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// config
+// ---------------------------------------------------------------------------
+
+/// Reference `parse_size`: strip a known unit from the end, then the rest must
+/// be ASCII digits whose value times the unit fits in a `u64`.
+pub fn expected_size(text: &str) -> Option<u64> {
+    const UNITS: [(&str, u128); 7] = [
+        ("KiB", 1 << 10),
+        ("MiB", 1 << 20),
+        ("GiB", 1 << 30),
+        ("KB", 1000),
+        ("MB", 1_000_000),
+        ("GB", 1_000_000_000),
+        ("B", 1),
+    ];
+    let t = text.trim();
+    let (number, scale) =
+        UNITS.iter().find_map(|(unit, scale)| t.strip_suffix(unit).map(|n| (n.trim_end(), *scale))).unwrap_or((t, 1));
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mut n: u128 = 0;
+    for b in number.bytes() {
+        n = n * 10 + u128::from(b - b'0');
+        if n > u128::from(u64::MAX) {
+            return None;
+        }
+    }
+    u64::try_from(n * scale).ok()
+}
+
+fn check_size(text: &str) {
+    assert_eq!(parse_size(text), expected_size(text), "parse_size({text:?})");
+}
+
+/// A file the config names that a fuzzer should not read: a device, FIFO or
+/// directory-like thing, or something big (`/dev/zero`, `/dev/stdin`,
+/// `/proc/kcore`). Reading those would hang or exhaust memory in the fuzzer, not
+/// find a bug: the config is trusted operator input.
+fn unsafe_to_read(path: &str) -> bool {
+    match std::fs::metadata(path) {
+        Ok(m) => !m.is_file() || m.len() > 1 << 20,
+        Err(_) => false,
+    }
+}
+
+/// `config` target: the input as UTF-8 text (other inputs are skipped).
+///
+/// Oracles: `parse_size` agrees with [`expected_size`] on the whole text and on
+/// every line; `Config::from_toml_str` never panics; an error lists at least
+/// one problem and displays; an accepted config has routes whose prefixes start
+/// with '/', whose names and prefixes are unique, whose limits are positive,
+/// and a route table that finds each route by its own prefix.
+pub fn check_config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    check_size(text);
+    for line in text.lines() {
+        check_size(line);
+        if let Some((_, value)) = line.split_once('=') {
+            check_size(value.trim().trim_matches('"'));
+        }
+    }
+
+    if let Ok(file) = toml::from_str::<FileConfig>(text) {
+        let mut named =
+            file.admin.auth_token_file.iter().chain(file.routes.iter().filter_map(|r| r.signing_key_file.as_ref()));
+        if named.any(|p| unsafe_to_read(p)) {
+            return;
+        }
+    }
+
+    let config = match Config::from_toml_str(text) {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(!e.problems.is_empty(), "an error without problems for {text:?}");
+            let _ = e.to_string();
+            return;
+        }
+    };
+    check_valid_config(&config, text);
+}
+
+fn check_valid_config(c: &Config, text: &str) {
+    assert!(!c.routes.is_empty(), "accepted without routes: {text:?}");
+    assert!(c.server.max_header_bytes >= 8192);
+    assert!(c.server.max_connections >= 1);
+    for d in [c.server.shutdown_grace, c.server.header_read_timeout, c.server.idle_timeout] {
+        assert!(!d.is_zero(), "a zero server duration was accepted: {text:?}");
+    }
+    if let StoreKind::File { path, cache_keys, .. } = &c.fences.store {
+        assert!(!path.as_os_str().is_empty());
+        assert!(*cache_keys >= 1);
+    }
+    for (i, r) in c.routes.iter().enumerate() {
+        assert!(r.prefix.starts_with('/'), "route prefix {:?} accepted: {text:?}", r.prefix);
+        assert!(!r.name.trim().is_empty(), "a blank route name was accepted: {text:?}");
+        for other in &c.routes[..i] {
+            assert_ne!(r.name, other.name, "duplicate route names accepted: {text:?}");
+            assert_ne!(r.prefix, other.prefix, "duplicate prefixes accepted: {text:?}");
+        }
+        assert!(r.max_body > 0);
+        assert!(!r.timeout.is_zero() && !r.queue_timeout.is_zero());
+        for (j, m) in r.fenced_methods.iter().enumerate() {
+            assert!(!r.fenced_methods[..j].contains(m), "fenced method {m} listed twice: {text:?}");
+        }
+        if let Some(k) = &r.signing_key {
+            assert!(k.bytes().len() >= 16);
+        }
+        if let Some(p) = &r.pattern {
+            let lp = p.literal_prefix();
+            assert!(lp.starts_with(r.prefix.as_str()) || r.prefix.starts_with(lp));
+        }
+        // Rendering a key for a request to the prefix itself must not panic.
+        if let Ok(uri) = Uri::try_from(r.prefix.as_str()) {
+            let _ = r.key.render(&uri, &HeaderMap::new(), r.pattern.as_ref());
+        }
+    }
+    let table = RouteTable::new(c.routes.iter().cloned());
+    for r in &c.routes {
+        let found = table.find(&r.prefix).map(|f| f.name.clone());
+        assert_eq!(found.as_ref(), Some(&r.name), "the route with prefix {:?} is not found by it", r.prefix);
+    }
+}

@@ -1,0 +1,829 @@
+//! A stale-write checker, in the spirit of Jepsen's lock checkers.
+//!
+//! Lock holders (writer tasks) take tokens from a per-key counter (the lock
+//! service), pause at random so that some come back with a token that has been
+//! overtaken, and write through the real `fencegate` binary on the durable file
+//! store. The upstream is randomly slow (now and then past the route's
+//! timeout), sometimes answers 500, and sometimes hangs up after reading a
+//! request, having applied it, not applied it, or about to apply it a moment
+//! later (within the route's settle period): it records what it received and
+//! what it applied, in order. fencegate is killed with SIGKILL and started
+//! again on the same store in the middle of the run.
+//!
+//! Then the history is checked:
+//! - per key, the upstream received and applied tokens in non-decreasing order
+//!   (no stale write), and never had two writes to one key in flight;
+//! - nothing fencegate refused reached the upstream, nothing reached it twice,
+//!   and every 200 a client saw was applied;
+//! - every 409 was really stale: its `X-Fencing-Token-Current` is above the
+//!   token sent and is a token some request carried past the fence (or raised
+//!   through the fence API) before the 409 came back;
+//! - a fence never goes back: a request that got past the fence carried a token
+//!   at least as high as every token known to be fenced before it was sent;
+//! - nothing accepted is lost in a crash: after each restart, for each key, the
+//!   highest token the upstream applied minus one is refused with 409.
+//!
+//! The default run makes at least 10,000 answered requests and restarts twice.
+//! A longer soak runs for a given time, restarting every 10 to 30 seconds:
+//!
+//! ```text
+//! FENCEGATE_SOAK_SECS=600 cargo test --release --test checker -- --nocapture
+//! ```
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioIo;
+use rand::Rng;
+use tokio::net::TcpListener;
+
+use common::process::*;
+use common::*;
+
+const KEYS: usize = 8;
+const WRITERS: usize = 24;
+/// Requests fencegate answered, in the default run.
+const TARGET_OPS: usize = 10_500;
+/// Restarts in the default run.
+const KILLS: usize = 2;
+const ADMIN_TOKEN: &str = "checker";
+/// The route's timeout: a few answers come later than this (504).
+const ROUTE_TIMEOUT: Duration = Duration::from_millis(100);
+/// The route's settle period: longer than any write the upstream applies after
+/// fencegate gave up on it (30 ms after hanging up, 40 ms after the timeout).
+const SETTLE: &str = "200ms";
+/// Longest wait for anything that should happen soon.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn key_path(key: usize) -> String {
+    format!("/k/{key}")
+}
+
+// ------------------------------------------------------------ the upstream
+
+/// What the upstream did with a request after reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// Applied, answered 200.
+    Ok,
+    /// Answered 500, having applied the write or not.
+    Error { applied: bool },
+    /// Closed the connection without an answer, and applied the write or not.
+    HungUp { applied: Applied },
+    /// Applied and answered 200, after the route's timeout: fencegate has
+    /// answered 504 by then.
+    TooSlow,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Applied {
+    Never,
+    BeforeHangingUp,
+    /// Shortly after hanging up (well within the settle period).
+    AfterHangingUp,
+}
+
+impl Fate {
+    /// Applied before answering (or hanging up).
+    fn applied_at_once(self) -> bool {
+        match self {
+            Fate::Ok | Fate::TooSlow | Fate::HungUp { applied: Applied::BeforeHangingUp } => true,
+            Fate::Error { applied } => applied,
+            Fate::HungUp { .. } => false,
+        }
+    }
+
+    fn pick(rng: &mut impl Rng) -> Fate {
+        match rng.gen_range(0..100) {
+            0..=3 => Fate::Error { applied: rng.gen_bool(0.5) },
+            4..=9 => Fate::HungUp {
+                applied: [Applied::Never, Applied::BeforeHangingUp, Applied::AfterHangingUp][rng.gen_range(0..3)],
+            },
+            10 => Fate::TooSlow,
+            _ => Fate::Ok,
+        }
+    }
+}
+
+/// One write as the upstream saw it.
+#[derive(Debug, Clone, Copy)]
+struct Write {
+    key: usize,
+    token: u64,
+    op: u64,
+}
+
+#[derive(Default)]
+struct History {
+    /// In the order the upstream read them.
+    received: Vec<Write>,
+    /// In the order the upstream applied them.
+    applied: Vec<Write>,
+    fates: HashMap<u64, Fate>,
+    in_flight: [usize; KEYS],
+    overlaps: Vec<String>,
+    malformed: Vec<String>,
+    open_connections: usize,
+}
+
+/// The witness: an HTTP store on `/k/{key}` that records every write it read
+/// and applied. Once it has read a request it finishes it, applies it or not,
+/// whatever happens to the connection, as a real server would.
+#[derive(Clone)]
+struct HistoryUpstream {
+    addr: SocketAddr,
+    history: Arc<Mutex<History>>,
+}
+
+impl HistoryUpstream {
+    async fn start() -> HistoryUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let up = HistoryUpstream { addr: listener.local_addr().unwrap(), history: Arc::default() };
+        let serving = up.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let up = serving.clone();
+                up.history.lock().unwrap().open_connections += 1;
+                tokio::spawn(async move {
+                    let handler = up.clone();
+                    let service = hyper::service::service_fn(move |req| handler.clone().handle(req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                    up.history.lock().unwrap().open_connections -= 1;
+                });
+            }
+        });
+        up
+    }
+
+    /// Nothing in flight and no connection open: whatever a killed fencegate
+    /// sent has been finished.
+    fn idle(&self) -> bool {
+        let h = self.history.lock().unwrap();
+        h.open_connections == 0 && h.in_flight.iter().all(|n| *n == 0)
+    }
+
+    async fn handle(self, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, std::io::Error> {
+        let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+        let key = req.uri().path().strip_prefix("/k/").and_then(|k| k.parse::<usize>().ok()).filter(|k| *k < KEYS);
+        let (Some(key), Some(token), Some(op)) = (key, header("x-fencing-token"), header("x-op-id")) else {
+            let what = format!("{} {} {:?}", req.method(), req.uri(), req.headers());
+            self.history.lock().unwrap().malformed.push(what);
+            return Ok(answer(StatusCode::BAD_REQUEST));
+        };
+        // A request cut short was never read whole: it does not count as received.
+        if req.into_body().collect().await.is_err() {
+            return Ok(answer(StatusCode::BAD_REQUEST));
+        }
+        let write = Write { key, token, op };
+        {
+            let mut h = self.history.lock().unwrap();
+            h.received.push(write);
+            h.in_flight[key] += 1;
+            if h.in_flight[key] > 1 {
+                let others = h.in_flight[key] - 1;
+                h.overlaps.push(format!("{write:?} arrived while {others} other write(s) to the key were in flight"));
+            }
+        }
+        // Finished in a task of its own, so a client hanging up changes nothing.
+        let history = self.history.clone();
+        let (answer_tx, answer_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (fate, delay, late) = {
+                let mut rng = rand::thread_rng();
+                let fate = Fate::pick(&mut rng);
+                let delay = match fate {
+                    Fate::TooSlow => ROUTE_TIMEOUT + Duration::from_millis(rng.gen_range(20..=40)),
+                    _ => Duration::from_millis(rng.gen_range(0..=20)),
+                };
+                (fate, delay, Duration::from_millis(rng.gen_range(0..=30)))
+            };
+            tokio::time::sleep(delay).await;
+            let applies_late = fate == Fate::HungUp { applied: Applied::AfterHangingUp };
+            {
+                let mut h = history.lock().unwrap();
+                if fate.applied_at_once() {
+                    h.applied.push(write);
+                }
+                h.fates.insert(op, fate);
+                if !applies_late {
+                    h.in_flight[key] -= 1;
+                }
+            }
+            let _ = answer_tx.send(fate);
+            if applies_late {
+                tokio::time::sleep(late).await;
+                let mut h = history.lock().unwrap();
+                h.applied.push(write);
+                h.in_flight[key] -= 1;
+            }
+        });
+        match answer_rx.await {
+            Ok(Fate::Ok | Fate::TooSlow) => Ok(answer(StatusCode::OK)),
+            Ok(Fate::Error { .. }) => Ok(answer(StatusCode::INTERNAL_SERVER_ERROR)),
+            // An error from the service makes hyper close the connection unanswered.
+            Ok(Fate::HungUp { .. }) | Err(_) => Err(std::io::Error::other("hanging up")),
+        }
+    }
+}
+
+fn answer(status: StatusCode) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = status;
+    r
+}
+
+// ------------------------------------------------------------- the clients
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A fenced `PUT` through the proxy.
+    Write,
+    /// A raise through the fence API (pre-fencing at lock acquisition).
+    Fence,
+    /// The checker's own write with a token that must be refused.
+    Probe,
+}
+
+#[derive(Debug, Clone)]
+enum Answer {
+    Status {
+        code: u16,
+        /// `X-Fencing-Token-Current`.
+        current: Option<u64>,
+        /// The problem `type`, when fencegate answered itself.
+        problem: Option<String>,
+    },
+    /// No answer: connection refused or broken (fencegate was killed), or too slow.
+    Failed(String),
+}
+
+/// One request a client made, with when it was sent and when its answer was in.
+#[derive(Debug, Clone)]
+struct Op {
+    id: u64,
+    kind: Kind,
+    key: usize,
+    token: u64,
+    sent: Instant,
+    done: Instant,
+    answer: Answer,
+}
+
+impl Op {
+    fn code(&self) -> Option<u16> {
+        match self.answer {
+            Answer::Status { code, .. } => Some(code),
+            Answer::Failed(_) => None,
+        }
+    }
+
+    fn problem(&self) -> Option<&str> {
+        match &self.answer {
+            Answer::Status { problem, .. } => problem.as_deref(),
+            Answer::Failed(_) => None,
+        }
+    }
+
+    /// Refused by fencegate before any mark moved: stale, or gave up waiting
+    /// for the key's turn (the mark is checked and raised only with the turn).
+    fn refused(&self) -> bool {
+        self.code() == Some(409) || self.problem() == Some("urn:fencegate:problem:queue-timeout")
+    }
+
+    /// Known to have raised the mark to its token: answered by the upstream,
+    /// failed at the upstream after the fence let it pass, or raised through the API.
+    fn raised(&self) -> bool {
+        match (self.kind, self.code()) {
+            (Kind::Fence, Some(code)) => code == 200,
+            (_, Some(200 | 500 | 502 | 504)) => true,
+            _ => false,
+        }
+    }
+}
+
+/// Where fencegate listens now; it changes with every restart.
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    proxy: SocketAddr,
+    admin: SocketAddr,
+}
+
+struct Shared {
+    target: RwLock<Target>,
+    /// The lock service: per key, the last token handed out.
+    lock_service: Vec<AtomicU64>,
+    next_op: AtomicU64,
+    answered: AtomicUsize,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn target(&self) -> Target {
+        *self.target.read().unwrap()
+    }
+}
+
+/// Sends one request and waits for its whole answer.
+async fn request(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    req: Request<Full<Bytes>>,
+) -> Result<(u16, Option<u64>, Option<String>), String> {
+    let exchange = async {
+        let resp = client.request(req).await.map_err(|e| format!("{e:?}"))?;
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.map_err(|e| format!("reading the body: {e}"))?.to_bytes();
+        let current = parts.headers.get("x-fencing-token-current").map(|v| {
+            v.to_str().ok().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX) // u64::MAX: malformed, flagged later
+        });
+        let is_problem = parts.headers.get("content-type").is_some_and(|v| v == "application/problem+json");
+        let problem = is_problem
+            .then(|| serde_json::from_slice::<serde_json::Value>(&body).ok())
+            .flatten()
+            .map(|p| p["type"].as_str().unwrap_or("(no type)").to_string());
+        Ok((parts.status.as_u16(), current, problem))
+    };
+    tokio::time::timeout(Duration::from_secs(20), exchange).await.map_err(|_| "no answer in 20 s".to_string())?
+}
+
+/// A fenced write (or probe) of `key` with `token` through the proxy.
+async fn write(client: &Client<HttpConnector, Full<Bytes>>, shared: &Shared, kind: Kind, key: usize, token: u64) -> Op {
+    let id = shared.next_op.fetch_add(1, Ordering::Relaxed);
+    let req = Request::put(format!("http://{}{}", shared.target().proxy, key_path(key)))
+        .header("x-fencing-token", token)
+        .header("x-op-id", id)
+        .body(Full::new(Bytes::from(format!("op {id} token {token}"))))
+        .unwrap();
+    let sent = Instant::now();
+    let result = request(client, req).await;
+    finish(
+        shared,
+        Op { id, kind, key, token, sent, done: Instant::now(), answer: Answer::Failed(String::new()) },
+        result,
+    )
+}
+
+/// Raises the fence of `key` to `token` through the admin API.
+async fn prefence(client: &Client<HttpConnector, Full<Bytes>>, shared: &Shared, key: usize, token: u64) -> Op {
+    let id = shared.next_op.fetch_add(1, Ordering::Relaxed);
+    let query = form_urlencoded::Serializer::new(String::new()).append_pair("key", &key_path(key)).finish();
+    let req = Request::put(format!("http://{}/fences?{query}", shared.target().admin))
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .body(Full::new(Bytes::from(format!("{{\"token\": {token}}}"))))
+        .unwrap();
+    let sent = Instant::now();
+    let result = request(client, req).await;
+    let op =
+        Op { id, kind: Kind::Fence, key, token, sent, done: Instant::now(), answer: Answer::Failed(String::new()) };
+    finish(shared, op, result)
+}
+
+fn finish(shared: &Shared, mut op: Op, result: Result<(u16, Option<u64>, Option<String>), String>) -> Op {
+    op.answer = match result {
+        Ok((code, current, problem)) => {
+            shared.answered.fetch_add(1, Ordering::Relaxed);
+            Answer::Status { code, current, problem }
+        }
+        Err(e) => Answer::Failed(e),
+    };
+    op
+}
+
+/// A lock holder: mostly takes the lock anew (the next token of a random key),
+/// sometimes keeps writing with the token it holds, which may have been
+/// overtaken while it paused.
+async fn writer(shared: Arc<Shared>) -> Vec<Op> {
+    let client = client();
+    let mut ops = Vec::new();
+    let mut held: Option<(usize, u64)> = None;
+    while !shared.stop.load(Ordering::Relaxed) {
+        let (key, token, acquired, pause, fence_first) = {
+            let mut rng = rand::thread_rng();
+            let (key, token, acquired) = match held {
+                Some((key, token)) if rng.gen_bool(0.6) => (key, token, false),
+                _ => {
+                    let key = rng.gen_range(0..KEYS);
+                    (key, shared.lock_service[key].fetch_add(1, Ordering::SeqCst) + 1, true)
+                }
+            };
+            // Now and then a long pause (a GC, a network hiccup): the lease runs out.
+            let pause = if rng.gen_bool(0.03) { rng.gen_range(20..100) } else { rng.gen_range(0..4) };
+            (key, token, acquired, Duration::from_millis(pause), acquired && rng.gen_bool(0.05))
+        };
+        held = Some((key, token));
+        if acquired {
+            tokio::time::sleep(pause).await;
+        }
+        let op = if fence_first {
+            prefence(&client, &shared, key, token).await
+        } else {
+            if !acquired {
+                tokio::time::sleep(pause).await;
+            }
+            write(&client, &shared, Kind::Write, key, token).await
+        };
+        match op.answer {
+            // Fenced out: this holder has lost the lock.
+            Answer::Status { code: 409, .. } => held = None,
+            // fencegate is down; try again shortly.
+            Answer::Failed(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            _ => {}
+        }
+        ops.push(op);
+    }
+    ops
+}
+
+// -------------------------------------------------------------- the run
+
+/// The real binary on the file store in `site`, restarted on the same store.
+struct Site {
+    dir: TempDir,
+    config: PathBuf,
+}
+
+impl Site {
+    fn new(upstream: SocketAddr) -> Site {
+        let dir = TempDir::new();
+        let routes = format!(
+            "[[route]]\nname = \"k\"\nprefix = \"/k/\"\nupstream = \"http://{upstream}\"\n\
+             timeout = \"{}ms\"\nqueue_timeout = \"10s\"\nsettle = \"{SETTLE}\"\n",
+            ROUTE_TIMEOUT.as_millis()
+        );
+        // One line per request would pile up in the test's memory: access and audit logs off.
+        let fences = format!(
+            "{}[log]\nlevel = \"info,fencegate::access=warn,fencegate::audit=warn\"\n",
+            file_store(&dir.path().join("store"), "")
+        );
+        let config =
+            dir.write("fencegate.toml", &config_text(&format!("auth_token = \"{ADMIN_TOKEN}\""), &fences, &routes));
+        Site { dir, config }
+    }
+
+    async fn start(&self) -> Running {
+        Running::start_in(self.dir.path(), &self.config).await
+    }
+}
+
+/// Per key, the highest token the upstream applied.
+fn highest_applied(up: &HistoryUpstream) -> [Option<u64>; KEYS] {
+    let mut highest = [None; KEYS];
+    for w in &up.history.lock().unwrap().applied {
+        highest[w.key] = highest[w.key].max(Some(w.token));
+    }
+    highest
+}
+
+/// The fence of `key` as the admin API reports it.
+async fn fence_of(fg: &Running, key: usize) -> Option<u64> {
+    let query = form_urlencoded::Serializer::new(String::new()).append_pair("key", &key_path(key)).finish();
+    let r = get(&fg.admin_url(&format!("/fences?{query}"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["token"].as_u64()
+}
+
+/// SIGKILL, then a start on the same store; checks that every token the
+/// upstream applied is still fenced.
+async fn crash_and_restart(
+    fg: &mut Running,
+    site: &Site,
+    up: &HistoryUpstream,
+    shared: &Shared,
+    probes: &mut Vec<Op>,
+    violations: &mut Vec<String>,
+) {
+    fg.kill();
+    // A killed fencegate cannot hold a key for a settle period, nor does a new
+    // one hold keys at start-up: a write still in flight from before the crash
+    // could land after a newer one (see tests/faults.rs,
+    // after_a_crash_a_write_still_in_flight_is_not_overtaken). Let the upstream
+    // finish everything the dead process sent before starting the next one.
+    let start = Instant::now();
+    while !up.idle() {
+        assert!(start.elapsed() < PATIENCE, "the upstream never finished the killed proxy's requests");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let before = highest_applied(up);
+    *fg = site.start().await;
+    *shared.target.write().unwrap() = Target { proxy: fg.proxy, admin: fg.admin };
+
+    let client = client();
+    for (key, applied) in before.iter().enumerate() {
+        let Some(applied) = *applied else { continue };
+        let probe = write(&client, shared, Kind::Probe, key, applied.saturating_sub(1)).await;
+        match probe.answer {
+            Answer::Status { code: 409, current: Some(current), .. } if current >= applied => {}
+            _ => violations.push(format!(
+                "lost fence: after a restart, key {key} (the upstream applied {applied}) answered {probe:?}"
+            )),
+        }
+        probes.push(probe);
+        let mark = fence_of(fg, key).await;
+        if mark < Some(applied) {
+            violations
+                .push(format!("lost fence: after a restart, the API says key {key} is at {mark:?}, below {applied}"));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_stale_write_survives_slow_failing_upstreams_and_kill_9() {
+    let soak = std::env::var("FENCEGATE_SOAK_SECS").ok().map(|s| {
+        Duration::from_secs(s.parse().unwrap_or_else(|_| panic!("FENCEGATE_SOAK_SECS={s} is not a number of seconds")))
+    });
+    let began = Instant::now();
+    let up = HistoryUpstream::start().await;
+    let site = Site::new(up.addr);
+    let mut fg = site.start().await;
+    let shared = Arc::new(Shared {
+        target: RwLock::new(Target { proxy: fg.proxy, admin: fg.admin }),
+        lock_service: (0..KEYS).map(|_| AtomicU64::new(0)).collect(),
+        next_op: AtomicU64::new(0),
+        answered: AtomicUsize::new(0),
+        stop: AtomicBool::new(false),
+    });
+    let writers: Vec<_> = (0..WRITERS).map(|_| tokio::spawn(writer(shared.clone()))).collect();
+
+    let mut probes = Vec::new();
+    let mut violations = Vec::new();
+    let mut kills = 0;
+    let answered = || shared.answered.load(Ordering::Relaxed);
+    let wait_for_ops = |goal: usize| {
+        let (shared, writers) = (&shared, &writers);
+        async move {
+            let start = Instant::now();
+            while shared.answered.load(Ordering::Relaxed) < goal {
+                assert!(writers.iter().all(|w| !w.is_finished()), "a writer stopped early");
+                assert!(
+                    start.elapsed() < 5 * PATIENCE,
+                    "stuck at {} answered requests",
+                    shared.answered.load(Ordering::Relaxed)
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    match soak {
+        None => {
+            for k in 1..=KILLS {
+                wait_for_ops(TARGET_OPS * k / (KILLS + 1)).await;
+                crash_and_restart(&mut fg, &site, &up, &shared, &mut probes, &mut violations).await;
+                kills += 1;
+            }
+            wait_for_ops(TARGET_OPS).await;
+        }
+        Some(soak) => loop {
+            let next = Duration::from_millis(rand::thread_rng().gen_range(10_000..30_000));
+            if began.elapsed() + next >= soak {
+                tokio::time::sleep(soak.saturating_sub(began.elapsed())).await;
+                break;
+            }
+            tokio::time::sleep(next).await;
+            assert!(writers.iter().all(|w| !w.is_finished()), "a writer stopped early");
+            crash_and_restart(&mut fg, &site, &up, &shared, &mut probes, &mut violations).await;
+            kills += 1;
+            eprintln!("checker: {:?}: {} answered requests, {kills} restarts", began.elapsed(), answered());
+        },
+    }
+    shared.stop.store(true, Ordering::Relaxed);
+    let mut ops = probes;
+    for w in writers {
+        ops.extend(w.await.unwrap());
+    }
+    let start = Instant::now();
+    while up.history.lock().unwrap().in_flight.iter().any(|n| *n > 0) {
+        assert!(start.elapsed() < PATIENCE, "writes stayed in flight at the upstream");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut marks = [None; KEYS];
+    for (key, mark) in marks.iter_mut().enumerate() {
+        *mark = fence_of(&fg, key).await;
+    }
+    let history = std::mem::take(&mut *up.history.lock().unwrap());
+
+    violations.extend(check(&ops, &history, &marks));
+    let report = summary(&ops, &history, kills, began.elapsed());
+    eprintln!("{report}");
+    assert!(violations.is_empty(), "{}\n{report}", by_kind(&violations));
+
+    // The run exercised what it is meant to.
+    let count = |f: &dyn Fn(&Op) -> bool| ops.iter().filter(|o| f(o)).count();
+    if soak.is_none() {
+        assert!(answered() >= TARGET_OPS);
+        assert_eq!(kills, KILLS);
+    }
+    assert!(count(&|o| o.code() == Some(200)) > 0, "{report}");
+    assert!(count(&|o| o.code() == Some(409) && o.kind == Kind::Write) > 0, "no stale writer: {report}");
+    assert!(count(&|o| o.code() == Some(500)) > 0, "{report}");
+    assert!(count(&|o| o.code() == Some(502)) > 0, "no hang-up: {report}");
+    assert!(count(&|o| o.code() == Some(504)) > 0, "no timeout: {report}");
+    assert!(count(&|o| o.kind == Kind::Fence && o.code() == Some(200)) > 0, "{report}");
+    let fates: Vec<Fate> = history.fates.values().copied().collect();
+    for fate in [
+        Fate::HungUp { applied: Applied::Never },
+        Fate::HungUp { applied: Applied::BeforeHangingUp },
+        Fate::HungUp { applied: Applied::AfterHangingUp },
+        Fate::TooSlow,
+    ] {
+        assert!(fates.contains(&fate), "no {fate:?} in the run: {report}");
+    }
+}
+
+// ------------------------------------------------------------- the checks
+
+/// Every violation of the invariants the history shows.
+fn check(ops: &[Op], history: &History, marks: &[Option<u64>; KEYS]) -> Vec<String> {
+    let mut violations = Vec::new();
+    violations.extend(history.overlaps.iter().map(|o| format!("overlap: {o}")));
+    violations.extend(
+        history
+            .malformed
+            .iter()
+            .map(|m| format!("malformed request: the upstream got one without key, token or op id: {m}")),
+    );
+
+    // No stale write: per key, tokens reached the upstream, and were applied,
+    // in non-decreasing order.
+    for (what, writes) in [("received", &history.received), ("applied", &history.applied)] {
+        let mut last: [Option<Write>; KEYS] = [None; KEYS];
+        for w in writes {
+            if let Some(prev) = last[w.key] {
+                if w.token < prev.token {
+                    violations.push(format!("stale write: the upstream {what} {w:?} after {prev:?}"));
+                }
+            }
+            last[w.key] = Some(*w);
+        }
+    }
+
+    // Each request reached the upstream at most once, and only if fencegate let it through.
+    let by_id: HashMap<u64, &Op> = ops.iter().map(|o| (o.id, o)).collect();
+    let mut received = HashSet::new();
+    for w in &history.received {
+        if !received.insert(w.op) {
+            violations.push(format!("sent twice: {w:?} reached the upstream again"));
+        }
+        match by_id.get(&w.op) {
+            Some(op) if op.refused() || op.kind == Kind::Fence => {
+                violations.push(format!("refused yet forwarded: {op:?} reached the upstream"))
+            }
+            Some(op) if op.key != w.key || op.token != w.token => {
+                violations.push(format!("mismatch: the upstream got {w:?} for {op:?}"))
+            }
+            Some(_) => {}
+            None => violations.push(format!("unknown request: the upstream got {w:?}, which no client sent")),
+        }
+    }
+    for op in ops {
+        // Only the upstream answers a write with 200 or 500.
+        let fate = history.fates.get(&op.id);
+        match (op.kind, op.code(), fate) {
+            (Kind::Fence, ..)
+            | (_, Some(200), Some(Fate::Ok | Fate::TooSlow))
+            | (_, Some(500), Some(Fate::Error { .. })) => {}
+            (_, Some(200 | 500), _) => {
+                violations.push(format!("wrong answer: the client saw {op:?}, the upstream's fate was {fate:?}"))
+            }
+            _ => {}
+        }
+        if op.kind == Kind::Probe && op.code() != Some(409) {
+            violations.push(format!("stale probe not refused: {op:?}"));
+        }
+    }
+
+    // Every 409 was really stale, and cites a mark some request set before the 409 came back.
+    // A request that fencegate did not refuse may have raised the mark; one it refused did not.
+    let mut may_have_raised: HashMap<(usize, u64), Instant> = HashMap::new();
+    for op in ops.iter().filter(|o| !o.refused()) {
+        let first = may_have_raised.entry((op.key, op.token)).or_insert(op.sent);
+        *first = (*first).min(op.sent);
+    }
+    for op in ops.iter().filter(|o| o.code() == Some(409)) {
+        let Answer::Status { current, .. } = op.answer else { unreachable!() };
+        let Some(current) = current else {
+            violations.push(format!("unexplained 409: no X-Fencing-Token-Current: {op:?}"));
+            continue;
+        };
+        if current <= op.token {
+            violations.push(format!("unexplained 409: the token is not below the mark it cites: {op:?}"));
+        }
+        match may_have_raised.get(&(op.key, current)) {
+            Some(sent) if *sent < op.done => {}
+            Some(_) => violations
+                .push(format!("unexplained 409: mark {current} was sent only after the 409 came back: {op:?}")),
+            None => violations.push(format!(
+                "unexplained 409: no request that may have passed the fence carried mark {current}: {op:?}"
+            )),
+        }
+    }
+
+    // A fence never goes back: a request that passed the fence carried a token
+    // at least as high as every mark known to be set before it was sent.
+    let passed: HashSet<u64> = history.received.iter().map(|w| w.op).collect();
+    for (key, final_mark) in marks.iter().copied().enumerate() {
+        // (when it became known, the mark it proves)
+        let mut known: Vec<(Instant, u64)> = ops
+            .iter()
+            .filter(|o| o.key == key)
+            .filter_map(|o| match o.answer {
+                Answer::Status { code: 409, current: Some(current), .. } => Some((o.done, current)),
+                _ if o.raised() => Some((o.done, o.token)),
+                _ => None,
+            })
+            .collect();
+        known.sort_by_key(|k| k.0);
+        let mut passing: Vec<&Op> = ops
+            .iter()
+            .filter(|o| o.key == key && o.kind != Kind::Fence && (passed.contains(&o.id) || o.raised()))
+            .collect();
+        passing.sort_by_key(|o| o.sent);
+        let (mut i, mut mark) = (0, 0);
+        for op in passing {
+            while i < known.len() && known[i].0 < op.sent {
+                mark = mark.max(known[i].1);
+                i += 1;
+            }
+            if op.token < mark {
+                violations.push(format!("fence went back: {op:?} passed the fence after mark {mark} was known"));
+            }
+        }
+
+        // The final mark: at least every token known to be raised, at most the
+        // highest token that may have been.
+        let raised = ops.iter().filter(|o| o.key == key && o.raised()).map(|o| o.token).max();
+        let possible = ops.iter().filter(|o| o.key == key && !o.refused()).map(|o| o.token).max();
+        if final_mark < raised || final_mark > possible {
+            violations.push(format!(
+                "final mark: key {key} is at {final_mark:?}, but tokens raised reach {raised:?} and tokens sent \
+                 {possible:?}"
+            ));
+        }
+    }
+    violations
+}
+
+/// Violations grouped by kind (the text before the first colon): a count and
+/// the first few of each.
+fn by_kind(violations: &[String]) -> String {
+    let mut kinds: Vec<(&str, Vec<&String>)> = Vec::new();
+    for v in violations {
+        let kind = v.split(':').next().unwrap_or("");
+        match kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, list)) => list.push(v),
+            None => kinds.push((kind, vec![v])),
+        }
+    }
+    let mut text = format!("{} violations", violations.len());
+    for (kind, list) in kinds {
+        text.push_str(&format!("\n{kind}: {}, the first ones:", list.len()));
+        for v in list.iter().take(3) {
+            text.push_str(&format!("\n  {v}"));
+        }
+    }
+    text
+}
+
+fn summary(ops: &[Op], history: &History, kills: usize, elapsed: Duration) -> String {
+    let mut statuses: HashMap<String, usize> = HashMap::new();
+    for op in ops {
+        let what = match (&op.answer, op.kind) {
+            (Answer::Status { code, .. }, Kind::Write) => code.to_string(),
+            (Answer::Status { code, .. }, kind) => format!("{kind:?} {code}"),
+            (Answer::Failed(_), kind) => format!("{kind:?} no answer"),
+        };
+        *statuses.entry(what).or_default() += 1;
+    }
+    let mut statuses: Vec<_> = statuses.into_iter().collect();
+    statuses.sort();
+    let failure = ops.iter().find_map(|o| match &o.answer {
+        Answer::Failed(why) => Some(why.as_str()),
+        Answer::Status { .. } => None,
+    });
+    let mut fates: HashMap<String, usize> = HashMap::new();
+    for fate in history.fates.values() {
+        *fates.entry(format!("{fate:?}")).or_default() += 1;
+    }
+    let mut fates: Vec<_> = fates.into_iter().collect();
+    fates.sort();
+    format!(
+        "checker: {} requests ({} answered) in {elapsed:.1?}, {kills} restarts; statuses {statuses:?}; \
+         upstream received {}, applied {}; fates {fates:?}; a request without answer: {failure:?}",
+        ops.len(),
+        ops.iter().filter(|o| o.code().is_some()).count(),
+        history.received.len(),
+        history.applied.len(),
+    )
+}
