@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
@@ -23,10 +25,17 @@ pub struct Activity {
     state: Mutex<State>,
     header_read_timeout: Duration,
     idle_timeout: Duration,
+    /// Wakes [`Activity::expired`] when a deadline may have moved.
+    changed: Notify,
 }
 
 #[derive(Debug)]
 struct State {
+    /// The connection speaks HTTP/2: its frames (PING, WINDOW_UPDATE) arrive
+    /// between requests, so the slow-head guard does not apply.
+    http2: bool,
+    /// Nothing has been read yet.
+    fresh: bool,
     in_flight: usize,
     /// When the last request finished (or the connection opened).
     idle_since: Instant,
@@ -46,9 +55,16 @@ pub enum Expiry {
 impl Activity {
     pub fn new(header_read_timeout: Duration, idle_timeout: Duration) -> Arc<Self> {
         Arc::new(Activity {
-            state: Mutex::new(State { in_flight: 0, idle_since: Instant::now(), head_started: None }),
+            state: Mutex::new(State {
+                http2: false,
+                fresh: true,
+                in_flight: 0,
+                idle_since: Instant::now(),
+                head_started: None,
+            }),
             header_read_timeout,
             idle_timeout,
+            changed: Notify::new(),
         })
     }
 
@@ -56,10 +72,18 @@ impl Activity {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn bytes_received(&self) {
+    fn bytes_received(&self, first: &[u8]) {
         let mut s = self.state();
-        if s.in_flight == 0 && s.head_started.is_none() {
+        if s.fresh {
+            s.fresh = false;
+            // The HTTP/2 connection preface starts "PRI * HTTP/2.0"; no HTTP/1
+            // request starts with "PRI ".
+            s.http2 = first.starts_with(b"PRI ");
+        }
+        if !s.http2 && s.in_flight == 0 && s.head_started.is_none() {
             s.head_started = Some(Instant::now());
+            drop(s);
+            self.changed.notify_one();
         }
     }
 
@@ -67,6 +91,8 @@ impl Activity {
         let mut s = self.state();
         s.in_flight += 1;
         s.head_started = None;
+        drop(s);
+        self.changed.notify_one();
     }
 
     fn request_finished(&self) {
@@ -75,6 +101,8 @@ impl Activity {
         if s.in_flight == 0 {
             s.idle_since = Instant::now();
         }
+        drop(s);
+        self.changed.notify_one();
     }
 
     /// The next moment a guard could trip, or what tripped.
@@ -100,9 +128,16 @@ impl Activity {
     /// Resolves when a guard trips.
     pub async fn expired(&self) -> Expiry {
         loop {
+            // Register for a change before checking, so none is missed.
+            let changed = self.changed.notified();
             match self.check() {
                 Err(expiry) => return expiry,
-                Ok(next) => tokio::time::sleep_until(next).await,
+                Ok(next) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(next) => {}
+                        _ = changed => {}
+                    }
+                }
             }
         }
     }
@@ -126,7 +161,7 @@ impl<I: AsyncRead + Unpin> AsyncRead for ActivityIo<I> {
         let before = buf.filled().len();
         let result = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.bytes_received();
+            self.activity.bytes_received(&buf.filled()[before..]);
         }
         result
     }
@@ -177,14 +212,14 @@ pub struct TrackRequests<S> {
     activity: Arc<Activity>,
 }
 
-impl<S, R> Service<R> for TrackRequests<S>
+impl<S, R, B> Service<R> for TrackRequests<S>
 where
-    S: Service<R>,
+    S: Service<R, Response = http::Response<B>>,
     S::Future: Send + 'static,
 {
-    type Response = S::Response;
+    type Response = http::Response<TrackedBody<B>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -192,18 +227,45 @@ where
 
     fn call(&mut self, req: R) -> Self::Future {
         self.activity.request_started();
-        // The guard also counts a request whose future is dropped unfinished.
+        // The guard travels with the response body: a request counts until its
+        // body is sent (or dropped), including one whose future is dropped early.
         let guard = InFlight(self.activity.clone());
         let future = self.inner.call(req);
         Box::pin(async move {
-            let result = future.await;
-            drop(guard);
-            result
+            let response = future.await?;
+            Ok(response.map(|body| TrackedBody { inner: body, _guard: guard }))
         })
     }
 }
 
-struct InFlight(Arc<Activity>);
+pin_project_lite::pin_project! {
+    /// A response body that keeps its request counted until it is done.
+    pub struct TrackedBody<B> {
+        #[pin]
+        inner: B,
+        _guard: InFlight,
+    }
+}
+
+impl<B: Body> Body for TrackedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Counts one request in flight until dropped.
+pub struct InFlight(Arc<Activity>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -225,7 +287,7 @@ mod tests {
     async fn a_started_head_must_complete_within_header_read_timeout() {
         let a = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
         tokio::time::sleep(Duration::from_secs(30)).await;
-        a.bytes_received();
+        a.bytes_received(b"PUT / HTTP/1.1");
         let started = Instant::now();
         assert_eq!(a.expired().await, Expiry::SlowHead);
         assert_eq!(started.elapsed(), Duration::from_secs(10));
@@ -234,7 +296,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_request_in_flight_keeps_the_connection() {
         let a = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
-        a.bytes_received();
+        a.bytes_received(b"GET / HTTP/1.1");
         a.request_started();
         let waiting = tokio::spawn({
             let a = a.clone();

@@ -44,6 +44,8 @@ pub enum ProxyError {
     BodyTooLarge { limit: u64 },
     #[error("the client's request body failed: {0}")]
     ClientBody(String),
+    #[error("the client did not send the whole request body within {}", humantime::format_duration(*.0))]
+    BodyTimeout(Duration),
     #[error("no route matches path '{path}'")]
     NoRoute { path: String },
     #[error("the upstream could not be reached, nothing was sent: {0}")]
@@ -150,6 +152,7 @@ impl ProxyError {
             ProxyError::BadSignature(_) | ProxyError::TokenJump { .. } => StatusCode::FORBIDDEN,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ProxyError::NoRoute { .. } => StatusCode::NOT_FOUND,
             ProxyError::UpstreamConnect(_) | ProxyError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -167,7 +170,7 @@ impl ProxyError {
             ProxyError::BadSignature(_) => Outcome::BadSignature,
             ProxyError::TokenJump { .. } => Outcome::TokenJump,
             ProxyError::BodyTooLarge { .. } => Outcome::BodyTooLarge,
-            ProxyError::ClientBody(_) => Outcome::ClientError,
+            ProxyError::ClientBody(_) | ProxyError::BodyTimeout(_) => Outcome::ClientError,
             ProxyError::NoRoute { .. } => Outcome::NoRoute,
             ProxyError::UpstreamConnect(_) | ProxyError::UpstreamFailed(_) => Outcome::UpstreamError,
             ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
@@ -195,6 +198,7 @@ impl ProxyError {
             ProxyError::TokenJump { .. } => ("urn:fencegate:problem:token-jump", "Token jumps too far ahead"),
             ProxyError::BodyTooLarge { .. } => ("urn:fencegate:problem:body-too-large", "Request body too large"),
             ProxyError::ClientBody(_) => ("urn:fencegate:problem:client-body", "Request body failed"),
+            ProxyError::BodyTimeout(_) => ("urn:fencegate:problem:body-timeout", "Request body too slow"),
             ProxyError::NoRoute { .. } => ("urn:fencegate:problem:no-route", "No route"),
             ProxyError::UpstreamConnect(_) => ("urn:fencegate:problem:upstream-error", "Upstream unreachable"),
             ProxyError::UpstreamFailed(_) => ("urn:fencegate:problem:upstream-error", "Upstream failed"),

@@ -143,12 +143,16 @@ where
     let (parts, body) = req.into_parts();
     let body = if route.is_fenced(&parts.method) && declared.is_none() && !body.is_end_stream() {
         // Read it all before the fence: a fenced write is forwarded whole or not at all.
-        match Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).collect().await {
-            Ok(collected) => RequestBody::Buffered(Some(collected.to_bytes())),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+        // Bounded in time too (the route's timeout): a client that stalls
+        // mid-body must not hold its connection and the buffered bytes forever.
+        let collect = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).collect();
+        match tokio::time::timeout(route.timeout, collect).await {
+            Ok(Ok(collected)) => RequestBody::Buffered(Some(collected.to_bytes())),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
                 return Err(ProxyError::BodyTooLarge { limit }.into())
             }
-            Err(e) => return Err(ProxyError::ClientBody(e.to_string()).into()),
+            Ok(Err(e)) => return Err(ProxyError::ClientBody(e.to_string()).into()),
+            Err(_) => return Err(ProxyError::BodyTimeout(route.timeout).into()),
         }
     } else {
         RequestBody::Streaming { inner: body, limit, seen: 0 }
