@@ -403,29 +403,35 @@ fn query_param<'u>(uri: &'u Uri, name: &str) -> Result<&'u str, KeyError> {
     found.ok_or_else(|| KeyError::Missing(format!("query parameter '{name}'")))
 }
 
+/// A route with small test values, for unit tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) fn test_route(name: &str, prefix: &str) -> Route {
+    Route {
+        name: name.into(),
+        prefix: prefix.into(),
+        upstream: Upstream::parse("http://127.0.0.1:1").unwrap(),
+        pattern: None,
+        key: KeyTemplate::parse("{path}", None).unwrap(),
+        fenced_methods: vec![Method::PUT],
+        allow_missing_token: false,
+        timeout: Duration::from_secs(1),
+        queue_timeout: Duration::from_secs(1),
+        settle: Duration::ZERO,
+        token_header: HeaderName::from_static("x-fencing-token"),
+        preserve_host: false,
+        max_body: 1 << 20,
+        signing_key: None,
+        max_token_jump: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use http::HeaderValue;
 
     fn route(name: &str, prefix: &str) -> Route {
-        Route {
-            name: name.into(),
-            prefix: prefix.into(),
-            upstream: Upstream::parse("http://127.0.0.1:1").unwrap(),
-            pattern: None,
-            key: KeyTemplate::parse("{path}", None).unwrap(),
-            fenced_methods: vec![Method::PUT],
-            allow_missing_token: false,
-            timeout: Duration::from_secs(1),
-            queue_timeout: Duration::from_secs(1),
-            settle: Duration::ZERO,
-            token_header: HeaderName::from_static("x-fencing-token"),
-            preserve_host: false,
-            max_body: 1 << 20,
-            signing_key: None,
-            max_token_jump: None,
-        }
+        test_route(name, prefix)
     }
 
     #[test]

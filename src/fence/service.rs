@@ -199,36 +199,23 @@ where
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::time::Duration;
 
     use bytes::Bytes;
-    use http::{HeaderName, Method};
+    use http::Method;
     use http_body_util::{Either, Full};
 
     use super::*;
     use crate::fence::signature::sign;
     use crate::fence::store::{MemoryStore, StoreError};
-    use crate::route::{KeyTemplate, SigningKey, Upstream};
+    use crate::route::SigningKey;
 
     const SECRET: &[u8] = b"service-test-secret-0123";
 
     fn route(signing_key: Option<&[u8]>, max_token_jump: Option<u64>) -> Arc<Route> {
         Arc::new(Route {
-            name: "objects".into(),
-            prefix: "/objects/".into(),
-            upstream: Upstream::parse("http://127.0.0.1:1").unwrap(),
-            pattern: None,
-            key: KeyTemplate::parse("{path}", None).unwrap(),
-            fenced_methods: vec![Method::PUT],
-            allow_missing_token: false,
-            timeout: Duration::from_secs(1),
-            queue_timeout: Duration::from_secs(1),
-            settle: Duration::ZERO,
-            token_header: HeaderName::from_static("x-fencing-token"),
-            preserve_host: false,
-            max_body: 1 << 20,
             signing_key: signing_key.map(SigningKey::new),
             max_token_jump,
+            ..crate::route::test_route("objects", "/objects/")
         })
     }
 
