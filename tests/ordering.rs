@@ -202,3 +202,21 @@ async fn randomized_writers_never_break_the_invariants() {
         }
     }
 }
+
+/// A client that disconnects while its fenced write is at the upstream leaves
+/// the outcome unknown: the upstream may still apply it. The next write for the
+/// key must not overtake it.
+#[tokio::test]
+async fn a_write_whose_client_went_away_is_not_overtaken() {
+    let up = RecordingUpstream::start().await;
+    let proxy = Proxy::start(&route("objects", "/objects/", &up, "settle = \"1s\"")).await;
+    let first = slow_put(proxy.url("/objects/k"), 1, 400);
+    up.wait_in_flight("/objects/k").await;
+    first.abort();
+    let _ = first.await;
+    assert_eq!(put(&proxy.url("/objects/k"), 2, "y").await.status, 200);
+    assert!(up.overlaps().is_empty(), "token 2 reached the upstream while token 1 was still there");
+    let k = up.applied_for("/objects/k");
+    let last = k.last().expect("token 2 was applied");
+    assert_eq!(last.token.as_deref(), Some("2"), "token 1 landed after token 2: {k:?}");
+}

@@ -1,9 +1,11 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::{Request, Response};
 use tower::Service;
 
+use super::gate::Turn;
 use super::signature::verify_headers;
 use super::store::{Advance, FenceStore};
 use super::token::token_from_headers;
@@ -145,7 +147,11 @@ where
         }
         Err(e) => return Err(Rejection::new(e.into(), Some(key), Some(token))),
     }
+    // If this future is dropped from here on (the client went away), the
+    // request may already be at the upstream: the guard then settles the key.
+    let turn = SettlingTurn { turn: Some(turn), settle: route.settle };
     let result = inner.call(req).await;
+    let turn = turn.disarm();
     match result {
         Ok(mut response) => {
             // The upstream's response head arrived: the next fenced request for
@@ -160,10 +166,7 @@ where
             // settle period, so a newer write cannot land and then be overwritten
             // by this one (the idea of Chubby's lock-delay).
             let settle = route.settle;
-            tokio::spawn(async move {
-                tokio::time::sleep(settle).await;
-                drop(turn);
-            });
+            hold_for(turn, settle);
             let mut rejection = Rejection::new(e, Some(key), Some(token));
             rejection.settle = Some(settle);
             Err(rejection)
@@ -172,6 +175,47 @@ where
             // Nothing reached the upstream, or settling is off: pass the turn on.
             drop(turn);
             Err(Rejection::new(e, Some(key), Some(token)))
+        }
+    }
+}
+
+/// Keeps a key closed for `settle` before passing its turn on.
+fn hold_for(turn: Turn, settle: Duration) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(async move {
+                tokio::time::sleep(settle).await;
+                drop(turn);
+            });
+        }
+        // No runtime left (the process is stopping): nothing else will forward.
+        Err(_) => drop(turn),
+    }
+}
+
+/// A key's turn while its request is with the upstream. Dropped without
+/// [`disarm`](Self::disarm) (the client disconnected and the request future
+/// was cancelled), the outcome is unknown, so the key settles like after a
+/// timeout.
+struct SettlingTurn {
+    turn: Option<Turn>,
+    settle: Duration,
+}
+
+impl SettlingTurn {
+    fn disarm(mut self) -> Turn {
+        self.turn.take().expect("armed until disarmed")
+    }
+}
+
+impl Drop for SettlingTurn {
+    fn drop(&mut self) {
+        if let Some(turn) = self.turn.take() {
+            if self.settle.is_zero() {
+                drop(turn);
+            } else {
+                hold_for(turn, self.settle);
+            }
         }
     }
 }

@@ -176,22 +176,23 @@ impl RecordingUpstream {
                 st.overlaps.push(key.clone());
             }
         }
+        // Counts the write out of flight however the handler ends.
+        let in_flight = InFlight { state: self.state.clone(), key: key.clone() };
         let token = req.headers().get("x-fencing-token").map(|v| v.to_str().unwrap_or("?").to_string());
         let slow = req.headers().get("x-slow-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
         let body = match req.into_body().collect().await {
             Ok(b) => b.to_bytes(),
-            Err(_) => {
-                let mut st = self.state.lock().unwrap();
-                *st.in_flight.get_mut(&key).unwrap() -= 1;
-                return Ok(status(StatusCode::BAD_REQUEST));
-            }
+            Err(_) => return Ok(status(StatusCode::BAD_REQUEST)),
         };
-        if let Some(ms) = slow {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-        }
-        let body_len = body.len();
-        {
-            let mut st = self.state.lock().unwrap();
+        // Like a real store, a write whose body arrived is applied even if the
+        // caller hangs up meanwhile: the rest runs in a task of its own.
+        let state = self.state.clone();
+        let applying = tokio::spawn(async move {
+            if let Some(ms) = slow {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            let body_len = body.len();
+            let mut st = state.lock().unwrap();
             if method == Method::DELETE {
                 st.objects.remove(&key);
             } else {
@@ -199,11 +200,28 @@ impl RecordingUpstream {
             }
             let seq = st.applied.len();
             st.applied.push(Applied { seq, method, key: key.clone(), token, started, ended: Instant::now(), body_len });
-            *st.in_flight.get_mut(&key).unwrap() -= 1;
-        }
+            drop(st);
+            drop(in_flight);
+            body_len
+        });
+        let body_len = applying.await.expect("the apply task does not panic");
         let mut resp = Response::new(Full::new(Bytes::from(format!("{{\"len\":{body_len}}}"))));
         resp.headers_mut().insert("content-type", HeaderValue::from_static("application/json"));
         Ok(resp)
+    }
+}
+
+struct InFlight {
+    state: Arc<Mutex<UpstreamState>>,
+    key: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = st.in_flight.get_mut(&self.key) {
+            *n -= 1;
+        }
     }
 }
 
