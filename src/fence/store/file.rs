@@ -17,14 +17,13 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
-use redb::{Database, DatabaseError, ReadableTable, ReadableTableMetadata, StorageError, TableDefinition};
-use tokio::sync::{oneshot, Notify};
+use redb::{Database, DatabaseError, ReadableTableMetadata, StorageError, TableDefinition};
+use tokio::sync::Notify;
 
 use super::{Advance, CommitStats, FenceStore, StoreError};
 
@@ -33,8 +32,6 @@ const FENCES: TableDefinition<&str, u64> = TableDefinition::new("fences");
 pub const DB_FILE: &str = "fences.redb";
 /// redb's own page cache. The mark cache in front of it does the heavy lifting.
 const DISK_CACHE_BYTES: usize = 16 << 20;
-/// Most raises one transaction commits.
-const MAX_BATCH: usize = 8192;
 /// Sweeps leave the cache this far below `cache_keys`, so they don't run on every miss.
 const SWEEP_TARGET_PERCENT: usize = 90;
 
@@ -61,7 +58,7 @@ pub enum OpenError {
 #[derive(Debug)]
 pub struct FileStore {
     inner: Arc<Inner>,
-    raises: mpsc::Sender<Raise>,
+    queue: Arc<Queue>,
     /// The store held fences when opened: a previous process wrote to it.
     reopened: bool,
 }
@@ -96,11 +93,64 @@ impl Cached {
     }
 }
 
-/// One raise for the committer, with where to send the outcome.
-struct Raise {
-    key: Box<str>,
-    token: u64,
-    done: oneshot::Sender<Result<(), StoreError>>,
+/// Raises on their way to the commit thread.
+///
+/// Handing a raise over costs a push under a mutex; the commit thread is woken
+/// only when it was idle, and it answers a whole batch at once: everyone in a
+/// batch waits on the same [`Batch`], not on a channel of their own.
+#[derive(Debug, Default)]
+struct Queue {
+    pending: Mutex<Pending>,
+    wake: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    /// Keys and tokens for the next commit.
+    raises: Vec<(Box<str>, u64)>,
+    /// Where the next commit's outcome will be posted.
+    batch: Arc<Batch>,
+    /// The commit thread is waiting for work.
+    idle: bool,
+    /// The store was dropped, or the commit thread stopped.
+    closed: bool,
+}
+
+/// The outcome of one commit, posted once for every raise in it.
+#[derive(Debug, Default)]
+struct Batch {
+    outcome: OnceLock<Result<(), StoreError>>,
+    posted: Notify,
+}
+
+impl Batch {
+    async fn outcome(&self) -> Result<(), StoreError> {
+        let posted = self.posted.notified();
+        tokio::pin!(posted);
+        // Registered before looking, so a post in between still wakes us.
+        posted.as_mut().enable();
+        if let Some(outcome) = self.outcome.get() {
+            return outcome.clone();
+        }
+        posted.await;
+        self.outcome.get().cloned().unwrap_or_else(|| Err(committer_stopped()))
+    }
+
+    fn post(&self, outcome: Result<(), StoreError>) {
+        let _ = self.outcome.set(outcome);
+        self.posted.notify_waiters();
+    }
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, Pending> {
+        // Nothing under this lock can leave the queue half-changed.
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn committer_stopped() -> StoreError {
+    StoreError("the commit thread has stopped".into())
 }
 
 enum Step {
@@ -156,9 +206,9 @@ impl FileStore {
         let db = Arc::new(db);
         let stats = Arc::new(CommitStats::default());
         let tracked = Arc::new(AtomicU64::new(recovered));
-        let (raises, queue) = mpsc::channel();
+        let queue = Arc::new(Queue::default());
         {
-            let (db, stats, tracked) = (db.clone(), stats.clone(), tracked.clone());
+            let (db, queue, stats, tracked) = (db.clone(), queue.clone(), stats.clone(), tracked.clone());
             std::thread::Builder::new()
                 .name("fencegate-commit".into())
                 .spawn(move || run_committer(&db, &queue, &stats, &tracked))
@@ -175,7 +225,7 @@ impl FileStore {
             sweep: Arc::new(Notify::new()),
         });
         tokio::spawn(run_sweeper(Arc::downgrade(&inner), inner.sweep.clone()));
-        Ok(FileStore { inner, raises, reopened: recovered > 0 })
+        Ok(FileStore { inner, queue, reopened: recovered > 0 })
     }
 
     /// Whether the store held fences when it was opened, i.e. this is a restart.
@@ -214,11 +264,27 @@ impl FileStore {
 
     /// Queues a raise for the committer and waits until it is on disk.
     async fn persist(&self, key: &str, token: u64) -> Result<(), StoreError> {
-        let (done, result) = oneshot::channel();
-        self.raises
-            .send(Raise { key: key.into(), token, done })
-            .map_err(|_| StoreError("the commit thread has stopped".into()))?;
-        result.await.map_err(|_| StoreError("the commit thread has stopped".into()))?
+        let batch = {
+            let mut pending = self.queue.lock();
+            if pending.closed {
+                return Err(committer_stopped());
+            }
+            pending.raises.push((key.into(), token));
+            if pending.idle {
+                pending.idle = false;
+                self.queue.wake.notify_one();
+            }
+            pending.batch.clone()
+        };
+        batch.outcome().await
+    }
+}
+
+impl Drop for FileStore {
+    /// The commit thread writes what is queued, then exits and closes the file.
+    fn drop(&mut self) {
+        self.queue.lock().closed = true;
+        self.queue.wake.notify_one();
     }
 }
 
@@ -339,22 +405,30 @@ fn list_marks(
 }
 
 /// The commit thread: takes everything queued, writes it in one transaction
-/// (one fsync), answers every waiter, repeats.
-fn run_committer(db: &Database, queue: &mpsc::Receiver<Raise>, stats: &CommitStats, tracked: &AtomicU64) {
-    while let Ok(first) = queue.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(raise) => batch.push(raise),
-                Err(_) => break,
+/// (one fsync), posts the outcome to everyone in the batch, repeats.
+fn run_committer(db: &Database, queue: &Queue, stats: &CommitStats, tracked: &AtomicU64) {
+    // However this thread ends, nobody is left waiting for it.
+    let _closed = CloseOnExit(queue);
+    let mut raises = Vec::new();
+    loop {
+        let batch = {
+            let mut pending = queue.lock();
+            while pending.raises.is_empty() {
+                if pending.closed {
+                    return;
+                }
+                pending.idle = true;
+                pending = queue.wake.wait(pending).unwrap_or_else(PoisonError::into_inner);
             }
-        }
+            std::mem::swap(&mut pending.raises, &mut raises);
+            PostOnExit(std::mem::take(&mut pending.batch))
+        };
         let started = Instant::now();
-        let result = commit(db, &batch);
+        let result = commit(db, &raises);
         match &result {
             Ok(new_keys) => {
                 stats.commits.inc();
-                stats.raises.inc_by(batch.len() as u64);
+                stats.raises.inc_by(raises.len() as u64);
                 stats.commit_seconds.observe(started.elapsed().as_secs_f64());
                 stats.failing.store(false, Ordering::Relaxed);
                 tracked.fetch_add(*new_keys, Ordering::Relaxed);
@@ -362,31 +436,53 @@ fn run_committer(db: &Database, queue: &mpsc::Receiver<Raise>, stats: &CommitSta
             Err(e) => {
                 stats.failures.inc();
                 stats.failing.store(true, Ordering::Relaxed);
-                tracing::error!(error = %e.0, raises = batch.len(), "fence store commit failed");
+                tracing::error!(error = %e.0, raises = raises.len(), "fence store commit failed");
             }
         }
-        for raise in batch {
-            let _ = raise.done.send(result.as_ref().map(|_| ()).map_err(Clone::clone));
-        }
+        batch.0.post(result.map(|_| ()));
+        raises.clear();
+    }
+}
+
+/// Posts "stopped" to a batch nobody answered (the commit panicked).
+struct PostOnExit(Arc<Batch>);
+
+impl Drop for PostOnExit {
+    fn drop(&mut self) {
+        self.0.post(Err(committer_stopped()));
+    }
+}
+
+/// Refuses new raises and answers the queued ones when the commit thread ends.
+struct CloseOnExit<'a>(&'a Queue);
+
+impl Drop for CloseOnExit<'_> {
+    fn drop(&mut self) {
+        let mut pending = self.0.lock();
+        pending.closed = true;
+        pending.raises.clear();
+        pending.batch.post(Err(committer_stopped()));
     }
 }
 
 /// Writes each raise as `max(on disk, token)`: a mark on disk never goes back,
 /// whatever order raises arrive in. Returns how many keys are new.
-fn commit(db: &Database, batch: &[Raise]) -> Result<u64, StoreError> {
+fn commit(db: &Database, raises: &[(Box<str>, u64)]) -> Result<u64, StoreError> {
     let write = || -> Result<u64, redb::Error> {
         let txn = db.begin_write()?;
         let mut new_keys = 0;
         {
             let mut table = txn.open_table(FENCES)?;
-            for raise in batch {
-                let on_disk = table.get(&*raise.key)?.map(|v| v.value());
-                match on_disk {
-                    Some(mark) if mark >= raise.token => {}
-                    found => {
-                        new_keys += u64::from(found.is_none());
-                        table.insert(&*raise.key, raise.token)?;
+            for (key, token) in raises {
+                // One lookup: insert, and put the old mark back in the rare case
+                // it was higher (raises for one key can queue out of order).
+                let old = table.insert(&**key, *token)?.map(|v| v.value());
+                match old {
+                    None => new_keys += 1,
+                    Some(mark) if mark > *token => {
+                        table.insert(&**key, mark)?;
                     }
+                    Some(_) => {}
                 }
             }
         }
