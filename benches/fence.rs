@@ -1,41 +1,96 @@
-//! Micro-benchmarks of the fence decision's building blocks.
+//! Micro-benchmarks of the fence decision and its building blocks.
 //!
-//! `cargo bench --bench fence`. Numbers are only comparable within one run on
-//! one machine; see benches/README.md.
+//! `cargo bench --bench fence`. A *decision* is what a fenced request costs the
+//! store: parse the token header's value, then compare-and-raise the key's mark
+//! (the memory store's `advance_now`, the same code the proxy runs). Numbers are
+//! only comparable within one run on one machine; see benches/README.md.
+//!
+//! - `decision/uncontended_one_key`: one thread, one key, equal token (the
+//!   common case: one lock holder writing many times). Target: ≥ 20M/s.
+//! - `decision/uncontended_1m_keys`: one thread, keys spread over 1M marks, so
+//!   most lookups miss the CPU caches.
+//! - `decision/contended_one_key/N`: N threads deciding on the same key at once;
+//!   throughput is for all threads together.
+//! - `token/*`: parsing alone; `key_gate/*`: a key's turn (acquire + release).
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
-use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use fencegate::fence::store::MemoryStore;
+use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use fencegate::fence::store::{Advance, MemoryStore};
 use fencegate::fence::token::parse_token;
 use fencegate::fence::KeyGate;
+
+/// One fence decision: parse, then compare-and-raise.
+fn decide(store: &MemoryStore, key: &str, token: &[u8]) -> Advance {
+    match parse_token(token) {
+        Ok(token) => store.advance_now(key, token),
+        Err(_) => unreachable!("the benchmarks send valid tokens"),
+    }
+}
 
 fn token_parsing(c: &mut Criterion) {
     let mut g = c.benchmark_group("token");
     g.throughput(Throughput::Elements(1));
     g.bench_function("parse_20_digits", |b| b.iter(|| parse_token(black_box(b"18446744073709551615"))));
+    g.bench_function("parse_13_digits", |b| b.iter(|| parse_token(black_box(b"1732957200123"))));
     g.bench_function("parse_3_digits", |b| b.iter(|| parse_token(black_box(b"734"))));
     g.finish();
 }
 
-fn store_advance(c: &mut Criterion) {
-    let mut g = c.benchmark_group("memory_store");
+fn decisions(c: &mut Criterion) {
+    let mut g = c.benchmark_group("decision");
     g.throughput(Throughput::Elements(1));
+
     let store = MemoryStore::default();
-    g.bench_function("advance_equal_token_one_key", |b| b.iter(|| store.advance_now(black_box("/objects/a"), 7)));
+    g.bench_function("uncontended_one_key", |b| {
+        b.iter(|| decide(&store, black_box("/objects/invoice-2026-0001"), black_box(b"1732957200123")))
+    });
+
     let keys: Vec<String> = (0..1_000_000).map(|i| format!("/objects/{i}")).collect();
     for k in &keys {
         store.advance_now(k, 1);
     }
     let mut i = 0usize;
-    g.bench_function("advance_1m_keys", |b| {
+    g.bench_function("uncontended_1m_keys", |b| {
         b.iter(|| {
+            // A stride co-prime with 1M walks every key in a cache-hostile order.
             i = (i + 7919) % keys.len();
-            store.advance_now(black_box(&keys[i]), 1)
+            decide(&store, black_box(&keys[i]), black_box(b"1"))
         })
     });
+
+    let store = Arc::new(MemoryStore::default());
+    for threads in [2, 4] {
+        g.bench_with_input(BenchmarkId::new("contended_one_key", threads), &threads, |b, &threads| {
+            b.iter_custom(|iters| contended(&store, threads, iters))
+        });
+    }
     g.finish();
+}
+
+/// `iters` decisions on one key split over `threads` threads started together;
+/// the time is from the common start until the last thread is done.
+fn contended(store: &Arc<MemoryStore>, threads: u64, iters: u64) -> Duration {
+    let start = Arc::new(Barrier::new(threads as usize + 1));
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let (store, start) = (store.clone(), start.clone());
+            let n = iters / threads + u64::from(t < iters % threads);
+            std::thread::spawn(move || {
+                start.wait();
+                for _ in 0..n {
+                    black_box(decide(&store, black_box("/objects/hot"), black_box(b"7")));
+                }
+            })
+        })
+        .collect();
+    start.wait();
+    let began = Instant::now();
+    for w in workers {
+        w.join().expect("bench thread");
+    }
+    began.elapsed()
 }
 
 fn gate_turn(c: &mut Criterion) {
@@ -49,5 +104,5 @@ fn gate_turn(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, token_parsing, store_advance, gate_turn);
+criterion_group!(benches, token_parsing, decisions, gate_turn);
 criterion_main!(benches);

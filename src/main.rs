@@ -7,6 +7,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fencegate::config::LogFormat;
 use fencegate::{telemetry, Config, Fencegate};
 
+/// Many small allocations per request on several threads: see Cargo.toml.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// An HTTP reverse proxy that refuses stale fencing tokens.
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -111,7 +115,9 @@ fn main() -> ExitCode {
     };
     telemetry::init(format, &config.log.level);
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // Accepting, the admin listener and signals: client connections are served
+    // on worker threads of their own (`[server] workers`).
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("cannot start the async runtime: {e}");

@@ -104,6 +104,18 @@ impl Upstream {
         pq.push_str(path_and_query);
         Uri::builder().scheme(self.scheme.clone()).authority(self.authority.clone()).path_and_query(pq).build()
     }
+
+    /// The same, in origin form (path and query only), for a connection that
+    /// already goes to this upstream.
+    pub fn origin_form(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        if self.base_path.is_empty() {
+            return Ok(Uri::try_from(path_and_query)?);
+        }
+        let mut pq = String::with_capacity(self.base_path.len() + path_and_query.len());
+        pq.push_str(&self.base_path);
+        pq.push_str(path_and_query);
+        Ok(Uri::try_from(pq)?)
+    }
 }
 
 /// Routes sorted so that the first prefix that matches is the longest.

@@ -9,12 +9,12 @@ use std::time::Duration;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
 use crate::admin::{self, AdminState};
-use crate::config::{Config, StoreKind};
+use crate::config::{Config, ServerConfig, StoreKind};
 use crate::connection::{Activity, ActivityIo, Expiry};
 use crate::fence::store::FenceStore;
 use crate::fence::store::{AnyStore, FileStore, MemoryStore, OpenError};
@@ -73,7 +73,6 @@ impl Fencegate {
             routes,
             store: Arc::new(store),
             gate: Arc::new(gate),
-            forward: Forward::new(),
         });
         let proxy = bind("proxy", config.server.listen).await?;
         let admin = bind("admin", config.admin.listen).await?;
@@ -118,6 +117,17 @@ impl Fencegate {
             // A head larger than this gets 431.
             .max_buf_size(server.max_header_bytes);
         builder.http2().timer(TokioTimer::new()).max_header_list_size(server.max_header_bytes as u32);
+        let builder = Arc::new(builder);
+
+        let workers = match Workers::start(server.workers) {
+            Ok(workers) => workers,
+            Err(e) => {
+                // Serve from this runtime rather than not at all.
+                warn!(error = %e, "cannot start the worker threads; serving connections on the main runtime");
+                Workers::inline()
+            }
+        };
+        info!(workers = workers.len(), "serving client connections");
 
         // One permit per open client connection: at the limit, accepting pauses
         // and new connections wait in the listen backlog. At shutdown, taking
@@ -125,6 +135,7 @@ impl Fencegate {
         let max_connections = u32::try_from(server.max_connections).unwrap_or(u32::MAX);
         let connections = Arc::new(Semaphore::new(max_connections as usize));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut next = 0usize;
         tokio::pin!(shutdown);
         loop {
             let permit = tokio::select! {
@@ -134,12 +145,13 @@ impl Fencegate {
             tokio::select! {
                 accepted = proxy.accept() => match accepted {
                     Ok((stream, peer)) => {
-                        let _ = stream.set_nodelay(true);
-                        let activity = Activity::new(server.header_read_timeout, server.idle_timeout);
-                        let io = TokioIo::new(ActivityIo::new(stream, activity.clone()));
-                        let service = TowerToHyperService::new(proxy_service(&state.shared, peer, activity.clone()));
-                        let conn = builder.serve_connection_with_upgrades(io, service).into_owned();
-                        tokio::spawn(serve_connection(conn, activity, stop_rx.clone(), permit, peer));
+                        // Round robin: every worker gets an equal share of connections.
+                        let worker = workers.get(next);
+                        next = next.wrapping_add(1);
+                        let accepted = Accepted { stream, peer, permit, stop: stop_rx.clone() };
+                        if let Err(e) = worker.serve(accepted, &state.shared, &builder, server) {
+                            debug!(%peer, error = %e, "cannot hand a connection to its worker");
+                        }
                     }
                     Err(e) => {
                         // Usually out of file descriptors: back off instead of spinning.
@@ -162,6 +174,124 @@ impl Fencegate {
         }
         let _ = admin_stop.send(());
         let _ = admin_task.await;
+        workers.stop().await;
+    }
+}
+
+/// A client connection on its way to a worker.
+struct Accepted {
+    stream: TcpStream,
+    peer: SocketAddr,
+    permit: OwnedSemaphorePermit,
+    stop: tokio::sync::watch::Receiver<bool>,
+}
+
+/// The threads that serve client connections: each runs a single-threaded
+/// runtime with its own upstream connection pool, so a request, its upstream
+/// exchange and its response all happen on one thread, with no hand-offs
+/// between threads. Only the fence map and the key turns are shared.
+struct Workers {
+    workers: Vec<Worker>,
+}
+
+struct Worker {
+    /// `None`: serve on the runtime that accepts (the fallback).
+    runtime: Option<tokio::runtime::Handle>,
+    forward: Forward,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Workers {
+    fn start(count: usize) -> std::io::Result<Workers> {
+        let mut workers = Vec::with_capacity(count);
+        for i in 0..count.max(1) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let handle = runtime.handle().clone();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let thread = std::thread::Builder::new().name(format!("fencegate-worker-{i}")).spawn(move || {
+                // Serves what is spawned on it until told to stop; dropping the
+                // runtime then closes whatever connections are left.
+                runtime.block_on(async {
+                    let _ = stopped.await;
+                });
+            })?;
+            workers.push(Worker {
+                runtime: Some(handle),
+                forward: Forward::new(),
+                stop: Some(stop),
+                thread: Some(thread),
+            });
+        }
+        Ok(Workers { workers })
+    }
+
+    fn inline() -> Workers {
+        Workers { workers: vec![Worker { runtime: None, forward: Forward::new(), stop: None, thread: None }] }
+    }
+
+    fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    fn get(&self, n: usize) -> &Worker {
+        &self.workers[n % self.workers.len()]
+    }
+
+    /// Stops every worker thread and waits for it to end.
+    async fn stop(self) {
+        let mut threads = Vec::new();
+        for mut worker in self.workers {
+            if let Some(stop) = worker.stop.take() {
+                let _ = stop.send(());
+            }
+            threads.extend(worker.thread.take());
+        }
+        let _ = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
+    }
+}
+
+impl Worker {
+    /// Moves `accepted` onto this worker's runtime and serves it there.
+    fn serve(
+        &self,
+        accepted: Accepted,
+        shared: &Arc<Shared>,
+        builder: &Arc<auto::Builder<TokioExecutor>>,
+        server: &ServerConfig,
+    ) -> std::io::Result<()> {
+        let Accepted { stream, peer, permit, stop } = accepted;
+        let (shared, builder, forward) = (shared.clone(), builder.clone(), self.forward.for_connection());
+        let (header_read_timeout, idle_timeout) = (server.header_read_timeout, server.idle_timeout);
+        let serve = move |stream: TcpStream| async move {
+            let _ = stream.set_nodelay(true);
+            let activity = Activity::new(header_read_timeout, idle_timeout);
+            let io = TokioIo::new(ActivityIo::new(stream, activity.clone()));
+            let service = TowerToHyperService::new(proxy_service(&shared, &forward, peer, activity.clone()));
+            let conn = builder.serve_connection_with_upgrades(io, service).into_owned();
+            serve_connection(conn, activity, stop, permit, peer).await;
+        };
+        match &self.runtime {
+            None => {
+                tokio::spawn(serve(stream));
+            }
+            Some(runtime) => {
+                // The socket moves to the worker's event loop.
+                let stream = stream.into_std()?;
+                runtime.spawn(async move {
+                    match TcpStream::from_std(stream) {
+                        Ok(stream) => serve(stream).await,
+                        Err(e) => debug!(%peer, error = %e, "cannot register a connection with its worker"),
+                    }
+                });
+            }
+        }
+        Ok(())
     }
 }
 

@@ -30,12 +30,13 @@ pub struct Shared {
     pub store: Arc<AnyStore>,
     pub gate: Arc<KeyGate>,
     pub metrics: Arc<Metrics>,
-    pub forward: Forward,
 }
 
-/// The stack for one client connection.
+/// The stack for one client connection, forwarding through `forward` (its
+/// worker's upstream connections).
 pub fn proxy_service(
     shared: &Shared,
+    forward: &Forward,
     client: SocketAddr,
     activity: Arc<Activity>,
 ) -> impl Service<
@@ -80,7 +81,7 @@ pub fn proxy_service(
         // The fence decides before anything reaches the upstream, and holds the
         // key's turn until the upstream's response head is back.
         .layer(FencingLayer::new(shared.store.clone(), shared.gate.clone()))
-        .service(shared.forward.clone())
+        .service(forward.clone())
 }
 
 /// Which route a response belongs to: its index in config order and its name.

@@ -7,6 +7,8 @@ mod common;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -425,4 +427,68 @@ async fn unfenced_methods_such_as_options_pass_untouched() {
     // None of them moved the fence: 10 is still the mark.
     put(&proxy.url("/objects/o"), 9, "").await.problem(409);
     assert_eq!(put(&proxy.url("/objects/o"), 10, "").await.status, 200);
+}
+
+/// An upstream that counts the connections it accepts and the requests it
+/// answers, and closes a keep-alive connection idle for `idle`.
+async fn counting_upstream(idle: Duration) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (connections, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (conns, reqs) = (connections.clone(), requests.clone());
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            conns.fetch_add(1, Ordering::SeqCst);
+            let reqs = reqs.clone();
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let reqs = reqs.clone();
+                async move {
+                    let _ = req.into_body().collect().await;
+                    reqs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                }
+            });
+            // hyper's head timer also runs while a kept connection waits for
+            // its next request: an idle timeout, as upstream servers have.
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(idle)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::spawn(conn);
+        }
+    });
+    (addr, connections, requests)
+}
+
+#[tokio::test]
+async fn a_client_connection_keeps_one_upstream_connection_and_outlives_its_idle_close() {
+    let (upstream, connections, requests) = counting_upstream(Duration::from_millis(300)).await;
+    let proxy = Proxy::start(&format!(
+        "[[route]]\nname = \"k\"\nprefix = \"/\"\nupstream = \"http://{upstream}\"\nkey = \"{{path}}\"\n"
+    ))
+    .await;
+    // One client connection (a pool of one), many requests in a row.
+    let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(1).build_http::<Full<Bytes>>();
+    let put = |token: u64| {
+        Request::put(proxy.url("/objects/a"))
+            .header("x-fencing-token", token.to_string())
+            .body(Full::new(Bytes::from_static(b"v")))
+            .unwrap()
+    };
+    for token in 1..=20 {
+        assert_eq!(exchange(&client, put(token)).await.status, StatusCode::OK);
+    }
+    assert_eq!(requests.load(Ordering::SeqCst), 20);
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        1,
+        "the client connection's requests shared one upstream connection"
+    );
+
+    // The upstream closes the idle connection; the next request from the same
+    // client connection goes out once, on a fresh upstream connection.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(exchange(&client, put(21)).await.status, StatusCode::OK);
+    assert_eq!(requests.load(Ordering::SeqCst), 21, "a request was lost or sent twice");
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
 }

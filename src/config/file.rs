@@ -33,6 +33,7 @@ pub struct ServerSection {
     pub max_header_bytes: Option<String>,
     pub max_connections: Option<u64>,
     pub idle_timeout: Option<String>,
+    pub workers: Option<u64>,
 }
 
 /// `[admin]`: health, readiness, metrics.

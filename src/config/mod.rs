@@ -34,6 +34,13 @@ const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_MAX_HEADER_BYTES: u64 = 64 * 1024;
 const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// More serving threads than this is a typo, not a machine.
+const MAX_WORKERS: u64 = 1024;
+
+/// One serving thread per CPU this process may run on.
+fn default_workers() -> usize {
+    std::thread::available_parallelism().map(usize::from).unwrap_or(1)
+}
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_MAX_BODY: u64 = 16 * 1024 * 1024;
 /// hyper cannot buffer a request head smaller than this.
@@ -69,6 +76,9 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// A keep-alive connection with no request in flight for this long is closed.
     pub idle_timeout: Duration,
+    /// Threads serving client connections, each with its own event loop and
+    /// upstream connections; a connection stays on the thread that took it.
+    pub workers: usize,
 }
 
 /// The admin listener.
@@ -282,6 +292,14 @@ pub fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
             Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
         },
         idle_timeout: p.duration("server.idle_timeout", file.server.idle_timeout.as_deref(), DEFAULT_IDLE_TIMEOUT),
+        workers: match file.server.workers {
+            None => default_workers(),
+            Some(n @ 1..=MAX_WORKERS) => n as usize,
+            Some(_) => {
+                p.add("server.workers", format!("must be between 1 and {MAX_WORKERS}"));
+                default_workers()
+            }
+        },
     };
 
     let admin = AdminConfig {
@@ -589,6 +607,7 @@ mod tests {
         assert_eq!(c.server.max_header_bytes, 64 << 10);
         assert_eq!(c.server.max_connections, 10_000);
         assert_eq!(c.server.idle_timeout, Duration::from_secs(60));
+        assert_eq!(c.server.workers, default_workers());
         assert_eq!(r.token_header.as_str(), "x-fencing-token");
         assert!(!r.preserve_host);
     }
@@ -726,10 +745,18 @@ mod tests {
         for bad in ["", "MiB", "1.5MiB", "-1", "16mib", "16XB", "99999999999999999999GiB"] {
             assert_eq!(parse_size(bad), None, "{bad}");
         }
-        let text = format!("[server]\nmax_header_bytes = \"1KiB\"\nidle_timeout = \"x\"\nmax_connections = 0\n{MINIMAL}max_body = \"lots\"\n");
+        let text = format!(
+            "[server]\nmax_header_bytes = \"1KiB\"\nidle_timeout = \"x\"\nmax_connections = 0\nworkers = 0\n{MINIMAL}max_body = \"lots\"\n"
+        );
         assert_eq!(
             fields(&text),
-            ["server.max_header_bytes", "server.max_connections", "server.idle_timeout", "route[0] 'objects'.max_body"]
+            [
+                "server.max_header_bytes",
+                "server.max_connections",
+                "server.idle_timeout",
+                "server.workers",
+                "route[0] 'objects'.max_body"
+            ]
         );
     }
 

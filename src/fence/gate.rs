@@ -10,13 +10,13 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dashmap::DashMap;
+use super::KeyMap;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The per-key queues. Cheap to share: clone the `Arc`.
 #[derive(Debug, Default)]
 pub struct KeyGate {
-    queues: DashMap<Box<str>, Arc<Semaphore>>,
+    queues: KeyMap<Arc<Semaphore>>,
     waiting: AtomicI64,
     /// Set when fencegate restarted on fences a previous process left: writes
     /// that process sent may still be in flight, so every key starts closed

@@ -33,3 +33,7 @@ pub use future::ResponseFuture;
 pub use gate::KeyGate;
 pub use layer::FencingLayer;
 pub use service::Fencing;
+
+/// A concurrent map keyed by fence key, hashed with a per-process random seed
+/// (keys come from clients, so the seed matters as much as the speed).
+pub(crate) type KeyMap<V> = dashmap::DashMap<Box<str>, V, ahash::RandomState>;

@@ -32,12 +32,19 @@ pub fn parse_token(value: &[u8]) -> Result<u64, TokenError> {
     if value.is_empty() {
         return Err(TokenError::Empty);
     }
-    let mut n: u64 = 0;
-    for &b in value {
-        if !b.is_ascii_digit() {
-            return Err(TokenError::NotDigits);
-        }
-        n = n.checked_mul(10).and_then(|n| n.checked_add(u64::from(b - b'0'))).ok_or(TokenError::Overflow)?;
+    let end = value.iter().position(|b| !b.is_ascii_digit()).unwrap_or(value.len());
+    let (digits, rest) = value.split_at(end);
+    let digit = |b: u8| u64::from(b - b'0');
+    // Up to 19 digits always fit a u64: no overflow checks on the common path.
+    let n = if digits.len() <= 19 {
+        digits.iter().fold(0, |n, &b| n * 10 + digit(b))
+    } else {
+        digits.iter().try_fold(0u64, |n, &b| n.checked_mul(10)?.checked_add(digit(b))).ok_or(TokenError::Overflow)?
+    };
+    // Digits that overflow are reported as such even if a non-digit follows
+    // (as a left-to-right reader would find them).
+    if !rest.is_empty() {
+        return Err(TokenError::NotDigits);
     }
     Ok(n)
 }
@@ -66,6 +73,9 @@ mod tests {
         assert_eq!(parse_token(b"7"), Ok(7));
         assert_eq!(parse_token(b"0007"), Ok(7));
         assert_eq!(parse_token(b"18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(parse_token(b"9999999999999999999"), Ok(9_999_999_999_999_999_999));
+        // Leading zeros never overflow, however many there are.
+        assert_eq!(parse_token(b"000000000000000000000042"), Ok(42));
     }
 
     #[test]

@@ -31,6 +31,11 @@ fn hop_by_hop() -> [&'static HeaderName; 9] {
 /// unchanged whatever `Connection` says). With `keep_upgrade`, `Upgrade` survives
 /// and `Connection: upgrade` is set again, so a protocol switch can pass through.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, keep: Option<&HeaderName>) {
+    // Most messages carry none: one pass over the few names present is cheaper
+    // than looking up each hop-by-hop name.
+    if !keep_upgrade && !headers.keys().any(|name| hop_by_hop().contains(&name)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

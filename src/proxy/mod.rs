@@ -2,6 +2,7 @@
 //! timeouts, and protocol upgrades. This module knows nothing of tokens: the
 //! fence has decided before a request gets here.
 
+mod dedicated;
 mod headers;
 mod retry;
 
@@ -13,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::{HeaderValue, HOST};
-use http::{Request, Response, StatusCode};
+use http::{Request, Response, StatusCode, Version};
 use http_body_util::Either;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -31,28 +32,53 @@ use crate::route::{request_host, Route};
 /// timeout that common upstream servers use, so the pool rarely hands out a
 /// connection the upstream is about to close.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+/// Connecting to the upstream gives up after this long (then retries).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How a send ended without a response.
+enum SendError {
+    /// Connecting failed; nothing was sent.
+    Connect(BoxError),
+    /// Failed after the request may have been (partly) sent.
+    Failed(BoxError),
+}
 
 /// The client's address, put in the request extensions by the listener.
 #[derive(Debug, Clone, Copy)]
 pub struct ClientAddr(pub SocketAddr);
 
 /// The innermost service: sends a request to its route's upstream.
+///
+/// One `Forward` per worker holds that worker's connection pool; each client
+/// connection gets its own copy ([`Forward::for_connection`]) with a dedicated
+/// upstream connection for its HTTP/1 requests.
 #[derive(Clone, Debug)]
 pub struct Forward {
-    client: Client<HttpConnector, retry::Rewindable>,
+    // Behind an Arc: the stack clones its services for every request, and a
+    // client clone is several reference counts.
+    client: Arc<Client<HttpConnector, retry::Rewindable>>,
+    dedicated: dedicated::Dedicated,
 }
 
 impl Forward {
     pub fn new() -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(connector);
-        Forward { client }
+        Forward { client: Arc::new(client), dedicated: Default::default() }
+    }
+
+    /// This forwarder for one client connection: the same pool, and an upstream
+    /// connection of the client connection's own.
+    pub fn for_connection(&self) -> Forward {
+        Forward { client: self.client.clone(), dedicated: Default::default() }
     }
 }
 
@@ -72,12 +98,13 @@ impl Service<Request<RequestBody>> for Forward {
     }
 
     fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
-        Box::pin(forward(self.client.clone(), req))
+        Box::pin(forward(self.client.clone(), self.dedicated.clone(), req))
     }
 }
 
 async fn forward(
-    client: Client<HttpConnector, retry::Rewindable>,
+    client: Arc<Client<HttpConnector, retry::Rewindable>>,
+    dedicated: dedicated::Dedicated,
     req: Request<RequestBody>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let route = req
@@ -94,8 +121,14 @@ async fn forward(
 
     let original_host = request_host(&parts.uri, &parts.headers).ok().and_then(|h| HeaderValue::from_str(h).ok());
     let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
-    parts.uri =
-        route.upstream.uri_for(path_and_query).map_err(|e| ProxyError::Internal(format!("upstream URI: {e}")))?;
+    // Absolute for the pool, which picks connections by it; the origin form
+    // alone on a connection of our own.
+    let uri = if parts.version == Version::HTTP_2 {
+        route.upstream.uri_for(path_and_query)
+    } else {
+        route.upstream.origin_form(path_and_query)
+    };
+    parts.uri = uri.map_err(|e| ProxyError::Internal(format!("upstream URI: {e}")))?;
 
     strip_hop_by_hop(&mut parts.headers, upgrade, Some(&route.token_header));
     let client_addr = parts.extensions.get::<ClientAddr>().map(|c| c.0);
@@ -109,18 +142,31 @@ async fn forward(
     };
     parts.headers.insert(HOST, host);
 
-    let head = retry::Head { method: parts.method, uri: parts.uri, headers: parts.headers };
+    // HTTP/1 clients send one request at a time: their connection's own
+    // upstream connection carries it. HTTP/2 clients share the worker's pool.
+    let send = async {
+        if parts.version == Version::HTTP_2 {
+            let head = retry::Head { method: parts.method, uri: parts.uri, headers: parts.headers };
+            retry::send(&client, head, body).await
+        } else {
+            let mut request = Request::new(body);
+            *request.method_mut() = parts.method;
+            *request.uri_mut() = parts.uri;
+            *request.headers_mut() = parts.headers;
+            dedicated.send(&route.upstream.authority, request).await
+        }
+    };
     // The timeout covers connecting, retries and backoff included.
-    let mut response = match tokio::time::timeout(route.timeout, retry::send(&client, head, body)).await {
+    let mut response = match tokio::time::timeout(route.timeout, send).await {
         Ok(Ok(response)) => response,
-        Ok(Err(retry::SendError::Connect(e))) => return Err(ProxyError::UpstreamConnect(error_chain(&e))),
-        Ok(Err(retry::SendError::Failed(e))) => {
+        Ok(Err(SendError::Connect(e))) => return Err(ProxyError::UpstreamConnect(error_chain(&*e))),
+        Ok(Err(SendError::Failed(e))) => {
             // A body that overran the route's limit (only an unfenced one can:
             // fenced bodies are checked whole before they are sent).
-            if let Some(limit) = crate::limits::overran_limit(&e) {
+            if let Some(limit) = crate::limits::overran_limit(&*e) {
                 return Err(ProxyError::BodyTooLarge { limit });
             }
-            return Err(ProxyError::UpstreamFailed(error_chain(&e)));
+            return Err(ProxyError::UpstreamFailed(error_chain(&*e)));
         }
         Err(_) => return Err(ProxyError::UpstreamTimeout(route.timeout)),
     };

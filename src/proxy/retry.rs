@@ -15,6 +15,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
+use super::SendError;
 use crate::limits::{BodyError, RequestBody};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -83,14 +84,6 @@ pub struct Head {
     pub headers: HeaderMap,
 }
 
-/// How a send ended without a response.
-pub enum SendError {
-    /// Connecting failed; nothing was sent.
-    Connect(hyper_util::client::legacy::Error),
-    /// Failed after the request may have been (partly) sent.
-    Failed(hyper_util::client::legacy::Error),
-}
-
 /// Sends `head` + `body`, retrying connection failures that happened before
 /// the body was touched, with exponential backoff.
 pub async fn send(
@@ -110,7 +103,7 @@ pub async fn send(
         *request.headers_mut() = if last { std::mem::take(&mut head.headers) } else { head.headers.clone() };
         let error = match client.request(request).await {
             Ok(response) => return Ok(response),
-            Err(e) if !e.is_connect() => return Err(SendError::Failed(e)),
+            Err(e) if !e.is_connect() => return Err(SendError::Failed(e.into())),
             Err(e) => e,
         };
         let untouched = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -121,7 +114,7 @@ pub async fn send(
                 backoff *= 2;
                 (body, slot) = Rewindable::new(original);
             }
-            _ => return Err(SendError::Connect(error)),
+            _ => return Err(SendError::Connect(error.into())),
         }
     }
     unreachable!("the last attempt returns")

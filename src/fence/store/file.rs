@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
+use crate::fence::KeyMap;
 use dashmap::mapref::entry::Entry;
-use dashmap::DashMap;
 use redb::{Database, DatabaseError, ReadableTableMetadata, StorageError, TableDefinition};
 use tokio::sync::Notify;
 
@@ -67,7 +67,7 @@ pub struct FileStore {
 struct Inner {
     db: Arc<Database>,
     path: PathBuf,
-    cache: DashMap<Box<str>, Cached>,
+    cache: KeyMap<Cached>,
     capacity: usize,
     /// Bumped on every eviction: a miss that read the disk before an eviction
     /// it did not see reads again, so a stale read can never re-enter the cache.
@@ -217,7 +217,7 @@ impl FileStore {
         let inner = Arc::new(Inner {
             db,
             path: file,
-            cache: DashMap::new(),
+            cache: KeyMap::default(),
             capacity: cache_keys.max(1),
             evictions: AtomicU64::new(0),
             tracked,

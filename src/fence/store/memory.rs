@@ -1,7 +1,7 @@
 //! The in-memory store: a sharded map with compare-and-raise under the shard lock.
 
+use crate::fence::KeyMap;
 use dashmap::mapref::entry::Entry;
-use dashmap::DashMap;
 
 use super::{Advance, FenceStore, StoreError};
 
@@ -25,7 +25,7 @@ use super::{Advance, FenceStore, StoreError};
 /// ```
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    marks: DashMap<Box<str>, u64>,
+    marks: KeyMap<u64>,
 }
 
 impl MemoryStore {
