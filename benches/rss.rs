@@ -23,6 +23,10 @@
 //! - `RSS_SETTLE` (3): seconds to wait after the cache is under capacity.
 //! - `RSS_DIR`: where the file store goes (default: the system temp dir).
 
+/// The allocator the fencegate binary ships with, so the numbers are its numbers.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

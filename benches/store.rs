@@ -25,6 +25,10 @@
 //!
 //! See benches/README.md for results and how to read them.
 
+/// The allocator the fencegate binary ships with, so the numbers are its numbers.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
