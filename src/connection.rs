@@ -215,11 +215,10 @@ pub struct TrackRequests<S> {
 impl<S, R, B> Service<R> for TrackRequests<S>
 where
     S: Service<R, Response = http::Response<B>>,
-    S::Future: Send + 'static,
 {
     type Response = http::Response<TrackedBody<B>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+    type Future = TrackedFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -229,12 +228,31 @@ where
         self.activity.request_started();
         // The guard travels with the response body: a request counts until its
         // body is sent (or dropped), including one whose future is dropped early.
-        let guard = InFlight(self.activity.clone());
-        let future = self.inner.call(req);
-        Box::pin(async move {
-            let response = future.await?;
-            Ok(response.map(|body| TrackedBody { inner: body, _guard: guard }))
-        })
+        let guard = Some(InFlight(self.activity.clone()));
+        TrackedFuture { inner: self.inner.call(req), guard }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`TrackRequests`]' response future: hands the request's guard to the body.
+    pub struct TrackedFuture<F> {
+        #[pin]
+        inner: F,
+        guard: Option<InFlight>,
+    }
+}
+
+impl<F, B, E> Future for TrackedFuture<F>
+where
+    F: Future<Output = Result<http::Response<B>, E>>,
+{
+    type Output = Result<http::Response<TrackedBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = std::task::ready!(this.inner.poll(cx))?;
+        let guard = this.guard.take();
+        Poll::Ready(Ok(response.map(|body| TrackedBody { inner: body, _guard: guard })))
     }
 }
 
@@ -243,7 +261,7 @@ pin_project_lite::pin_project! {
     pub struct TrackedBody<B> {
         #[pin]
         inner: B,
-        _guard: InFlight,
+        _guard: Option<InFlight>,
     }
 }
 

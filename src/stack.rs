@@ -69,11 +69,10 @@ pub fn proxy_service(
                 .on_failure(()),
         )
         // Routing comes before the fence: the route says which methods are fenced,
-        // how the key is made and where the request goes. It answers 404 itself.
+        // how the key is made and where the request goes. It answers 404 itself,
+        // and turns every rejection below into a problem+json response, so no
+        // error escapes to hyper as a connection reset.
         .layer(RoutingLayer { routes: Arc::new(shared.routes.clone()) })
-        // Rescue: every rejection below becomes a problem+json response here, so
-        // no error escapes to hyper as a connection reset.
-        .layer(tower::layer::layer_fn(|inner| Rescue { inner }))
         // Body limits come before the fence: a fenced chunked upload is read whole
         // (up to max_body) before it may take its key's turn, so a slow or
         // oversized upload never holds the key or reaches the upstream in part.
@@ -105,7 +104,11 @@ impl<S> tower::Layer<S> for RoutingLayer {
 }
 
 /// Finds the request's route (longest prefix), puts it in the request
-/// extensions, and answers 404 when there is none.
+/// extensions, and answers 404 when there is none. It also rescues: every
+/// [`Rejection`] from the layers below becomes its problem+json response here,
+/// and it drives the inner service to readiness inside the response future, so
+/// a readiness error is answered like any other instead of closing the
+/// connection. (One layer for both: one boxed future per request fewer.)
 #[derive(Clone)]
 struct Routing<S> {
     inner: S,
@@ -113,45 +116,6 @@ struct Routing<S> {
 }
 
 impl<S> Service<Request<Incoming>> for Routing<S>
-where
-    S: Service<Request<Incoming>, Response = Response<ProxyBody>, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send,
-{
-    type Response = Response<ProxyBody>;
-    type Error = Infallible;
-    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
-        let Some((index, route)) = self.routes.find_indexed(req.uri().path()) else {
-            let path = req.uri().path().to_string();
-            return Box::pin(async move { Ok(Rejection::from(ProxyError::NoRoute { path }).into_response()) });
-        };
-        let route: Arc<Route> = route.clone();
-        let tag = RouteTag { index, name: route.name.clone() };
-        req.extensions_mut().insert(route);
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
-            let mut response = inner.oneshot(req).await?;
-            response.extensions_mut().insert(tag);
-            Ok(response)
-        })
-    }
-}
-
-/// Turns every [`Rejection`] into its problem+json response. It drives the inner
-/// service to readiness inside the response future, so a readiness error is
-/// answered like any other instead of closing the connection.
-#[derive(Clone)]
-struct Rescue<S> {
-    inner: S,
-}
-
-impl<S> Service<Request<Incoming>> for Rescue<S>
 where
     S: Service<Request<Incoming>, Response = Response<ProxyBody>, Error = Rejection> + Clone + Send + 'static,
     S::Future: Send,
@@ -164,9 +128,20 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
+        let Some((index, route)) = self.routes.find_indexed(req.uri().path()) else {
+            let path = req.uri().path().to_string();
+            return Box::pin(async move { Ok(Rejection::from(ProxyError::NoRoute { path }).into_response()) });
+        };
+        let route: Arc<Route> = route.clone();
+        let tag = RouteTag { index, name: route.name.clone() };
+        req.extensions_mut().insert(route);
         let inner = self.inner.clone();
-        Box::pin(async move { Ok(inner.oneshot(req).await.unwrap_or_else(Rejection::into_response)) })
+        Box::pin(async move {
+            let mut response = inner.oneshot(req).await.unwrap_or_else(Rejection::into_response);
+            response.extensions_mut().insert(tag);
+            Ok(response)
+        })
     }
 }
 
