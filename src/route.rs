@@ -74,6 +74,8 @@ pub struct Upstream {
     pub authority: Authority,
     /// Empty, or starts with '/' and has no trailing '/'.
     pub base_path: String,
+    /// `authority` as a `Host` header value, made once.
+    pub host: http::HeaderValue,
 }
 
 impl Upstream {
@@ -94,7 +96,8 @@ impl Upstream {
             return Err(format!("'{text}' has a query string; an upstream may only carry a base path"));
         }
         let base_path = uri.path().trim_end_matches('/').to_string();
-        Ok(Upstream { scheme: Scheme::HTTP, authority, base_path })
+        let host = http::HeaderValue::from_str(authority.as_str()).map_err(|e| format!("'{text}': host: {e}"))?;
+        Ok(Upstream { scheme: Scheme::HTTP, authority, base_path, host })
     }
 
     /// The upstream URI for a request path and query (`path_and_query` starts with '/').

@@ -56,7 +56,7 @@ pub fn proxy_service(
         // never close a connection that is serving a request.
         .layer(TrackRequestsLayer(activity))
         // Per connection: who the client is, for X-Forwarded-For.
-        .layer(AddExtensionLayer::new(ClientAddr(client)))
+        .layer(AddExtensionLayer::new(ClientAddr::new(client)))
         // Outermost, so the access log and metrics see every response, including
         // the ones fencegate makes itself below.
         .layer(

@@ -1,9 +1,9 @@
 //! Header rewriting between client and upstream: hop-by-hop removal and
 //! `X-Forwarded-*`.
 
-use std::net::SocketAddr;
-
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use super::ClientAddr;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -31,24 +31,35 @@ fn hop_by_hop() -> [&'static HeaderName; 9] {
 /// unchanged whatever `Connection` says). With `keep_upgrade`, `Upgrade` survives
 /// and `Connection: upgrade` is set again, so a protocol switch can pass through.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, keep: Option<&HeaderName>) {
-    // Most messages carry none: one pass over the few names present is cheaper
-    // than looking up each hop-by-hop name.
-    if !keep_upgrade && !headers.keys().any(|name| hop_by_hop().contains(&name)) {
+    // One pass over the names present (a handful) instead of a lookup per
+    // hop-by-hop name; most requests carry none, most responses only Connection.
+    let mut present: Vec<&'static HeaderName> = Vec::new();
+    for name in headers.keys() {
+        if let Some(hop) = hop_by_hop().into_iter().find(|hop| *hop == name) {
+            if !present.contains(&hop) {
+                present.push(hop);
+            }
+        }
+    }
+    if present.is_empty() && !keep_upgrade {
         return;
     }
+    // Headers that `Connection` names, other than the hop-by-hop ones (removed below).
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|name| !name.is_empty() && !hop_by_hop().iter().any(|hop| hop.as_str().eq_ignore_ascii_case(name)))
+        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
         .collect();
     for name in named {
-        if !(keep_upgrade && name == header::UPGRADE) && Some(&name) != keep {
+        if Some(&name) != keep {
             headers.remove(&name);
         }
     }
-    for name in hop_by_hop() {
+    for name in present {
         if !(keep_upgrade && *name == header::UPGRADE) {
             headers.remove(name);
         }
@@ -71,20 +82,25 @@ pub fn wants_upgrade(headers: &HeaderMap) -> bool {
 
 /// Appends the client to `X-Forwarded-For` and sets `X-Forwarded-Proto` and
 /// `X-Forwarded-Host` (the host the client asked for).
-pub fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr, original_host: Option<HeaderValue>) {
-    let ip = client.ip().to_string();
-    // Several header lines are one comma-joined list (RFC 9110 §5.3): keep every hop.
-    let mut xff = String::new();
-    for prior in headers.get_all(&X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()) {
-        let prior = prior.trim();
-        if !prior.is_empty() {
-            xff.push_str(prior);
-            xff.push_str(", ");
+pub fn add_forwarded(headers: &mut HeaderMap, client: &ClientAddr, original_host: Option<HeaderValue>) {
+    let mut prior = headers.get_all(&X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()).peekable();
+    if prior.peek().is_none() {
+        // The common case: the first hop. The IP was formatted once per connection.
+        headers.insert(&X_FORWARDED_FOR, client.ip.clone());
+    } else {
+        // Several header lines are one comma-joined list (RFC 9110 §5.3): keep every hop.
+        let mut xff = String::new();
+        for prior in prior {
+            let prior = prior.trim();
+            if !prior.is_empty() {
+                xff.push_str(prior);
+                xff.push_str(", ");
+            }
         }
-    }
-    xff.push_str(&ip);
-    if let Ok(value) = HeaderValue::from_str(&xff) {
-        headers.insert(&X_FORWARDED_FOR, value);
+        xff.push_str(client.ip.to_str().unwrap_or_default());
+        if let Ok(value) = HeaderValue::try_from(xff) {
+            headers.insert(&X_FORWARDED_FOR, value);
+        }
     }
     headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     if let Some(host) = original_host {
@@ -95,6 +111,7 @@ pub fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr, original_host:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::SocketAddr;
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -144,9 +161,16 @@ mod tests {
     fn forwarded_headers_append_to_a_chain() {
         let client: SocketAddr = "10.1.2.3:5555".parse().unwrap();
         let mut h = map(&[("x-forwarded-for", "192.0.2.1"), ("x-forwarded-for", "192.0.2.9")]);
-        add_forwarded(&mut h, client, Some(HeaderValue::from_static("store.example")));
+        add_forwarded(&mut h, &ClientAddr::new(client), Some(HeaderValue::from_static("store.example")));
         assert_eq!(h["x-forwarded-for"], "192.0.2.1, 192.0.2.9, 10.1.2.3");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "store.example");
+
+        // The first hop: just the client.
+        let v6: SocketAddr = "[2001:db8::7]:443".parse().unwrap();
+        let mut h = map(&[]);
+        add_forwarded(&mut h, &ClientAddr::new(v6), None);
+        assert_eq!(h["x-forwarded-for"], "2001:db8::7");
+        assert!(!h.contains_key("x-forwarded-host"));
     }
 }

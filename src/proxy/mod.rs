@@ -46,8 +46,19 @@ enum SendError {
 }
 
 /// The client's address, put in the request extensions by the listener.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientAddr(pub SocketAddr);
+#[derive(Debug, Clone)]
+pub struct ClientAddr {
+    pub addr: SocketAddr,
+    /// The IP as a header value, formatted once per connection.
+    ip: HeaderValue,
+}
+
+impl ClientAddr {
+    pub fn new(addr: SocketAddr) -> ClientAddr {
+        let ip = HeaderValue::try_from(addr.ip().to_string()).expect("an IP address is a valid header value");
+        ClientAddr { addr, ip }
+    }
+}
 
 /// The innermost service: sends a request to its route's upstream.
 ///
@@ -119,7 +130,11 @@ async fn forward(
     let upgrade = wants_upgrade(&parts.headers) && !route.is_fenced(&parts.method);
     let client_upgrade = if upgrade { parts.extensions.remove::<OnUpgrade>() } else { None };
 
-    let original_host = request_host(&parts.uri, &parts.headers).ok().and_then(|h| HeaderValue::from_str(h).ok());
+    // The client's Host header as it came (no copy), or the HTTP/2 authority.
+    let original_host = match parts.headers.get(HOST) {
+        Some(host) => host.to_str().is_ok().then(|| host.clone()),
+        None => request_host(&parts.uri, &parts.headers).ok().and_then(|h| HeaderValue::from_str(h).ok()),
+    };
     let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
     // Absolute for the pool, which picks connections by it; the origin form
     // alone on a connection of our own.
@@ -131,14 +146,12 @@ async fn forward(
     parts.uri = uri.map_err(|e| ProxyError::Internal(format!("upstream URI: {e}")))?;
 
     strip_hop_by_hop(&mut parts.headers, upgrade, Some(&route.token_header));
-    let client_addr = parts.extensions.get::<ClientAddr>().map(|c| c.0);
-    if let Some(addr) = client_addr {
-        add_forwarded(&mut parts.headers, addr, original_host.clone());
+    if let Some(client) = parts.extensions.remove::<ClientAddr>() {
+        add_forwarded(&mut parts.headers, &client, original_host.clone());
     }
     let host = match (&original_host, route.preserve_host) {
         (Some(h), true) => h.clone(),
-        _ => HeaderValue::from_str(route.upstream.authority.as_str())
-            .map_err(|e| ProxyError::Internal(format!("upstream host: {e}")))?,
+        _ => route.upstream.host.clone(),
     };
     parts.headers.insert(HOST, host);
 
