@@ -207,7 +207,13 @@ fn mib(kib: u64) -> f64 {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        // As fencegate's worker runtimes.
+        .max_blocking_threads(fencegate::MAX_BLOCKING_THREADS)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// The key of mark number `i`: what a `{path}` key template makes of `/objects/k{i}`.

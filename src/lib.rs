@@ -27,4 +27,4 @@ pub mod stack;
 pub mod telemetry;
 
 pub use config::Config;
-pub use server::{run, Fencegate, StartError};
+pub use server::{run, Fencegate, StartError, MAX_BLOCKING_THREADS};

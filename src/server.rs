@@ -24,6 +24,9 @@ use crate::proxy::Forward;
 use crate::route::RouteTable;
 use crate::stack::{proxy_service, Shared};
 
+/// Blocking threads per worker runtime (tokio's default is 512).
+pub const MAX_BLOCKING_THREADS: usize = 32;
+
 /// Why fencegate could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -206,7 +209,13 @@ impl Workers {
     fn start(count: usize) -> std::io::Result<Workers> {
         let mut workers = Vec::with_capacity(count);
         for i in 0..count.max(1) {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            // Blocking threads serve the file store's cache misses (a few at
+            // a time, see FileStore) and name lookups; idle ones linger for
+            // seconds, so an unbounded pool keeps hundreds after a burst.
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .max_blocking_threads(MAX_BLOCKING_THREADS)
+                .build()?;
             let handle = runtime.handle().clone();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let thread = std::thread::Builder::new().name(format!("fencegate-worker-{i}")).spawn(move || {

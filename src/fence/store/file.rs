@@ -32,6 +32,8 @@ const FENCES: TableDefinition<&str, u64> = TableDefinition::new("fences");
 pub const DB_FILE: &str = "fences.redb";
 /// redb's own page cache. The mark cache in front of it does the heavy lifting.
 const DISK_CACHE_BYTES: usize = 16 << 20;
+/// Most cache misses reading the disk at once (each on a blocking thread).
+const MAX_READERS: usize = 16;
 /// Sweeps leave the cache this far below `cache_keys`, so they don't run on every miss.
 const SWEEP_TARGET_PERCENT: usize = 90;
 
@@ -75,6 +77,10 @@ struct Inner {
     tracked: Arc<AtomicU64>,
     stats: Arc<CommitStats>,
     sweep: Arc<Notify>,
+    /// Cache misses read the disk on blocking threads, at most this many at once:
+    /// a burst of new keys must not fill tokio's blocking pool (512 threads, each
+    /// with its own allocator heap) or starve other blocking work.
+    readers: tokio::sync::Semaphore,
 }
 
 #[derive(Debug)]
@@ -223,6 +229,7 @@ impl FileStore {
             tracked,
             stats,
             sweep: Arc::new(Notify::new()),
+            readers: tokio::sync::Semaphore::new(MAX_READERS),
         });
         tokio::spawn(run_sweeper(Arc::downgrade(&inner), inner.sweep.clone()));
         Ok(FileStore { inner, queue, reopened: recovered > 0 })
@@ -243,7 +250,10 @@ impl FileStore {
         let inner = &self.inner;
         loop {
             let seen_evictions = inner.evictions.load(Ordering::SeqCst);
-            let disk = read_mark(inner.db.clone(), key.into()).await?;
+            let disk = {
+                let _reader = inner.readers.acquire().await.map_err(|_| StoreError("the store is closing".into()))?;
+                read_mark(inner.db.clone(), key.into()).await?
+            };
             match inner.cache.entry(key.into()) {
                 Entry::Occupied(_) => return Ok(()),
                 Entry::Vacant(slot) => {
