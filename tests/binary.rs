@@ -366,3 +366,30 @@ fn a_signal_right_after_listening_is_still_a_graceful_stop() {
     let hard: Vec<_> = codes.iter().filter(|(_, s)| s.code() != Some(0)).collect();
     assert!(hard.is_empty(), "{} of {} stops were not graceful: {hard:?}", hard.len(), codes.len());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_serve_connections_on_threads_of_their_own() {
+    let up = RecordingUpstream::start().await;
+    let config = serving_config(&up).replacen("[server]\n", "[server]\nworkers = 3\n", 1);
+    let mut fg = Running::start(&config).await;
+    // The threads are named for their job (the kernel keeps 15 bytes of a name).
+    let workers = || {
+        std::fs::read_dir(format!("/proc/{}/task", fg.pid()))
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .filter(|name| name.starts_with("fencegate-work"))
+            .count()
+    };
+    assert_eq!(workers(), 3, "one thread per configured worker");
+    // Six client connections (one request each, then closed) are served,
+    // whichever worker each lands on.
+    for i in 0..6u64 {
+        let reply =
+            send("PUT", &fg.url(&format!("/objects/w{i}")), &[("x-fencing-token", "1"), ("connection", "close")], "v")
+                .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    assert_eq!(up.applied().len(), 6);
+    fg.signal("TERM");
+    assert_eq!(fg.wait_exit().await.code(), Some(0));
+}
