@@ -190,9 +190,10 @@ struct Accepted {
 }
 
 /// The threads that serve client connections: each runs a single-threaded
-/// runtime with its own upstream connection pool, so a request, its upstream
-/// exchange and its response all happen on one thread, with no hand-offs
-/// between threads. Only the fence map and the key turns are shared.
+/// runtime, and a client connection's upstream connections live on the same
+/// thread, so a request, its upstream exchange and its response all happen on
+/// one thread, with no hand-offs between threads. Only the fence map and the
+/// key turns are shared.
 struct Workers {
     workers: Vec<Worker>,
 }
@@ -200,7 +201,6 @@ struct Workers {
 struct Worker {
     /// `None`: serve on the runtime that accepts (the fallback).
     runtime: Option<tokio::runtime::Handle>,
-    forward: Forward,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -225,18 +225,13 @@ impl Workers {
                     let _ = stopped.await;
                 });
             })?;
-            workers.push(Worker {
-                runtime: Some(handle),
-                forward: Forward::new(),
-                stop: Some(stop),
-                thread: Some(thread),
-            });
+            workers.push(Worker { runtime: Some(handle), stop: Some(stop), thread: Some(thread) });
         }
         Ok(Workers { workers })
     }
 
     fn inline() -> Workers {
-        Workers { workers: vec![Worker { runtime: None, forward: Forward::new(), stop: None, thread: None }] }
+        Workers { workers: vec![Worker { runtime: None, stop: None, thread: None }] }
     }
 
     fn len(&self) -> usize {
@@ -275,7 +270,7 @@ impl Worker {
         server: &ServerConfig,
     ) -> std::io::Result<()> {
         let Accepted { stream, peer, permit, stop } = accepted;
-        let (shared, builder, forward) = (shared.clone(), builder.clone(), self.forward.for_connection());
+        let (shared, builder, forward) = (shared.clone(), builder.clone(), Forward::default());
         let (header_read_timeout, idle_timeout) = (server.header_read_timeout, server.idle_timeout);
         let serve = move |stream: TcpStream| async move {
             let _ = stream.set_nodelay(true);

@@ -492,3 +492,40 @@ async fn a_client_connection_keeps_one_upstream_connection_and_outlives_its_idle
     assert_eq!(requests.load(Ordering::SeqCst), 21, "a request was lost or sent twice");
     assert_eq!(connections.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test]
+async fn an_http2_client_uses_as_many_upstream_connections_as_it_has_requests_in_flight() {
+    let (upstream, connections, requests) = counting_upstream(Duration::from_secs(30)).await;
+    let proxy = Proxy::start(&format!(
+        "[[route]]\nname = \"k\"\nprefix = \"/\"\nupstream = \"http://{upstream}\"\nkey = \"{{path}}\"\n"
+    ))
+    .await;
+    // One HTTP/2 client connection.
+    let client = Client::builder(TokioExecutor::new()).http2_only(true).build_http::<Full<Bytes>>();
+    let put = |key: u64| {
+        Request::put(proxy.url(&format!("/objects/{key}")))
+            .version(Version::HTTP_2)
+            .header("x-fencing-token", "1")
+            .body(Full::new(Bytes::from_static(b"v")))
+            .unwrap()
+    };
+    // Eight at once, different keys: nothing makes them wait for each other.
+    let burst: Vec<_> = (0..8)
+        .map(|key| {
+            let (client, request) = (client.clone(), put(key));
+            tokio::spawn(async move { exchange(&client, request).await })
+        })
+        .collect();
+    for reply in burst {
+        let reply = reply.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    }
+    let opened = connections.load(Ordering::SeqCst);
+    assert!((1..=8).contains(&opened), "{opened} upstream connections for 8 requests");
+    // One at a time afterwards: the idle connections are reused, none opened.
+    for key in 8..16 {
+        assert_eq!(exchange(&client, put(key)).await.status, StatusCode::OK);
+    }
+    assert_eq!(requests.load(Ordering::SeqCst), 16, "a request was lost or sent twice");
+    assert_eq!(connections.load(Ordering::SeqCst), opened, "sequential requests opened new upstream connections");
+}

@@ -1,25 +1,21 @@
-//! Forwarding to the upstream: a pooled HTTP/1.1 client, URI and header rewrite,
-//! timeouts, and protocol upgrades. This module knows nothing of tokens: the
+//! Forwarding to the upstream: each client connection's own HTTP/1.1 upstream
+//! connections, URI and header rewrite, timeouts, and protocol upgrades. This module knows nothing of tokens: the
 //! fence has decided before a request gets here.
 
-mod dedicated;
 mod headers;
-mod retry;
+mod upstream;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use http::header::{HeaderValue, HOST};
-use http::{Request, Response, StatusCode, Version};
+use http::{Request, Response, StatusCode};
 use http_body_util::Either;
 use hyper::upgrade::OnUpgrade;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tower::Service;
 
 pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
@@ -28,12 +24,7 @@ use crate::error::{ProxyBody, ProxyError};
 use crate::limits::RequestBody;
 use crate::route::{request_host, Route};
 
-/// Idle upstream connections are closed after this long: below the 5 s idle
-/// timeout that common upstream servers use, so the pool rarely hands out a
-/// connection the upstream is about to close.
-pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
-/// Connecting to the upstream gives up after this long (then retries).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub use upstream::{CONNECT_TIMEOUT, FIRST_BACKOFF, MAX_RETRIES};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -60,43 +51,11 @@ impl ClientAddr {
     }
 }
 
-/// The innermost service: sends a request to its route's upstream.
-///
-/// One `Forward` per worker holds that worker's connection pool; each client
-/// connection gets its own copy ([`Forward::for_connection`]) with a dedicated
-/// upstream connection for its HTTP/1 requests.
-#[derive(Clone, Debug)]
+/// The innermost service: sends a request to its route's upstream, on the
+/// client connection's own upstream connections. Make one per client connection.
+#[derive(Clone, Debug, Default)]
 pub struct Forward {
-    // Behind an Arc: the stack clones its services for every request, and a
-    // client clone is several reference counts.
-    client: Arc<Client<HttpConnector, retry::Rewindable>>,
-    dedicated: dedicated::Dedicated,
-}
-
-impl Forward {
-    pub fn new() -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(connector);
-        Forward { client: Arc::new(client), dedicated: Default::default() }
-    }
-
-    /// This forwarder for one client connection: the same pool, and an upstream
-    /// connection of the client connection's own.
-    pub fn for_connection(&self) -> Forward {
-        Forward { client: self.client.clone(), dedicated: Default::default() }
-    }
-}
-
-impl Default for Forward {
-    fn default() -> Self {
-        Self::new()
-    }
+    upstreams: upstream::Upstreams,
 }
 
 impl Service<Request<RequestBody>> for Forward {
@@ -109,15 +68,11 @@ impl Service<Request<RequestBody>> for Forward {
     }
 
     fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
-        Box::pin(forward(self.client.clone(), self.dedicated.clone(), req))
+        Box::pin(forward(self.upstreams.clone(), req))
     }
 }
 
-async fn forward(
-    client: Arc<Client<HttpConnector, retry::Rewindable>>,
-    dedicated: dedicated::Dedicated,
-    req: Request<RequestBody>,
-) -> Result<Response<ProxyBody>, ProxyError> {
+async fn forward(upstreams: upstream::Upstreams, req: Request<RequestBody>) -> Result<Response<ProxyBody>, ProxyError> {
     let route = req
         .extensions()
         .get::<Arc<Route>>()
@@ -136,14 +91,9 @@ async fn forward(
         None => request_host(&parts.uri, &parts.headers).ok().and_then(|h| HeaderValue::from_str(h).ok()),
     };
     let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
-    // Absolute for the pool, which picks connections by it; the origin form
-    // alone on a connection of our own.
-    let uri = if parts.version == Version::HTTP_2 {
-        route.upstream.uri_for(path_and_query)
-    } else {
-        route.upstream.origin_form(path_and_query)
-    };
-    parts.uri = uri.map_err(|e| ProxyError::Internal(format!("upstream URI: {e}")))?;
+    // Origin form: the connection already goes to the upstream.
+    parts.uri =
+        route.upstream.origin_form(path_and_query).map_err(|e| ProxyError::Internal(format!("upstream URI: {e}")))?;
 
     strip_hop_by_hop(&mut parts.headers, upgrade, Some(&route.token_header));
     if let Some(client) = parts.extensions.remove::<ClientAddr>() {
@@ -155,20 +105,11 @@ async fn forward(
     };
     parts.headers.insert(HOST, host);
 
-    // HTTP/1 clients send one request at a time: their connection's own
-    // upstream connection carries it. HTTP/2 clients share the worker's pool.
-    let send = async {
-        if parts.version == Version::HTTP_2 {
-            let head = retry::Head { method: parts.method, uri: parts.uri, headers: parts.headers };
-            retry::send(&client, head, body).await
-        } else {
-            let mut request = Request::new(body);
-            *request.method_mut() = parts.method;
-            *request.uri_mut() = parts.uri;
-            *request.headers_mut() = parts.headers;
-            dedicated.send(&route.upstream.authority, request).await
-        }
-    };
+    let mut request = Request::new(body);
+    *request.method_mut() = parts.method;
+    *request.uri_mut() = parts.uri;
+    *request.headers_mut() = parts.headers;
+    let send = upstreams.send(&route.upstream.authority, request);
     // The timeout covers connecting, retries and backoff included.
     let mut response = match tokio::time::timeout(route.timeout, send).await {
         Ok(Ok(response)) => response,

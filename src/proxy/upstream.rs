@@ -1,18 +1,23 @@
-//! One upstream connection per HTTP/1 client connection.
+//! A client connection's own upstream connections.
 //!
-//! An HTTP/1 client connection carries one request at a time, so it can own one
-//! upstream connection outright: no shared pool to look up, lock or hash on every
-//! request, and the upstream exchange stays on the worker thread that serves the
-//! client. The connection is opened on the first request, kept while it stays
-//! usable, and closed with the client connection. (HTTP/2 clients, which send
-//! many requests at once, use the worker's shared pool instead.)
+//! Each client connection keeps the upstream connections its requests used,
+//! idle between requests: an HTTP/1.1 client (one request at a time) needs one,
+//! an HTTP/2 client as many as it has requests in flight at once. There is no
+//! pool shared between client connections to look up, lock or hash on every
+//! request, and the upstream exchange stays on the worker thread that serves
+//! the client. They close with the client connection.
 //!
-//! Retry rules are those of [`super::retry`]: connecting is retried, because
-//! nothing was sent; so is a request that a kept connection refused before
-//! writing a byte of it (the upstream had closed it while idle), on a fresh
-//! connection. Anything else is never sent twice.
+//! Retries: only what never reached the upstream is sent again.
+//! - Connecting is retried (with backoff): it happens before the request is
+//!   handed to a connection, so not one byte of it was sent.
+//! - A request that a kept connection hands back unsent (the upstream had
+//!   closed it while idle) goes out on a fresh connection.
+//! - Anything else (a connection that broke after sending, a timeout) is never
+//!   retried: the upstream may have acted on it. That holds for every method,
+//!   fenced or not.
 
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use http::uri::Authority;
 use http::{Request, Response};
@@ -21,27 +26,36 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::retry::{FIRST_BACKOFF, MAX_RETRIES};
-use super::{BoxError, SendError, CONNECT_TIMEOUT};
+use super::{BoxError, SendError};
 use crate::limits::RequestBody;
+
+/// Connection attempts after the first.
+pub const MAX_RETRIES: u32 = 3;
+/// Wait before the first retry; doubled for each one after it.
+pub const FIRST_BACKOFF: Duration = Duration::from_millis(25);
+/// Connecting to the upstream gives up after this long (then retries).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Idle upstream connections one client connection keeps at most; an HTTP/2
+/// burst beyond this opens connections that close after their request.
+const MAX_IDLE: usize = 32;
 
 type Sender = http1::SendRequest<RequestBody>;
 
-/// The client connection's upstream connection, when it has one.
+/// The client connection's idle upstream connections.
 #[derive(Clone, Default)]
-pub struct Dedicated {
-    slot: Arc<Mutex<Option<(Authority, Sender)>>>,
+pub struct Upstreams {
+    idle: Arc<Mutex<Vec<(Authority, Sender)>>>,
 }
 
-impl std::fmt::Debug for Dedicated {
+impl std::fmt::Debug for Upstreams {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Dedicated").finish_non_exhaustive()
+        f.debug_struct("Upstreams").finish_non_exhaustive()
     }
 }
 
-impl Dedicated {
-    /// Sends `req` to `authority` on this client connection's upstream
-    /// connection, opening one if there is none (or none to that upstream).
+impl Upstreams {
+    /// Sends `req` to `authority` on an idle connection of this client
+    /// connection's, or on a new one.
     pub async fn send(
         &self,
         authority: &Authority,
@@ -54,8 +68,8 @@ impl Dedicated {
                     return Ok(response);
                 }
                 Err(mut e) => match e.take_message() {
-                    // Refused before a byte was written: the upstream had closed
-                    // the idle connection. Safe to send on a fresh one.
+                    // Handed back before a byte was written: the upstream had
+                    // closed the idle connection. Safe to send on a fresh one.
                     Some(unsent) => {
                         tracing::debug!(error = %e.error(), "kept upstream connection was closed; reconnecting");
                         req = unsent;
@@ -74,13 +88,22 @@ impl Dedicated {
         }
     }
 
+    /// An idle, still open connection to `authority`; closed ones are dropped.
     fn take(&self, authority: &Authority) -> Option<Sender> {
-        let kept = self.slot.lock().unwrap_or_else(PoisonError::into_inner).take();
-        kept.filter(|(to, sender)| to == authority && !sender.is_closed()).map(|(_, sender)| sender)
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        idle.retain(|(_, sender)| !sender.is_closed());
+        let at = idle.iter().rposition(|(to, _)| to == authority)?;
+        Some(idle.swap_remove(at).1)
     }
 
+    /// Keeps `sender` for the next request. It may still be finishing this
+    /// one's response body; a request that finds it busy gets the request back
+    /// unsent and opens another.
     fn put_back(&self, authority: &Authority, sender: Sender) {
-        *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some((authority.clone(), sender));
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < MAX_IDLE {
+            idle.push((authority.clone(), sender));
+        }
     }
 }
 
