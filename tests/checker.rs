@@ -506,11 +506,11 @@ async fn crash_and_restart(
     violations: &mut Vec<String>,
 ) {
     fg.kill();
-    // A killed fencegate cannot hold a key for a settle period, nor does a new
-    // one hold keys at start-up: a write still in flight from before the crash
-    // could land after a newer one (see tests/faults.rs,
-    // after_a_crash_a_write_still_in_flight_is_not_overtaken). Let the upstream
-    // finish everything the dead process sent before starting the next one.
+    // A restarted fencegate holds keys for the settle period, which covers a
+    // write still in flight from before the crash (tests/faults.rs,
+    // after_a_crash_a_write_still_in_flight_is_not_overtaken). The checker
+    // still lets the upstream finish everything the dead process sent before
+    // starting the next one, so each history stays easy to judge.
     let start = Instant::now();
     while !up.idle() {
         assert!(start.elapsed() < PATIENCE, "the upstream never finished the killed proxy's requests");

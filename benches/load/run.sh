@@ -2,7 +2,7 @@
 # End-to-end load benchmark: fencegate against nginx and HAProxy as plain
 # reverse proxies, all in front of the same nginx upstream, driven by wrk.
 #
-#   benches/load/run.sh                      # from anywhere; ~5 min with defaults
+#   benches/load/run.sh                      # from anywhere; ~8 min with defaults
 #   ROUNDS=1 SECONDS=2 WARMUP=1 benches/load/run.sh   # quick check (~1.5 min)
 #
 # Knobs (environment): ROUNDS (3), SECONDS (5; DURATION is an alias), WARMUP (1),
