@@ -639,6 +639,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_lower_raise_committed_after_a_higher_one_never_lowers_the_disk() {
+        let dir = temp_dir("order");
+        let store = FileStore::open(&dir, false, 100).unwrap();
+        let db = store.inner.db.clone();
+        // One batch with the raises for a key out of order, then a later lower batch.
+        commit(&db, &[("k".into(), 7), ("k".into(), 5)]).unwrap();
+        assert_eq!(read_mark(db.clone(), "k".into()).await.unwrap(), Some(7));
+        commit(&db, &[("k".into(), 6)]).unwrap();
+        assert_eq!(read_mark(db.clone(), "k".into()).await.unwrap(), Some(7));
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_mark_on_its_way_to_disk_is_never_evicted() {
+        let dir = temp_dir("inflight");
+        // Capacity 1: a sweep evicts everything it may.
+        let store = Arc::new(FileStore::open(&dir, false, 1).unwrap());
+        store.advance("k", 3).await.unwrap();
+        // Hold redb's single write transaction: the commit thread cannot finish the next raise.
+        let blocker = store.inner.db.begin_write().unwrap();
+        let raising = tokio::spawn({
+            let store = store.clone();
+            async move { store.advance("k", 9).await }
+        });
+        while store.inner.cache.get("k").and_then(|e| e.mark) != Some(9) {
+            tokio::task::yield_now().await;
+        }
+        sweep(&store.inner);
+        sweep(&store.inner);
+        assert_eq!(store.get("k").await.unwrap(), Some(9), "an undurable mark left the cache and came back lower");
+        drop(blocker);
+        assert_eq!(raising.await.unwrap().unwrap(), Advance::Accepted { previous: Some(3) });
+        assert_eq!(store.advance("k", 5).await.unwrap(), Advance::Stale { current: 9 });
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
     async fn a_corrupt_file_refuses_to_open_and_a_missing_one_can_be_required() {
         let dir = temp_dir("corrupt");
         assert!(matches!(FileStore::open(&dir, true, 10), Err(OpenError::Missing(_))));
