@@ -121,7 +121,7 @@ impl Metrics {
         if let Some(stats) = store {
             registry.register(
                 "fencegate_store_commits",
-                "Fence store transactions committed (one fsync each)",
+                "Fence store batches made durable (one journal append and fsync each)",
                 stats.commits.clone(),
             );
             registry.register(
@@ -138,6 +138,16 @@ impl Metrics {
                 "fencegate_store_commit_duration_seconds",
                 "Fence store commit latency, fsync included",
                 stats.commit_seconds.clone(),
+            );
+            registry.register(
+                "fencegate_store_folds",
+                "Fence journal files folded into the store's B-tree",
+                stats.folds.clone(),
+            );
+            registry.register(
+                "fencegate_store_fold_failures",
+                "Folds of the fence journal that failed and were retried",
+                stats.fold_failures.clone(),
             );
         }
         Metrics { registry, routes, tracked_keys, active_keys, waiting, cached_keys }

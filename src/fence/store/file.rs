@@ -1,12 +1,17 @@
-//! The durable store: marks in a redb file on local disk, a bounded cache in
-//! front of it, and group commit.
+//! The durable store: marks in a redb file on local disk, a journal in front of
+//! it, a bounded cache in front of both, and group commit.
 //!
-//! - A raise is committed (fsync'd) before `advance` returns `Accepted`, so a
-//!   request is never forwarded on a mark that a crash could forget.
+//! - A raise is on disk (appended to the [journal](super::journal) and fsync'd)
+//!   before `advance` returns `Accepted`, so a request is never forwarded on a
+//!   mark that a crash could forget.
 //! - A token equal to a durable mark touches no disk: the common case of one
 //!   owner writing many times costs a map lookup.
-//! - Raises from many requests are queued to one committer thread, which writes
-//!   everything queued in one transaction with one fsync: writers share the cost.
+//! - Raises from many requests are queued to one commit thread, which appends
+//!   everything queued as one journal frame with one fsync: writers share the cost.
+//! - A fold thread writes the journal into the B-tree in the background, one
+//!   transaction for everything since the previous fold, then empties it. Until a
+//!   raise is folded, its mark is also kept in memory ([`Unfolded`]), where cache
+//!   misses and listings look before they read the B-tree.
 //! - The cache holds at most about `cache_keys` marks. Marks that are on disk and
 //!   were not used since the last sweep leave memory (never the disk); a miss
 //!   reads the mark back before deciding.
@@ -15,8 +20,11 @@
 // blocking reads and start-up, never through the request hot path.
 #![allow(clippy::result_large_err)]
 
+use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -25,6 +33,7 @@ use dashmap::mapref::entry::Entry;
 use redb::{Database, DatabaseError, ReadableTableMetadata, StorageError, TableDefinition};
 use tokio::sync::Notify;
 
+use super::journal::{self, Journal, Marks};
 use super::{Advance, CommitStats, FenceStore, StoreError};
 
 const FENCES: TableDefinition<&str, u64> = TableDefinition::new("fences");
@@ -36,6 +45,33 @@ const DISK_CACHE_BYTES: usize = 16 << 20;
 const MAX_READERS: usize = 16;
 /// Sweeps leave the cache this far below `cache_keys`, so they don't run on every miss.
 const SWEEP_TARGET_PERCENT: usize = 90;
+
+/// When the journal is folded into the B-tree, and how far it may grow.
+#[derive(Debug, Clone, Copy)]
+struct Tuning {
+    /// A journal file this long is handed to the fold thread.
+    fold_bytes: u64,
+    /// A journal file this long while the previous one is still being folded
+    /// makes appends wait for the fold: the journal, and the marks kept in memory
+    /// until they are folded, stay bounded when the B-tree can't keep up.
+    max_journal_bytes: u64,
+    /// How long an append waits for that fold before its batch fails (503).
+    fold_wait: Duration,
+    /// A journal with anything in it is folded after this long without raises,
+    /// so a restart after a quiet spell has little to replay.
+    idle_fold: Duration,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            fold_bytes: 1 << 20,
+            max_journal_bytes: 16 << 20,
+            fold_wait: Duration::from_secs(5),
+            idle_fold: Duration::from_secs(1),
+        }
+    }
+}
 
 /// Why the store could not be opened; fencegate refuses to start.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +90,8 @@ pub enum OpenError {
          Restore it from a backup; only move it away if starting with no fences is really what you want"
     )]
     Corrupt { path: PathBuf, detail: String },
+    #[error("cannot use the fence journal {path}: {source}")]
+    Journal { path: PathBuf, source: std::io::Error },
 }
 
 /// Durable marks with a bounded cache; see the [module docs](self).
@@ -76,6 +114,7 @@ struct Inner {
     evictions: AtomicU64,
     tracked: Arc<AtomicU64>,
     stats: Arc<CommitStats>,
+    unfolded: Arc<Mutex<Unfolded>>,
     sweep: Arc<Notify>,
     /// Cache misses read the disk on blocking threads, at most this many at once:
     /// a burst of new keys must not fill tokio's blocking pool (512 threads, each
@@ -97,6 +136,44 @@ impl Cached {
     fn evictable(&mut self) -> bool {
         self.mark == self.durable && !self.referenced.swap(false, Ordering::Relaxed)
     }
+}
+
+/// Marks that are in the journal and not yet in the B-tree.
+///
+/// A reader looks here before it reads the B-tree, and the fold thread removes
+/// marks from here only after its transaction is durable: whichever way a read
+/// and a fold interleave, the read sees every journaled mark.
+#[derive(Debug, Default)]
+struct Unfolded {
+    /// Appended since the journal last rotated.
+    current: Marks,
+    /// Handed to the fold thread and not folded yet.
+    folding: Arc<Marks>,
+}
+
+impl Unfolded {
+    fn mark(&self, key: &str) -> Option<u64> {
+        self.current.get(key).max(self.folding.get(key)).copied()
+    }
+
+    /// Up to `limit` marks of each map whose keys start with `prefix` and sort after `after`.
+    fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Vec<(String, u64)> {
+        let from = match after {
+            Some(a) if a >= prefix => Bound::Excluded(a),
+            _ => Bound::Included(prefix),
+        };
+        let mut found = Vec::new();
+        for marks in [&self.current, &*self.folding] {
+            let matching = marks.range::<str, _>((from, Bound::Unbounded)).take_while(|(k, _)| k.starts_with(prefix));
+            found.extend(matching.take(limit).map(|(k, t)| (k.to_string(), *t)));
+        }
+        found
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing under these locks can leave their data half-changed.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Raises on their way to the commit thread.
@@ -150,8 +227,7 @@ impl Batch {
 
 impl Queue {
     fn lock(&self) -> MutexGuard<'_, Pending> {
-        // Nothing under this lock can leave the queue half-changed.
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.pending)
     }
 }
 
@@ -169,6 +245,10 @@ impl FileStore {
     /// Opens (or, unless `require_existing`, creates) the store in directory `dir`.
     /// Must be called inside a tokio runtime (the cache sweeper is a task).
     pub fn open(dir: &Path, require_existing: bool, cache_keys: usize) -> Result<FileStore, OpenError> {
+        FileStore::open_tuned(dir, require_existing, cache_keys, Tuning::default())
+    }
+
+    fn open_tuned(dir: &Path, require_existing: bool, cache_keys: usize, tuning: Tuning) -> Result<FileStore, OpenError> {
         let file = dir.join(DB_FILE);
         // An empty file is no store: a first start that crashed before its first
         // commit leaves one, and so does a copy that went wrong.
@@ -198,36 +278,56 @@ impl FileStore {
             }
             other => corrupt(other.to_string()),
         })?;
-        // Create the table once, so readers never meet a missing table, and count
-        // what was recovered.
-        let recovered = (|| -> Result<u64, redb::Error> {
+        // Create the table once, so readers never meet a missing table.
+        (|| -> Result<(), redb::Error> {
             let txn = db.begin_write()?;
-            let len = txn.open_table(FENCES)?.len()?;
+            txn.open_table(FENCES)?;
             txn.commit()?;
-            Ok(len)
+            Ok(())
         })()
         .map_err(|e| corrupt(e.to_string()))?;
-        tracing::info!(path = %file.display(), fences = recovered, "fence store opened");
+        // Holding the database's lock, bring the B-tree up to date with the journal.
+        let replayed = recover_journal(&db, dir)?;
+        let recovered = (|| -> Result<u64, redb::Error> { Ok(db.begin_read()?.open_table(FENCES)?.len()?) })()
+            .map_err(|e| corrupt(e.to_string()))?;
+        let journal = Journal::open(dir).map_err(|source| OpenError::Journal { path: dir.join(journal::FILES[0]), source })?;
+        tracing::info!(path = %file.display(), fences = recovered, replayed, "fence store opened");
 
         let db = Arc::new(db);
         let stats = Arc::new(CommitStats::default());
-        let tracked = Arc::new(AtomicU64::new(recovered));
         let queue = Arc::new(Queue::default());
-        {
-            let (db, queue, stats, tracked) = (db.clone(), queue.clone(), stats.clone(), tracked.clone());
+        let unfolded = Arc::new(Mutex::new(Unfolded::default()));
+        let (jobs, job_rx) = mpsc::channel();
+        let (done_tx, done) = mpsc::channel();
+        let folder = Folder { db: db.clone(), queue: queue.clone(), stats: stats.clone(), unfolded: unfolded.clone() };
+        let committer = Committer {
+            queue: queue.clone(),
+            stats: stats.clone(),
+            unfolded: unfolded.clone(),
+            journal,
+            tuning,
+            folding: false,
+            jobs,
+            done,
+        };
+        let spawn = |name: &str, run: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
-                .name("fencegate-commit".into())
-                .spawn(move || run_committer(&db, &queue, &stats, &tracked))
-                .map_err(|e| corrupt(format!("cannot start the commit thread: {e}")))?;
-        }
+                .name(name.into())
+                .spawn(run)
+                .map(drop)
+                .map_err(|e| corrupt(format!("cannot start the {name} thread: {e}")))
+        };
+        spawn("fencegate-fold", Box::new(move || folder.run(job_rx, done_tx)))?;
+        spawn("fencegate-commit", Box::new(move || committer.run()))?;
         let inner = Arc::new(Inner {
             db,
             path: file,
             cache: KeyMap::default(),
             capacity: cache_keys.max(1),
             evictions: AtomicU64::new(0),
-            tracked,
+            tracked: Arc::new(AtomicU64::new(recovered)),
             stats,
+            unfolded,
             sweep: Arc::new(Notify::new()),
             readers: tokio::sync::Semaphore::new(MAX_READERS),
         });
@@ -252,7 +352,7 @@ impl FileStore {
             let seen_evictions = inner.evictions.load(Ordering::SeqCst);
             let disk = {
                 let _reader = inner.readers.acquire().await.map_err(|_| StoreError("the store is closing".into()))?;
-                read_mark(inner.db.clone(), key.into()).await?
+                read_mark(inner.db.clone(), inner.unfolded.clone(), key.into()).await?
             };
             match inner.cache.entry(key.into()) {
                 Entry::Occupied(_) => return Ok(()),
@@ -336,7 +436,11 @@ impl FenceStore for FileStore {
                 // On failure the mark stays raised in memory and not durable:
                 // fail closed, and the next request for the key tries again.
                 self.persist(key, token).await?;
+                // The entry is still cached: a mark that is not durable never leaves.
                 if let Some(mut e) = self.inner.cache.get_mut(key) {
+                    if e.durable.is_none() {
+                        self.inner.tracked.fetch_add(1, Ordering::Relaxed);
+                    }
                     if e.durable < Some(token) {
                         e.durable = Some(token);
                     }
@@ -347,11 +451,19 @@ impl FenceStore for FileStore {
     }
 
     async fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<(String, u64)>, StoreError> {
+        // The journal's marks before the B-tree's, as in `read_mark`.
+        let journaled = lock(&self.inner.unfolded).list(prefix, after, limit);
         let (db, prefix_owned, after_owned) = (self.inner.db.clone(), prefix.to_string(), after.map(str::to_string));
-        let mut found =
+        let folded =
             tokio::task::spawn_blocking(move || list_marks(&db, &prefix_owned, after_owned.as_deref(), limit))
                 .await
                 .map_err(|e| StoreError(format!("list task failed: {e}")))??;
+        let mut merged = BTreeMap::<String, u64>::new();
+        for (key, token) in folded.into_iter().chain(journaled) {
+            let mark = merged.entry(key).or_insert(token);
+            *mark = (*mark).max(token);
+        }
+        let mut found: Vec<(String, u64)> = merged.into_iter().take(limit).collect();
         // A raise on its way to disk is already enforced: show it.
         for (key, token) in &mut found {
             if let Some(Some(mark)) = self.inner.cache.get(key.as_str()).map(|e| e.mark) {
@@ -374,11 +486,14 @@ impl FenceStore for FileStore {
     }
 }
 
-async fn read_mark(db: Arc<Database>, key: Box<str>) -> Result<Option<u64>, StoreError> {
+async fn read_mark(db: Arc<Database>, unfolded: Arc<Mutex<Unfolded>>, key: Box<str>) -> Result<Option<u64>, StoreError> {
     tokio::task::spawn_blocking(move || -> Result<Option<u64>, redb::Error> {
+        // The journal's marks first: one whose fold ends after this look is in
+        // the B-tree before the read below begins.
+        let journaled = lock(&unfolded).mark(&key);
         let txn = db.begin_read()?;
         let table = txn.open_table(FENCES)?;
-        Ok(table.get(&*key)?.map(|v| v.value()))
+        Ok(table.get(&*key)?.map(|v| v.value()).max(journaled))
     })
     .await
     .map_err(|e| StoreError(format!("read task failed: {e}")))?
@@ -414,44 +529,237 @@ fn list_marks(
     read().map_err(|e| StoreError(format!("listing the fence store: {e}")))
 }
 
-/// The commit thread: takes everything queued, writes it in one transaction
-/// (one fsync), posts the outcome to everyone in the batch, repeats.
-fn run_committer(db: &Database, queue: &Queue, stats: &CommitStats, tracked: &AtomicU64) {
-    // However this thread ends, nobody is left waiting for it.
-    let _closed = CloseOnExit(queue);
-    let mut raises = Vec::new();
-    loop {
-        let batch = {
-            let mut pending = queue.lock();
-            while pending.raises.is_empty() {
-                if pending.closed {
-                    return;
+/// The commit thread: takes everything queued, appends it to the journal as one
+/// frame (one fsync), posts the outcome to everyone in the batch, repeats; and
+/// hands full journal files to the fold thread.
+struct Committer {
+    queue: Arc<Queue>,
+    stats: Arc<CommitStats>,
+    unfolded: Arc<Mutex<Unfolded>>,
+    journal: Journal,
+    tuning: Tuning,
+    /// A journal file is with the fold thread, which says on `done` when it is empty again.
+    folding: bool,
+    jobs: mpsc::Sender<FoldJob>,
+    done: mpsc::Receiver<()>,
+}
+
+impl Committer {
+    fn run(mut self) {
+        let queue = self.queue.clone();
+        // However this thread ends, nobody is left waiting for it.
+        let _closed = CloseOnExit(&queue);
+        let mut raises = Vec::new();
+        while let Some(batch) = self.next_batch(&mut raises) {
+            let started = Instant::now();
+            let count = raises.len() as u64;
+            let result = self.commit(&mut raises);
+            match &result {
+                Ok(()) => {
+                    self.stats.commits.inc();
+                    self.stats.raises.inc_by(count);
+                    self.stats.commit_seconds.observe(started.elapsed().as_secs_f64());
+                    self.stats.failing.store(false, Ordering::Relaxed);
                 }
-                pending.idle = true;
-                pending = queue.wake.wait(pending).unwrap_or_else(PoisonError::into_inner);
+                Err(e) => {
+                    self.stats.failures.inc();
+                    self.stats.failing.store(true, Ordering::Relaxed);
+                    tracing::error!(error = %e.0, raises = count, "fence store commit failed");
+                }
             }
-            std::mem::swap(&mut pending.raises, &mut raises);
-            PostOnExit(std::mem::take(&mut pending.batch))
-        };
-        let started = Instant::now();
-        let result = commit(db, &raises);
-        match &result {
-            Ok(new_keys) => {
-                stats.commits.inc();
-                stats.raises.inc_by(raises.len() as u64);
-                stats.commit_seconds.observe(started.elapsed().as_secs_f64());
-                stats.failing.store(false, Ordering::Relaxed);
-                tracked.fetch_add(*new_keys, Ordering::Relaxed);
+            batch.0.post(result);
+            raises.clear();
+            let fold_bytes = self.tuning.fold_bytes;
+            self.fold_if(|len| len >= fold_bytes);
+        }
+        // Closing: fold what is left, so the next start has little to replay.
+        self.fold_if(|len| len > 0);
+    }
+
+    /// Waits for raises and swaps them into `raises`; `None` once the store is
+    /// closed and nothing is queued.
+    fn next_batch(&mut self, raises: &mut Vec<(Box<str>, u64)>) -> Option<PostOnExit> {
+        let queue = self.queue.clone();
+        let mut pending = queue.lock();
+        loop {
+            if !pending.raises.is_empty() {
+                std::mem::swap(&mut pending.raises, raises);
+                return Some(PostOnExit(std::mem::take(&mut pending.batch)));
             }
-            Err(e) => {
-                stats.failures.inc();
-                stats.failing.store(true, Ordering::Relaxed);
-                tracing::error!(error = %e.0, raises = raises.len(), "fence store commit failed");
+            if pending.closed {
+                return None;
+            }
+            pending.idle = true;
+            let (next, waited) =
+                queue.wake.wait_timeout(pending, self.tuning.idle_fold).unwrap_or_else(PoisonError::into_inner);
+            pending = next;
+            if waited.timed_out() && pending.raises.is_empty() {
+                drop(pending);
+                self.fold_if(|len| len > 0);
+                pending = queue.lock();
             }
         }
-        batch.0.post(result.map(|_| ()));
-        raises.clear();
     }
+
+    /// Appends `raises` to the journal, durably, and keeps their marks in
+    /// memory until they are folded. Empties `raises`.
+    fn commit(&mut self, raises: &mut Vec<(Box<str>, u64)>) -> Result<(), StoreError> {
+        self.poll_fold();
+        if self.folding && self.journal.len() >= self.tuning.max_journal_bytes {
+            // The fold thread has fallen behind: wait for it rather than let the
+            // journal grow without bound, then start on the file it emptied.
+            match self.done.recv_timeout(self.tuning.fold_wait) {
+                Ok(()) => self.folding = false,
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                    return Err(StoreError("the journal is full and folding it into the fence store is not finishing".into()))
+                }
+            }
+            self.fold_if(|_| true);
+        }
+        self.journal.append(raises).map_err(|e| StoreError(format!("appending to the fence journal: {e}")))?;
+        let mut unfolded = lock(&self.unfolded);
+        for (key, token) in raises.drain(..) {
+            journal::raise(&mut unfolded.current, key, token);
+        }
+        Ok(())
+    }
+
+    fn poll_fold(&mut self) {
+        if self.folding {
+            match self.done.try_recv() {
+                Ok(()) => self.folding = false,
+                // A fold thread that is gone never empties its file again: stay
+                // "folding", and appends fail once the journal is full.
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => {}
+            }
+        }
+    }
+
+    /// Hands the journal file to the fold thread when no fold is in progress and
+    /// its length passes `due`; later appends go to the other file.
+    fn fold_if(&mut self, due: impl Fn(u64) -> bool) {
+        self.poll_fold();
+        if self.folding || !due(self.journal.len()) {
+            return;
+        }
+        let file = match self.journal.rotate() {
+            Ok(file) => file,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot switch journal files; folding later");
+                return;
+            }
+        };
+        // Everything in the full file, and nothing else, is in `current`: both
+        // change only on this thread.
+        let marks = {
+            let mut unfolded = lock(&self.unfolded);
+            let marks = Arc::new(std::mem::take(&mut unfolded.current));
+            unfolded.folding = marks.clone();
+            marks
+        };
+        self.folding = true;
+        let _ = self.jobs.send(FoldJob { marks, file });
+    }
+}
+
+/// A full journal file and the marks in it.
+struct FoldJob {
+    marks: Arc<Marks>,
+    file: Arc<std::fs::File>,
+}
+
+/// The fold thread: writes a full journal file's marks into the B-tree in one
+/// transaction (fsync'd), then forgets them and empties the file.
+struct Folder {
+    db: Arc<Database>,
+    queue: Arc<Queue>,
+    stats: Arc<CommitStats>,
+    unfolded: Arc<Mutex<Unfolded>>,
+}
+
+impl Folder {
+    fn run(self, jobs: mpsc::Receiver<FoldJob>, done: mpsc::Sender<()>) {
+        for job in jobs {
+            while let Err(e) = fold(&self.db, &job.marks) {
+                // Nothing is lost: the journal file and the marks in memory stay
+                // until a fold succeeds.
+                self.stats.fold_failures.inc();
+                tracing::error!(error = %e.0, marks = job.marks.len(), "folding the fence journal failed; retrying");
+                if self.queue.lock().closed {
+                    return;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            self.stats.folds.inc();
+            lock(&self.unfolded).folding = Arc::default();
+            if let Err(e) = job.file.set_len(0).and_then(|()| job.file.sync_data()) {
+                // Harmless: its marks are folded, and replaying them again changes nothing.
+                tracing::warn!(error = %e, "cannot empty a folded journal file");
+            }
+            if done.send(()).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Replays both journal files into the B-tree and empties them, at start-up.
+/// Returns how many records were replayed.
+fn recover_journal(db: &Database, dir: &Path) -> Result<u64, OpenError> {
+    let mut marks = Marks::new();
+    let mut records = 0;
+    let mut present = Vec::new();
+    for name in journal::FILES {
+        let path = dir.join(name);
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(OpenError::Journal { path, source }),
+        };
+        let replayed =
+            journal::replay(&bytes, &mut marks).map_err(|detail| OpenError::Corrupt { path: path.clone(), detail })?;
+        if let Some(at) = replayed.torn_at {
+            tracing::warn!(
+                path = %path.display(),
+                at,
+                dropped_bytes = bytes.len() - at,
+                "the journal ends in a torn write (a batch cut off before its fsync returned, so never acknowledged): \
+                 dropping it"
+            );
+        }
+        records += replayed.records;
+        present.push(path);
+    }
+    fold(db, &marks).map_err(|e| OpenError::Corrupt { path: dir.join(DB_FILE), detail: e.0 })?;
+    for path in present {
+        let emptied = std::fs::OpenOptions::new().write(true).open(&path).and_then(|f| {
+            f.set_len(0)?;
+            f.sync_data()
+        });
+        emptied.map_err(|source| OpenError::Journal { path, source })?;
+    }
+    Ok(records)
+}
+
+/// Writes each mark as `max(in the B-tree, mark)` in one transaction: a mark in
+/// the B-tree never goes back, whatever order folds happen in.
+fn fold(db: &Database, marks: &Marks) -> Result<(), StoreError> {
+    let write = || -> Result<(), redb::Error> {
+        let txn = db.begin_write()?;
+        {
+            let mut table = txn.open_table(FENCES)?;
+            for (key, token) in marks {
+                // One lookup: insert, and put the old mark back in the rare case it was higher.
+                let old = table.insert(&**key, *token)?.map(|v| v.value());
+                if let Some(old) = old.filter(|old| old > token) {
+                    table.insert(&**key, old)?;
+                }
+            }
+        }
+        txn.commit()?;
+        Ok(())
+    };
+    write().map_err(|e| StoreError(format!("folding the journal into the fence store: {e}")))
 }
 
 /// Posts "stopped" to a batch nobody answered (the commit panicked).
@@ -473,33 +781,6 @@ impl Drop for CloseOnExit<'_> {
         pending.raises.clear();
         pending.batch.post(Err(committer_stopped()));
     }
-}
-
-/// Writes each raise as `max(on disk, token)`: a mark on disk never goes back,
-/// whatever order raises arrive in. Returns how many keys are new.
-fn commit(db: &Database, raises: &[(Box<str>, u64)]) -> Result<u64, StoreError> {
-    let write = || -> Result<u64, redb::Error> {
-        let txn = db.begin_write()?;
-        let mut new_keys = 0;
-        {
-            let mut table = txn.open_table(FENCES)?;
-            for (key, token) in raises {
-                // One lookup: insert, and put the old mark back in the rare case
-                // it was higher (raises for one key can queue out of order).
-                let old = table.insert(&**key, *token)?.map(|v| v.value());
-                match old {
-                    None => new_keys += 1,
-                    Some(mark) if mark > *token => {
-                        table.insert(&**key, mark)?;
-                    }
-                    Some(_) => {}
-                }
-            }
-        }
-        txn.commit()?;
-        Ok(new_keys)
-    };
-    write().map_err(|e| StoreError(format!("committing to the fence store: {e}")))
 }
 
 /// Keeps the cache near `capacity`: wakes when a miss pushes it over, or once a
@@ -548,6 +829,7 @@ fn sweep(store: &Inner) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fence::store::MAX_LIST_LIMIT;
 
     fn temp_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("fencegate-{name}-{}", std::process::id()));
@@ -638,28 +920,80 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 
+    fn marks(pairs: &[(&str, u64)]) -> Marks {
+        pairs.iter().map(|(k, t)| ((*k).into(), *t)).collect()
+    }
+
+    fn in_tree(store: &FileStore) -> Vec<(String, u64)> {
+        list_marks(&store.inner.db, "", None, MAX_LIST_LIMIT).unwrap()
+    }
+
     #[tokio::test]
-    async fn a_lower_raise_committed_after_a_higher_one_never_lowers_the_disk() {
+    async fn a_lower_mark_folded_after_a_higher_one_never_lowers_the_tree() {
         let dir = temp_dir("order");
         let store = FileStore::open(&dir, false, 100).unwrap();
         let db = store.inner.db.clone();
-        // One batch with the raises for a key out of order, then a later lower batch.
-        commit(&db, &[("k".into(), 7), ("k".into(), 5)]).unwrap();
-        assert_eq!(read_mark(db.clone(), "k".into()).await.unwrap(), Some(7));
-        commit(&db, &[("k".into(), 6)]).unwrap();
-        assert_eq!(read_mark(db.clone(), "k".into()).await.unwrap(), Some(7));
+        fold(&db, &marks(&[("k", 7)])).unwrap();
+        fold(&db, &marks(&[("k", 6), ("j", 1)])).unwrap();
+        assert_eq!(in_tree(&store), [("j".into(), 1), ("k".into(), 7)]);
         drop(store);
         let _ = std::fs::remove_dir_all(dir);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_mark_on_its_way_to_disk_is_never_evicted() {
+    async fn the_journal_is_folded_into_the_tree_and_emptied() {
+        let dir = temp_dir("fold");
+        // Every append fills a journal file.
+        let tuning = Tuning { fold_bytes: 1, ..Tuning::default() };
+        let store = FileStore::open_tuned(&dir, false, 100, tuning).unwrap();
+        for token in 1..=20 {
+            store.advance("k", token).await.unwrap();
+            store.advance(&format!("k{token}"), token).await.unwrap();
+        }
+        let stats = store.stats().unwrap();
+        for _ in 0..500 {
+            if in_tree(&store).len() == 21 && lock(&store.inner.unfolded).folding.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let tree = in_tree(&store);
+        assert_eq!(tree.len(), 21, "{tree:?}");
+        assert!(tree.contains(&("k".into(), 20)), "{tree:?}");
+        assert!(stats.folds.get() >= 2, "{} folds", stats.folds.get());
+        assert_eq!(store.tracked_keys(), 21);
+        drop(store);
+        // Closing folds what is left and empties both journal files.
+        let store = reopen(&dir).await;
+        for name in journal::FILES {
+            assert_eq!(std::fs::metadata(dir.join(name)).unwrap().len(), 0, "{name}");
+        }
+        assert_eq!(store.get("k").await.unwrap(), Some(20));
+        assert_eq!(store.tracked_keys(), 21);
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn journaled_marks_may_leave_the_cache_but_marks_not_yet_durable_never_do() {
         let dir = temp_dir("inflight");
-        // Capacity 1: a sweep evicts everything it may.
-        let store = Arc::new(FileStore::open(&dir, false, 1).unwrap());
-        store.advance("k", 3).await.unwrap();
-        // Hold redb's single write transaction: the commit thread cannot finish the next raise.
+        // Capacity 1: a sweep evicts everything it may. Every append fills a
+        // journal file, and a second full file waits for the fold of the first.
+        let tuning =
+            Tuning { fold_bytes: 1, max_journal_bytes: 1, fold_wait: Duration::from_secs(60), ..Tuning::default() };
+        let store = Arc::new(FileStore::open_tuned(&dir, false, 1, tuning).unwrap());
+        // Hold redb's single write transaction: no fold can finish.
         let blocker = store.inner.db.begin_write().unwrap();
+        assert_eq!(store.advance("a", 3).await.unwrap(), Advance::Accepted { previous: None });
+        assert_eq!(store.advance("b", 1).await.unwrap(), Advance::Accepted { previous: None });
+        // Both are durable in the journal and not in the tree: they may leave the
+        // cache, and a miss finds them in the journal's marks.
+        sweep(&store.inner);
+        sweep(&store.inner);
+        assert_eq!(store.cached_keys(), 0);
+        assert_eq!(store.advance("a", 2).await.unwrap(), Advance::Stale { current: 3 });
+        assert_eq!(store.list("", None, 10).await.unwrap(), [("a".into(), 3), ("b".into(), 1)]);
+        // The next append waits for the fold: its mark is not durable and must stay.
         let raising = tokio::spawn({
             let store = store.clone();
             async move { store.advance("k", 9).await }
@@ -669,12 +1003,44 @@ mod tests {
         }
         sweep(&store.inner);
         sweep(&store.inner);
-        assert_eq!(store.get("k").await.unwrap(), Some(9), "an undurable mark left the cache and came back lower");
-        drop(blocker);
-        assert_eq!(raising.await.unwrap().unwrap(), Advance::Accepted { previous: Some(3) });
+        assert!(store.inner.cache.contains_key("k"), "a mark not yet on disk left the cache");
         assert_eq!(store.advance("k", 5).await.unwrap(), Advance::Stale { current: 9 });
+        assert!(!raising.is_finished());
+        drop(blocker);
+        assert_eq!(raising.await.unwrap().unwrap(), Advance::Accepted { previous: None });
+        assert_eq!(store.list("", None, 10).await.unwrap(), [("a".into(), 3), ("b".into(), 1), ("k".into(), 9)]);
         drop(store);
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn a_torn_journal_tail_is_dropped_and_a_damaged_journal_refuses_to_open() {
+        let dir = temp_dir("journal");
+        drop(FileStore::open(&dir, false, 10).unwrap());
+        let mut bytes = Vec::new();
+        journal::encode(&[("a".into(), 5)], &mut bytes).unwrap();
+        let whole = bytes.len();
+        journal::encode(&[("b".into(), 6)], &mut bytes).unwrap();
+        let journal_file = dir.join(journal::FILES[1]);
+        std::fs::write(&journal_file, &bytes[..bytes.len() - 3]).unwrap();
+        let store = reopen(&dir).await;
+        assert_eq!(store.get("a").await.unwrap(), Some(5));
+        assert_eq!(store.get("b").await.unwrap(), None, "a torn frame was replayed");
+        assert_eq!(std::fs::metadata(&journal_file).unwrap().len(), 0);
+        drop(store);
+        // The first frame damaged, the second whole: refuse, and change nothing.
+        bytes[whole - 1] ^= 0xFF;
+        std::fs::write(&journal_file, &bytes).unwrap();
+        let err = loop {
+            match FileStore::open(&dir, true, 10) {
+                Err(OpenError::InUse(_)) => tokio::time::sleep(Duration::from_millis(10)).await,
+                other => break other.unwrap_err(),
+            }
+        };
+        assert!(matches!(err, OpenError::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains(journal::FILES[1]), "{err}");
+        assert_eq!(std::fs::read(&journal_file).unwrap(), bytes);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[tokio::test]

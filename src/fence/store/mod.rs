@@ -6,6 +6,7 @@
 //! never goes back.
 
 mod file;
+mod journal;
 mod memory;
 
 use std::future::Future;
@@ -67,7 +68,7 @@ pub trait FenceStore: Send + Sync + 'static {
 /// What a durable store's committer did: exported as `fencegate_store_*`.
 #[derive(Debug)]
 pub struct CommitStats {
-    /// Transactions committed (each one fsync).
+    /// Batches made durable (each one journal append and one fsync).
     pub commits: Counter,
     /// Marks raised on disk; more raises than commits means group commit worked.
     pub raises: Counter,
@@ -75,6 +76,10 @@ pub struct CommitStats {
     pub failures: Counter,
     /// Commit latency, fsync included.
     pub commit_seconds: Histogram,
+    /// Journal files folded into the B-tree (one transaction and fsync each).
+    pub folds: Counter,
+    /// Folds that failed and were retried (nothing is lost: the journal keeps the marks).
+    pub fold_failures: Counter,
     /// Whether the most recent commit failed: readiness reports 503 until one succeeds.
     pub failing: AtomicBool,
 }
@@ -87,6 +92,8 @@ impl Default for CommitStats {
             failures: Counter::default(),
             // 50 µs .. ~3 s
             commit_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
+            folds: Counter::default(),
+            fold_failures: Counter::default(),
             failing: AtomicBool::new(false),
         }
     }
