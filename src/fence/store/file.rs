@@ -33,7 +33,7 @@ use dashmap::mapref::entry::Entry;
 use redb::{Database, DatabaseError, ReadableTableMetadata, StorageError, TableDefinition};
 use tokio::sync::Notify;
 
-use super::journal::{self, Journal, Marks};
+use super::journal::{self, Journal, JournalFile, Marks};
 use super::{Advance, CommitStats, FenceStore, StoreError};
 
 const FENCES: TableDefinition<&str, u64> = TableDefinition::new("fences");
@@ -45,6 +45,9 @@ const DISK_CACHE_BYTES: usize = 16 << 20;
 const MAX_READERS: usize = 16;
 /// Sweeps leave the cache this far below `cache_keys`, so they don't run on every miss.
 const SWEEP_TARGET_PERCENT: usize = 90;
+
+/// Room for a batch past `fold_bytes` in a journal file's first allocation.
+const JOURNAL_SLACK_BYTES: u64 = 256 << 10;
 
 /// When the journal is folded into the B-tree, and how far it may grow.
 #[derive(Debug, Clone, Copy)]
@@ -290,7 +293,10 @@ impl FileStore {
         let replayed = recover_journal(&db, dir)?;
         let recovered = (|| -> Result<u64, redb::Error> { Ok(db.begin_read()?.open_table(FENCES)?.len()?) })()
             .map_err(|e| corrupt(e.to_string()))?;
-        let journal = Journal::open(dir).map_err(|source| OpenError::Journal { path: dir.join(journal::FILES[0]), source })?;
+        // Both files are folded now: empty them. Appends up to a fold's worth
+        // (and a batch) land in blocks that are already written.
+        let journal = Journal::open(dir, tuning.fold_bytes + JOURNAL_SLACK_BYTES)
+            .map_err(|source| OpenError::Journal { path: dir.join(journal::FILES[0]), source })?;
         tracing::info!(path = %file.display(), fences = recovered, replayed, "fence store opened");
 
         let db = Arc::new(db);
@@ -573,6 +579,9 @@ impl Committer {
             self.fold_if(|len| len >= fold_bytes);
         }
         // Closing: fold what is left, so the next start has little to replay.
+        if self.folding && self.done.recv_timeout(self.tuning.fold_wait).is_ok() {
+            self.folding = false;
+        }
         self.fold_if(|len| len > 0);
     }
 
@@ -642,13 +651,7 @@ impl Committer {
         if self.folding || !due(self.journal.len()) {
             return;
         }
-        let file = match self.journal.rotate() {
-            Ok(file) => file,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot switch journal files; folding later");
-                return;
-            }
-        };
+        let file = self.journal.rotate();
         // Everything in the full file, and nothing else, is in `current`: both
         // change only on this thread.
         let marks = {
@@ -665,7 +668,7 @@ impl Committer {
 /// A full journal file and the marks in it.
 struct FoldJob {
     marks: Arc<Marks>,
-    file: Arc<std::fs::File>,
+    file: Arc<JournalFile>,
 }
 
 /// The fold thread: writes a full journal file's marks into the B-tree in one
@@ -692,9 +695,16 @@ impl Folder {
             }
             self.stats.folds.inc();
             lock(&self.unfolded).folding = Arc::default();
-            if let Err(e) = job.file.set_len(0).and_then(|()| job.file.sync_data()) {
-                // Harmless: its marks are folded, and replaying them again changes nothing.
+            if let Err(e) = job.file.empty() {
+                // Harmless: its marks are folded, and replaying them again changes
+                // nothing. Appends to it wait for the next successful emptying.
                 tracing::warn!(error = %e, "cannot empty a folded journal file");
+                while job.file.empty().is_err() {
+                    if self.queue.lock().closed {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
             }
             if done.send(()).is_err() {
                 return;
@@ -703,12 +713,11 @@ impl Folder {
     }
 }
 
-/// Replays both journal files into the B-tree and empties them, at start-up.
-/// Returns how many records were replayed.
+/// Replays both journal files into the B-tree, at start-up. Returns how many
+/// records were replayed.
 fn recover_journal(db: &Database, dir: &Path) -> Result<u64, OpenError> {
     let mut marks = Marks::new();
     let mut records = 0;
-    let mut present = Vec::new();
     for name in journal::FILES {
         let path = dir.join(name);
         let bytes = match std::fs::read(&path) {
@@ -718,26 +727,10 @@ fn recover_journal(db: &Database, dir: &Path) -> Result<u64, OpenError> {
         };
         let replayed =
             journal::replay(&bytes, &mut marks).map_err(|detail| OpenError::Corrupt { path: path.clone(), detail })?;
-        if let Some(at) = replayed.torn_at {
-            tracing::warn!(
-                path = %path.display(),
-                at,
-                dropped_bytes = bytes.len() - at,
-                "the journal ends in a torn write (a batch cut off before its fsync returned, so never acknowledged): \
-                 dropping it"
-            );
-        }
+        tracing::debug!(path = %path.display(), records = replayed.records, end = replayed.end, "journal replayed");
         records += replayed.records;
-        present.push(path);
     }
     fold(db, &marks).map_err(|e| OpenError::Corrupt { path: dir.join(DB_FILE), detail: e.0 })?;
-    for path in present {
-        let emptied = std::fs::OpenOptions::new().write(true).open(&path).and_then(|f| {
-            f.set_len(0)?;
-            f.sync_data()
-        });
-        emptied.map_err(|source| OpenError::Journal { path, source })?;
-    }
     Ok(records)
 }
 
@@ -964,10 +957,17 @@ mod tests {
         assert_eq!(store.tracked_keys(), 21);
         drop(store);
         // Closing folds what is left and empties both journal files.
-        let store = reopen(&dir).await;
-        for name in journal::FILES {
-            assert_eq!(std::fs::metadata(dir.join(name)).unwrap().len(), 0, "{name}");
+        let journaled = || {
+            let replay = |name| journal::replay(&std::fs::read(dir.join(name)).unwrap(), &mut Marks::new());
+            journal::FILES.into_iter().map(|name| replay(name).unwrap().records).sum::<u64>()
+        };
+        // The fold thread finishes after the store is gone.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while journaled() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        assert_eq!(journaled(), 0);
+        let store = reopen(&dir).await;
         assert_eq!(store.get("k").await.unwrap(), Some(20));
         assert_eq!(store.tracked_keys(), 21);
         drop(store);
@@ -1017,19 +1017,18 @@ mod tests {
     async fn a_torn_journal_tail_is_dropped_and_a_damaged_journal_refuses_to_open() {
         let dir = temp_dir("journal");
         drop(FileStore::open(&dir, false, 10).unwrap());
-        let mut bytes = Vec::new();
-        journal::encode(&[("a".into(), 5)], &mut bytes).unwrap();
-        let whole = bytes.len();
-        journal::encode(&[("b".into(), 6)], &mut bytes).unwrap();
         let journal_file = dir.join(journal::FILES[1]);
-        std::fs::write(&journal_file, &bytes[..bytes.len() - 3]).unwrap();
+        let (mut bytes, ends) = journal::tests::file_bytes(42, &[&[("a", 5)], &[("b", 6)]]);
+        std::fs::write(&journal_file, &bytes[..ends[1] - 3]).unwrap();
         let store = reopen(&dir).await;
         assert_eq!(store.get("a").await.unwrap(), Some(5));
         assert_eq!(store.get("b").await.unwrap(), None, "a torn frame was replayed");
-        assert_eq!(std::fs::metadata(&journal_file).unwrap().len(), 0);
         drop(store);
+        // Emptied: what it held is folded, and a restart finds no frames in it.
+        let mut left = Marks::new();
+        assert_eq!(journal::replay(&std::fs::read(&journal_file).unwrap(), &mut left).unwrap().records, 0);
         // The first frame damaged, the second whole: refuse, and change nothing.
-        bytes[whole - 1] ^= 0xFF;
+        bytes[ends[0] - 1] ^= 0xFF;
         std::fs::write(&journal_file, &bytes).unwrap();
         let err = loop {
             match FileStore::open(&dir, true, 10) {

@@ -11,19 +11,29 @@
 //! maxima: the order of records and of files does not matter, and replaying a
 //! record twice is harmless.
 //!
-//! A frame is the magic `FGJ1`, the payload's length (u32 LE) and its CRC-32
-//! (u32 LE), then the payload: records of token (u64 LE), key length (u32 LE)
-//! and key (UTF-8).
+//! Each file starts with a header block holding the file's epoch, a random
+//! number drawn anew each time the file is emptied. A frame is the magic `FGJ1`,
+//! the payload's length (u32 LE) and a CRC-32 of the epoch and the payload
+//! (u32 LE), then the payload: records of token (u64 LE), key length (u32 LE) and
+//! key (UTF-8). Emptying a file is writing a new epoch: frames from before no
+//! longer check out, so the file keeps its blocks and an append overwrites them
+//! in place, and an fsync has no file size to record.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::hash::BuildHasher;
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The journal files inside `[fences] path`, beside the B-tree file.
 pub const FILES: [&str; 2] = ["fences.journal-0", "fences.journal-1"];
 
+const FILE_MAGIC: [u8; 4] = *b"FGJH";
+/// Frames start after this, in a block of their own.
+const HEADER_BYTES: u64 = 4096;
 const MAGIC: [u8; 4] = *b"FGJ1";
 const HEADER: usize = 12;
 const RECORD_HEADER: usize = 12;
@@ -37,8 +47,8 @@ pub fn raise(marks: &mut Marks, key: Box<str>, token: u64) {
     *mark = (*mark).max(token);
 }
 
-/// Appends one frame holding `raises` to `out`.
-pub fn encode(raises: &[(Box<str>, u64)], out: &mut Vec<u8>) -> io::Result<()> {
+/// Appends one frame holding `raises`, for a file of `epoch`, to `out`.
+pub fn encode(epoch: u64, raises: &[(Box<str>, u64)], out: &mut Vec<u8>) -> io::Result<()> {
     let start = out.len();
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&[0; 8]);
@@ -50,7 +60,7 @@ pub fn encode(raises: &[(Box<str>, u64)], out: &mut Vec<u8>) -> io::Result<()> {
     }
     let payload = &out[start + HEADER..];
     let len = u32::try_from(payload.len()).map_err(|_| too_large())?;
-    let crc = crc32fast::hash(payload);
+    let crc = checksum(epoch, payload);
     out[start + 4..start + 8].copy_from_slice(&len.to_le_bytes());
     out[start + 8..start + HEADER].copy_from_slice(&crc.to_le_bytes());
     Ok(())
@@ -60,40 +70,64 @@ fn too_large() -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, "a journal frame holds at most 4 GiB")
 }
 
+fn checksum(epoch: u64, payload: &[u8]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&epoch.to_le_bytes());
+    crc.update(payload);
+    crc.finalize()
+}
+
+fn header(epoch: u64) -> [u8; 16] {
+    let mut block = [0; 16];
+    block[..4].copy_from_slice(&FILE_MAGIC);
+    block[4..12].copy_from_slice(&epoch.to_le_bytes());
+    let crc = crc32fast::hash(&block[..12]);
+    block[12..].copy_from_slice(&crc.to_le_bytes());
+    block
+}
+
+/// The epoch in a file's header, or `None` when the header is damaged.
+fn epoch_of(bytes: &[u8]) -> Option<u64> {
+    let block = bytes.get(..16)?;
+    let epoch = u64::from_le_bytes(block[4..12].try_into().ok()?);
+    (block == header(epoch)).then_some(epoch)
+}
+
 /// What [`replay`] found in one journal file.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Replayed {
     /// Records replayed.
     pub records: u64,
-    /// Where the torn tail starts, if there is one: everything from there on
-    /// was dropped.
-    pub torn_at: Option<usize>,
+    /// Where the frames of the file's epoch end; what follows is a torn write,
+    /// frames from before the file was last emptied, or never written.
+    pub end: u64,
 }
 
-/// Replays the frames in `bytes` into `marks`.
+/// Replays the frames of a journal file (`bytes`) into `marks`.
 ///
 /// A bad frame at the end is the torn write of a batch whose fsync never
 /// returned, so no request that waited for it was forwarded: it is dropped. A
 /// bad frame with a good one after it is damage, and an error: dropping it could
 /// forget marks that requests were forwarded on.
 pub fn replay(bytes: &[u8], marks: &mut Marks) -> Result<Replayed, String> {
-    let mut at = 0;
+    if bytes.is_empty() {
+        return Ok(Replayed { records: 0, end: 0 });
+    }
+    let epoch = epoch_of(bytes).ok_or("the journal file's header is damaged")?;
+    let mut at = HEADER_BYTES as usize;
     let mut records = 0;
-    while at < bytes.len() {
-        let Some(payload) = frame_at(bytes, at) else {
-            if let Some(next) = (at + 1..bytes.len()).find(|&i| frame_at(bytes, i).is_some()) {
-                return Err(format!("damaged journal frame at byte {at}, with a good frame after it at byte {next}"));
-            }
-            return Ok(Replayed { records, torn_at: Some(at) });
-        };
+    while let Some(payload) = frame_at(bytes, at, epoch) {
         records += decode(payload, marks).map_err(|e| format!("journal frame at byte {at}: {e}"))?;
         at += HEADER + payload.len();
     }
-    Ok(Replayed { records, torn_at: None })
+    if let Some(next) = (at + 1..bytes.len()).find(|&i| frame_at(bytes, i, epoch).is_some()) {
+        return Err(format!("damaged journal frame at byte {at}, with a good frame after it at byte {next}"));
+    }
+    Ok(Replayed { records, end: at as u64 })
 }
 
-/// The payload of a whole, intact frame starting at `at`.
-fn frame_at(bytes: &[u8], at: usize) -> Option<&[u8]> {
+/// The payload of a whole, intact frame of `epoch` starting at `at`.
+fn frame_at(bytes: &[u8], at: usize, epoch: u64) -> Option<&[u8]> {
     let header = bytes.get(at..at + HEADER)?;
     if header[..4] != MAGIC {
         return None;
@@ -101,7 +135,7 @@ fn frame_at(bytes: &[u8], at: usize) -> Option<&[u8]> {
     let len = u32::from_le_bytes(header[4..8].try_into().ok()?) as usize;
     let crc = u32::from_le_bytes(header[8..12].try_into().ok()?);
     let payload = bytes.get(at + HEADER..at + HEADER + len)?;
-    (crc32fast::hash(payload) == crc).then_some(payload)
+    (checksum(epoch, payload) == crc).then_some(payload)
 }
 
 fn decode(mut payload: &[u8], marks: &mut Marks) -> Result<u64, String> {
@@ -119,81 +153,116 @@ fn decode(mut payload: &[u8], marks: &mut Marks) -> Result<u64, String> {
     Ok(records)
 }
 
+/// One journal file and its epoch.
+#[derive(Debug)]
+pub struct JournalFile {
+    file: File,
+    epoch: AtomicU64,
+}
+
+impl JournalFile {
+    /// Opens the file at `path`, creating it if it is missing or empty, with at
+    /// least `size` bytes written (so appends up to there change no file size),
+    /// and empties it: call only once what it holds is folded.
+    fn open(dir: &Path, name: &str, size: u64) -> io::Result<JournalFile> {
+        let path = dir.join(name);
+        let existing = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        if existing < HEADER_BYTES + size {
+            // Written in full under another name, then renamed: a crash leaves the
+            // old file or the new one, never a file without a header.
+            let fresh = dir.join(format!("{name}.new"));
+            let file = OpenOptions::new().write(true).create(true).truncate(true).open(&fresh)?;
+            let mut block = vec![0; (HEADER_BYTES + size) as usize];
+            block[..16].copy_from_slice(&header(new_epoch()));
+            file.write_all_at(&block, 0)?;
+            file.sync_all()?;
+            std::fs::rename(&fresh, &path)?;
+            File::open(dir)?.sync_all()?;
+        }
+        let file = OpenOptions::new().read(true).write(true).open(&path)?;
+        let journal_file = JournalFile { file, epoch: AtomicU64::new(0) };
+        journal_file.empty()?;
+        Ok(journal_file)
+    }
+
+    /// Forgets every frame: writes a new epoch to the header, durably.
+    pub fn empty(&self) -> io::Result<()> {
+        let epoch = new_epoch();
+        self.file.write_all_at(&header(epoch), 0)?;
+        self.file.sync_data()?;
+        self.epoch.store(epoch, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+}
+
+/// A random epoch: hashing with a fresh randomly keyed hasher, so nobody outside
+/// can predict it and write a key that reads as a frame of it.
+fn new_epoch() -> u64 {
+    std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
 /// The commit thread's end of the journal: the two files and which one is taking
 /// appends.
 #[derive(Debug)]
 pub struct Journal {
-    files: [Arc<File>; 2],
+    files: [Arc<JournalFile>; 2],
     active: usize,
     /// Bytes of whole, durable frames in the active file.
     len: u64,
-    /// A failed append may have left part of a frame behind `len`; cut it off
-    /// before the next append.
-    damaged: bool,
     buf: Vec<u8>,
 }
 
 impl Journal {
-    /// Opens (creating) both files in `dir` for appending. They must be empty or
-    /// hold only frames that are folded already: call after [`replay`] and a fold.
-    pub fn open(dir: &Path) -> io::Result<Journal> {
-        let open = |name: &str| OpenOptions::new().create(true).append(true).open(dir.join(name)).map(Arc::new);
-        let files = [open(FILES[0])?, open(FILES[1])?];
-        // The files' names must survive a crash as surely as what goes into them.
-        File::open(dir)?.sync_all()?;
-        let len = files[0].metadata()?.len();
-        Ok(Journal { files, active: 0, len, damaged: false, buf: Vec::new() })
+    /// Opens both files in `dir`, creating them `size` bytes long, and empties
+    /// them: call after [`replay`] and a fold of what they held.
+    pub fn open(dir: &Path, size: u64) -> io::Result<Journal> {
+        let files = [Arc::new(JournalFile::open(dir, FILES[0], size)?), Arc::new(JournalFile::open(dir, FILES[1], size)?)];
+        Ok(Journal { files, active: 0, len: 0, buf: Vec::new() })
     }
 
-    /// Bytes in the file taking appends.
+    /// Bytes of frames in the file taking appends.
     pub fn len(&self) -> u64 {
         self.len
     }
 
     /// Appends `raises` as one frame and fsyncs. When this fails, nothing of the
-    /// frame counts: it is cut off again, now or before the next append.
+    /// frame counts: the next append is written over it.
     pub fn append(&mut self, raises: &[(Box<str>, u64)]) -> io::Result<()> {
-        let file = &*self.files[self.active];
-        if self.damaged {
-            file.set_len(self.len)?;
-            self.damaged = false;
-        }
+        let file = &self.files[self.active];
         self.buf.clear();
-        encode(raises, &mut self.buf)?;
-        match (&*file).write_all(&self.buf).and_then(|()| file.sync_data()) {
-            Ok(()) => {
-                self.len += self.buf.len() as u64;
-                Ok(())
-            }
-            Err(e) => {
-                self.damaged = file.set_len(self.len).is_err();
-                Err(e)
-            }
-        }
+        encode(file.epoch(), raises, &mut self.buf)?;
+        file.file.write_all_at(&self.buf, HEADER_BYTES + self.len)?;
+        file.file.sync_data()?;
+        self.len += self.buf.len() as u64;
+        Ok(())
     }
 
     /// Sends appends to the other file and returns the full one, to be folded
     /// and emptied. The other file must have been emptied since it was last full.
-    pub fn rotate(&mut self) -> io::Result<Arc<File>> {
-        let next = self.active ^ 1;
-        let len = self.files[next].metadata()?.len();
-        let full = std::mem::replace(&mut self.active, next);
-        self.len = len;
-        self.damaged = false;
-        Ok(self.files[full].clone())
+    pub fn rotate(&mut self) -> Arc<JournalFile> {
+        let full = self.active;
+        self.active ^= 1;
+        self.len = 0;
+        self.files[full].clone()
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn frames(batches: &[&[(&str, u64)]]) -> (Vec<u8>, Vec<usize>) {
-        let mut out = Vec::new();
+    /// A journal file of `epoch` holding one frame per batch, and where each frame ends.
+    pub fn file_bytes(epoch: u64, batches: &[&[(&str, u64)]]) -> (Vec<u8>, Vec<usize>) {
+        let mut out = vec![0; HEADER_BYTES as usize];
+        out[..16].copy_from_slice(&header(epoch));
         let mut ends = Vec::new();
         for batch in batches {
             let raises: Vec<(Box<str>, u64)> = batch.iter().map(|(k, t)| ((*k).into(), *t)).collect();
-            encode(&raises, &mut out).unwrap();
+            encode(epoch, &raises, &mut out).unwrap();
             ends.push(out.len());
         }
         (out, ends)
@@ -205,19 +274,21 @@ mod tests {
 
     #[test]
     fn replay_takes_the_highest_token_of_each_key_in_any_order() {
-        let (bytes, _) = frames(&[&[("a", 3), ("b", 9)], &[("a", 7), ("b", 2), ("ключ", 1)], &[("a", 5)]]);
+        let (bytes, ends) = file_bytes(7, &[&[("a", 3), ("b", 9)], &[("a", 7), ("b", 2), ("ключ", 1)], &[("a", 5)]]);
         let mut found = Marks::new();
-        assert_eq!(replay(&bytes, &mut found).unwrap(), Replayed { records: 6, torn_at: None });
+        assert_eq!(replay(&bytes, &mut found).unwrap(), Replayed { records: 6, end: ends[2] as u64 });
         assert_eq!(found, marks(&[("a", 7), ("b", 9), ("ключ", 1)]));
+        // An empty file (never written) holds nothing.
+        assert_eq!(replay(&[], &mut found).unwrap(), Replayed { records: 0, end: 0 });
     }
 
     #[test]
     fn a_torn_last_frame_is_dropped_wherever_it_was_cut_and_whatever_it_holds() {
-        let (bytes, ends) = frames(&[&[("a", 3)], &[("a", 8), ("b", 4)]]);
+        let (bytes, ends) = file_bytes(7, &[&[("a", 3)], &[("a", 8), ("b", 4)]]);
+        let kept = Replayed { records: 1, end: ends[0] as u64 };
         for cut in ends[0] + 1..bytes.len() {
             let mut found = Marks::new();
-            let replayed = replay(&bytes[..cut], &mut found).unwrap();
-            assert_eq!(replayed, Replayed { records: 1, torn_at: Some(ends[0]) }, "cut at {cut}");
+            assert_eq!(replay(&bytes[..cut], &mut found).unwrap(), kept, "cut at {cut}");
             assert_eq!(found, marks(&[("a", 3)]), "cut at {cut}");
         }
         // Whole length, but a byte of the last frame never reached the disk.
@@ -225,48 +296,64 @@ mod tests {
             let mut damaged = bytes.clone();
             damaged[at] ^= 0x5A;
             let mut found = Marks::new();
-            assert_eq!(replay(&damaged, &mut found).unwrap().torn_at, Some(ends[0]), "byte {at}");
+            assert_eq!(replay(&damaged, &mut found).unwrap(), kept, "byte {at}");
             assert_eq!(found, marks(&[("a", 3)]));
         }
-        // A tail of zeros (the file grew, the data never came) is torn too.
+        // Zeros after the last frame (blocks written ahead) are no frames.
         let mut zeros = bytes[..ends[0]].to_vec();
         zeros.extend_from_slice(&[0; 4096]);
-        assert_eq!(replay(&zeros, &mut Marks::new()).unwrap().torn_at, Some(ends[0]));
+        assert_eq!(replay(&zeros, &mut Marks::new()).unwrap(), kept);
+    }
+
+    #[test]
+    fn frames_from_before_the_file_was_emptied_are_not_replayed() {
+        let (old, _) = file_bytes(1, &[&[("a", 3)], &[("b", 4)], &[("c", 5)]]);
+        let (new, ends) = file_bytes(2, &[&[("a", 1)]]);
+        let mut bytes = old;
+        bytes[..ends[0]].copy_from_slice(&new);
+        let mut found = Marks::new();
+        assert_eq!(replay(&bytes, &mut found).unwrap(), Replayed { records: 1, end: ends[0] as u64 });
+        assert_eq!(found, marks(&[("a", 1)]));
     }
 
     #[test]
     fn a_damaged_frame_with_a_good_one_after_it_is_an_error() {
-        let (bytes, ends) = frames(&[&[("a", 3)], &[("a", 8)], &[("b", 1)]]);
-        for at in [0, 5, 9, ends[0] + 2, ends[1] - 1] {
+        let (bytes, ends) = file_bytes(7, &[&[("a", 3)], &[("a", 8)], &[("b", 1)]]);
+        let first = HEADER_BYTES as usize;
+        for at in [first, first + 5, first + 9, ends[0] + 2, ends[1] - 1] {
             let mut damaged = bytes.clone();
             damaged[at] ^= 0x01;
             let err = replay(&damaged, &mut Marks::new()).unwrap_err();
             assert!(err.contains("damaged journal frame"), "{err}");
         }
+        let mut damaged = bytes.clone();
+        damaged[6] ^= 0x01;
+        let err = replay(&damaged, &mut Marks::new()).unwrap_err();
+        assert!(err.contains("header is damaged"), "{err}");
     }
 
     #[test]
     fn a_frame_whose_records_do_not_add_up_is_an_error() {
         // A frame with an intact checksum over a record cut short.
-        let mut bytes = Vec::new();
+        let (mut bytes, _) = file_bytes(7, &[]);
         let payload = [1u8, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, b'k'];
         bytes.extend_from_slice(&MAGIC);
         bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+        bytes.extend_from_slice(&checksum(7, &payload).to_le_bytes());
         bytes.extend_from_slice(&payload);
         let err = replay(&bytes, &mut Marks::new()).unwrap_err();
         assert!(err.contains("runs past its frame"), "{err}");
     }
 
     #[test]
-    fn appends_go_to_one_file_until_rotated() {
+    fn appends_go_to_one_file_until_rotated_and_emptying_forgets_them() {
         let dir = std::env::temp_dir().join(format!("fencegate-journal-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut journal = Journal::open(&dir).unwrap();
+        let mut journal = Journal::open(&dir, 1 << 16).unwrap();
         journal.append(&[("a".into(), 1)]).unwrap();
         journal.append(&[("a".into(), 2), ("b".into(), 5)]).unwrap();
-        let full = journal.rotate().unwrap();
+        let full = journal.rotate();
         assert_eq!(journal.len(), 0);
         journal.append(&[("c".into(), 7)]).unwrap();
         let read = |name: &str| {
@@ -276,7 +363,17 @@ mod tests {
         };
         assert_eq!(read(FILES[0]), marks(&[("a", 2), ("b", 5)]));
         assert_eq!(read(FILES[1]), marks(&[("c", 7)]));
-        assert_eq!(full.metadata().unwrap().len(), std::fs::metadata(dir.join(FILES[0])).unwrap().len());
+        // Written ahead: appends within the first allocation change no file size.
+        let size = std::fs::metadata(dir.join(FILES[0])).unwrap().len();
+        assert_eq!(size, HEADER_BYTES + (1 << 16));
+        full.empty().unwrap();
+        assert_eq!(read(FILES[0]), Marks::new());
+        // Reopening empties both, keeping their blocks.
+        drop(journal);
+        let journal = Journal::open(&dir, 1 << 16).unwrap();
+        assert_eq!(read(FILES[1]), Marks::new());
+        assert_eq!(std::fs::metadata(dir.join(FILES[1])).unwrap().len(), size);
+        drop(journal);
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
