@@ -19,7 +19,7 @@
 //! longer check out, so the file keeps its blocks and an append overwrites them
 //! in place, and an fsync has no file size to record.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::hash::BuildHasher;
 use std::io;
@@ -39,31 +39,75 @@ const HEADER: usize = 12;
 const RECORD_HEADER: usize = 12;
 
 /// Marks by key: what a journal holds once replayed, and what is not folded yet.
-pub type Marks = BTreeMap<Box<str>, u64>;
+pub type Marks = HashMap<Box<str>, u64, ahash::RandomState>;
 
-/// Raises `key`'s mark in `marks` to at least `token`.
-pub fn raise(marks: &mut Marks, key: Box<str>, token: u64) {
-    let mark = marks.entry(key).or_insert(token);
-    *mark = (*mark).max(token);
+/// Raises `key`'s mark in `marks` to at least `token`; allocates only for a new key.
+pub fn raise(marks: &mut Marks, key: &str, token: u64) {
+    match marks.get_mut(key) {
+        Some(mark) => *mark = (*mark).max(token),
+        None => {
+            marks.insert(key.into(), token);
+        }
+    }
 }
 
-/// Appends one frame holding `raises`, for a file of `epoch`, to `out`.
-pub fn encode(epoch: u64, raises: &[(Box<str>, u64)], out: &mut Vec<u8>) -> io::Result<()> {
-    let start = out.len();
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&[0; 8]);
-    for (key, token) in raises {
-        let key_len = u32::try_from(key.len()).map_err(|_| too_large())?;
-        out.extend_from_slice(&token.to_le_bytes());
-        out.extend_from_slice(&key_len.to_le_bytes());
-        out.extend_from_slice(key.as_bytes());
+/// A frame being filled: writers push records under the queue's lock, the
+/// commit thread seals and writes it. Its buffer is reused, so a raise costs no
+/// allocation on its way to disk.
+#[derive(Debug)]
+pub struct Frame {
+    bytes: Vec<u8>,
+    records: u64,
+}
+
+impl Default for Frame {
+    fn default() -> Self {
+        Frame { bytes: vec![0; HEADER], records: 0 }
     }
-    let payload = &out[start + HEADER..];
-    let len = u32::try_from(payload.len()).map_err(|_| too_large())?;
-    let crc = checksum(epoch, payload);
-    out[start + 4..start + 8].copy_from_slice(&len.to_le_bytes());
-    out[start + 8..start + HEADER].copy_from_slice(&crc.to_le_bytes());
-    Ok(())
+}
+
+impl Frame {
+    /// Adds the record "`key`'s mark is at least `token`".
+    pub fn push(&mut self, key: &str, token: u64) -> io::Result<()> {
+        let key_len = u32::try_from(key.len()).map_err(|_| too_large())?;
+        if self.bytes.len() - HEADER + RECORD_HEADER + key.len() > u32::MAX as usize {
+            return Err(too_large());
+        }
+        self.bytes.extend_from_slice(&token.to_le_bytes());
+        self.bytes.extend_from_slice(&key_len.to_le_bytes());
+        self.bytes.extend_from_slice(key.as_bytes());
+        self.records += 1;
+        Ok(())
+    }
+
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records == 0
+    }
+
+    pub fn clear(&mut self) {
+        self.bytes.truncate(HEADER);
+        self.records = 0;
+    }
+
+    /// The frame's records, in the order pushed.
+    pub fn marks(&self) -> Records<'_> {
+        Records(&self.bytes[HEADER..])
+    }
+
+    /// Fills in the header for a file of `epoch`; returns the bytes to write.
+    fn seal(&mut self, epoch: u64) -> &[u8] {
+        // `push` keeps the payload under 4 GiB.
+        let len = (self.bytes.len() - HEADER) as u32;
+        let crc = checksum(epoch, &self.bytes[HEADER..]);
+        self.bytes[..4].copy_from_slice(&MAGIC);
+        self.bytes[4..8].copy_from_slice(&len.to_le_bytes());
+        self.bytes[8..HEADER].copy_from_slice(&crc.to_le_bytes());
+        &self.bytes
+    }
 }
 
 fn too_large() -> io::Error {
@@ -138,19 +182,45 @@ fn frame_at(bytes: &[u8], at: usize, epoch: u64) -> Option<&[u8]> {
     (checksum(epoch, payload) == crc).then_some(payload)
 }
 
-fn decode(mut payload: &[u8], marks: &mut Marks) -> Result<u64, String> {
+fn decode(payload: &[u8], marks: &mut Marks) -> Result<u64, String> {
     let mut records = 0;
-    while !payload.is_empty() {
-        let header = payload.get(..RECORD_HEADER).ok_or("a record is cut short")?;
-        let token = u64::from_le_bytes(header[..8].try_into().map_err(|_| "bad token")?);
-        let key_len = u32::from_le_bytes(header[8..12].try_into().map_err(|_| "bad key length")?) as usize;
-        let key = payload.get(RECORD_HEADER..RECORD_HEADER + key_len).ok_or("a key runs past its frame")?;
-        let key = std::str::from_utf8(key).map_err(|_| "a key is not UTF-8")?;
-        raise(marks, key.into(), token);
-        payload = &payload[RECORD_HEADER + key_len..];
+    for record in Records(payload) {
+        let (key, token) = record?;
+        raise(marks, key, token);
         records += 1;
     }
     Ok(records)
+}
+
+/// The records of a frame's payload, each as key and token.
+pub struct Records<'a>(&'a [u8]);
+
+impl<'a> Iterator for Records<'a> {
+    type Item = Result<(&'a str, u64), String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let record = (|| {
+            let header = self.0.get(..RECORD_HEADER).ok_or("a record is cut short")?;
+            let token = u64::from_le_bytes(header[..8].try_into().map_err(|_| "bad token")?);
+            let key_len = u32::from_le_bytes(header[8..12].try_into().map_err(|_| "bad key length")?) as usize;
+            let key = self.0.get(RECORD_HEADER..RECORD_HEADER + key_len).ok_or("a key runs past its frame")?;
+            let key = std::str::from_utf8(key).map_err(|_| "a key is not UTF-8")?;
+            Ok::<_, &str>((key, token, RECORD_HEADER + key_len))
+        })();
+        match record {
+            Ok((key, token, len)) => {
+                self.0 = &self.0[len..];
+                Some(Ok((key, token)))
+            }
+            Err(e) => {
+                self.0 = &[];
+                Some(Err(e.to_string()))
+            }
+        }
+    }
 }
 
 /// One journal file and its epoch.
@@ -213,15 +283,15 @@ pub struct Journal {
     active: usize,
     /// Bytes of whole, durable frames in the active file.
     len: u64,
-    buf: Vec<u8>,
 }
 
 impl Journal {
     /// Opens both files in `dir`, creating them `size` bytes long, and empties
     /// them: call after [`replay`] and a fold of what they held.
     pub fn open(dir: &Path, size: u64) -> io::Result<Journal> {
-        let files = [Arc::new(JournalFile::open(dir, FILES[0], size)?), Arc::new(JournalFile::open(dir, FILES[1], size)?)];
-        Ok(Journal { files, active: 0, len: 0, buf: Vec::new() })
+        let files =
+            [Arc::new(JournalFile::open(dir, FILES[0], size)?), Arc::new(JournalFile::open(dir, FILES[1], size)?)];
+        Ok(Journal { files, active: 0, len: 0 })
     }
 
     /// Bytes of frames in the file taking appends.
@@ -229,15 +299,14 @@ impl Journal {
         self.len
     }
 
-    /// Appends `raises` as one frame and fsyncs. When this fails, nothing of the
-    /// frame counts: the next append is written over it.
-    pub fn append(&mut self, raises: &[(Box<str>, u64)]) -> io::Result<()> {
+    /// Appends `frame` and fsyncs. When this fails, nothing of the frame counts:
+    /// the next append is written over it.
+    pub fn append(&mut self, frame: &mut Frame) -> io::Result<()> {
         let file = &self.files[self.active];
-        self.buf.clear();
-        encode(file.epoch(), raises, &mut self.buf)?;
-        file.file.write_all_at(&self.buf, HEADER_BYTES + self.len)?;
+        let bytes = frame.seal(file.epoch());
+        file.file.write_all_at(bytes, HEADER_BYTES + self.len)?;
         file.file.sync_data()?;
-        self.len += self.buf.len() as u64;
+        self.len += bytes.len() as u64;
         Ok(())
     }
 
@@ -261,11 +330,18 @@ pub(super) mod tests {
         out[..16].copy_from_slice(&header(epoch));
         let mut ends = Vec::new();
         for batch in batches {
-            let raises: Vec<(Box<str>, u64)> = batch.iter().map(|(k, t)| ((*k).into(), *t)).collect();
-            encode(epoch, &raises, &mut out).unwrap();
+            out.extend_from_slice(frame(batch).seal(epoch));
             ends.push(out.len());
         }
         (out, ends)
+    }
+
+    fn frame(records: &[(&str, u64)]) -> Frame {
+        let mut frame = Frame::default();
+        for (key, token) in records {
+            frame.push(key, *token).unwrap();
+        }
+        frame
     }
 
     fn marks(pairs: &[(&str, u64)]) -> Marks {
@@ -275,7 +351,7 @@ pub(super) mod tests {
     #[test]
     fn replay_takes_the_highest_token_of_each_key_in_any_order() {
         let (bytes, ends) = file_bytes(7, &[&[("a", 3), ("b", 9)], &[("a", 7), ("b", 2), ("ключ", 1)], &[("a", 5)]]);
-        let mut found = Marks::new();
+        let mut found = Marks::default();
         assert_eq!(replay(&bytes, &mut found).unwrap(), Replayed { records: 6, end: ends[2] as u64 });
         assert_eq!(found, marks(&[("a", 7), ("b", 9), ("ключ", 1)]));
         // An empty file (never written) holds nothing.
@@ -287,7 +363,7 @@ pub(super) mod tests {
         let (bytes, ends) = file_bytes(7, &[&[("a", 3)], &[("a", 8), ("b", 4)]]);
         let kept = Replayed { records: 1, end: ends[0] as u64 };
         for cut in ends[0] + 1..bytes.len() {
-            let mut found = Marks::new();
+            let mut found = Marks::default();
             assert_eq!(replay(&bytes[..cut], &mut found).unwrap(), kept, "cut at {cut}");
             assert_eq!(found, marks(&[("a", 3)]), "cut at {cut}");
         }
@@ -295,14 +371,14 @@ pub(super) mod tests {
         for at in ends[0]..bytes.len() {
             let mut damaged = bytes.clone();
             damaged[at] ^= 0x5A;
-            let mut found = Marks::new();
+            let mut found = Marks::default();
             assert_eq!(replay(&damaged, &mut found).unwrap(), kept, "byte {at}");
             assert_eq!(found, marks(&[("a", 3)]));
         }
         // Zeros after the last frame (blocks written ahead) are no frames.
         let mut zeros = bytes[..ends[0]].to_vec();
         zeros.extend_from_slice(&[0; 4096]);
-        assert_eq!(replay(&zeros, &mut Marks::new()).unwrap(), kept);
+        assert_eq!(replay(&zeros, &mut Marks::default()).unwrap(), kept);
     }
 
     #[test]
@@ -311,7 +387,7 @@ pub(super) mod tests {
         let (new, ends) = file_bytes(2, &[&[("a", 1)]]);
         let mut bytes = old;
         bytes[..ends[0]].copy_from_slice(&new);
-        let mut found = Marks::new();
+        let mut found = Marks::default();
         assert_eq!(replay(&bytes, &mut found).unwrap(), Replayed { records: 1, end: ends[0] as u64 });
         assert_eq!(found, marks(&[("a", 1)]));
     }
@@ -323,12 +399,12 @@ pub(super) mod tests {
         for at in [first, first + 5, first + 9, ends[0] + 2, ends[1] - 1] {
             let mut damaged = bytes.clone();
             damaged[at] ^= 0x01;
-            let err = replay(&damaged, &mut Marks::new()).unwrap_err();
+            let err = replay(&damaged, &mut Marks::default()).unwrap_err();
             assert!(err.contains("damaged journal frame"), "{err}");
         }
         let mut damaged = bytes.clone();
         damaged[6] ^= 0x01;
-        let err = replay(&damaged, &mut Marks::new()).unwrap_err();
+        let err = replay(&damaged, &mut Marks::default()).unwrap_err();
         assert!(err.contains("header is damaged"), "{err}");
     }
 
@@ -341,7 +417,7 @@ pub(super) mod tests {
         bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         bytes.extend_from_slice(&checksum(7, &payload).to_le_bytes());
         bytes.extend_from_slice(&payload);
-        let err = replay(&bytes, &mut Marks::new()).unwrap_err();
+        let err = replay(&bytes, &mut Marks::default()).unwrap_err();
         assert!(err.contains("runs past its frame"), "{err}");
     }
 
@@ -351,13 +427,13 @@ pub(super) mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let mut journal = Journal::open(&dir, 1 << 16).unwrap();
-        journal.append(&[("a".into(), 1)]).unwrap();
-        journal.append(&[("a".into(), 2), ("b".into(), 5)]).unwrap();
+        journal.append(&mut frame(&[("a", 1)])).unwrap();
+        journal.append(&mut frame(&[("a", 2), ("b", 5)])).unwrap();
         let full = journal.rotate();
         assert_eq!(journal.len(), 0);
-        journal.append(&[("c".into(), 7)]).unwrap();
+        journal.append(&mut frame(&[("c", 7)])).unwrap();
         let read = |name: &str| {
-            let mut found = Marks::new();
+            let mut found = Marks::default();
             replay(&std::fs::read(dir.join(name)).unwrap(), &mut found).unwrap();
             found
         };
@@ -367,11 +443,11 @@ pub(super) mod tests {
         let size = std::fs::metadata(dir.join(FILES[0])).unwrap().len();
         assert_eq!(size, HEADER_BYTES + (1 << 16));
         full.empty().unwrap();
-        assert_eq!(read(FILES[0]), Marks::new());
+        assert_eq!(read(FILES[0]), Marks::default());
         // Reopening empties both, keeping their blocks.
         drop(journal);
         let journal = Journal::open(&dir, 1 << 16).unwrap();
-        assert_eq!(read(FILES[1]), Marks::new());
+        assert_eq!(read(FILES[1]), Marks::default());
         assert_eq!(std::fs::metadata(dir.join(FILES[1])).unwrap().len(), size);
         drop(journal);
         std::fs::remove_dir_all(dir).unwrap();
