@@ -33,6 +33,7 @@ use redb::{Database, DatabaseError, ReadableTableMetadata, StorageError, TableDe
 use tokio::sync::Notify;
 
 use super::journal::{self, Journal, JournalFile, Marks};
+use super::relay::Relay;
 use super::{Advance, CommitStats, FenceStore, StoreError};
 
 const FENCES: TableDefinition<&str, u64> = TableDefinition::new("fences");
@@ -211,11 +212,35 @@ struct Pending {
 #[derive(Debug, Default)]
 struct Batch {
     outcome: OnceLock<Result<(), StoreError>>,
+    /// Waiters on runtimes without a [`Relay`] wait here.
     posted: Notify,
+    /// The relays of the worker threads with waiters.
+    relays: Mutex<Vec<Arc<Relay>>>,
 }
 
 impl Batch {
     async fn outcome(&self) -> Result<(), StoreError> {
+        let Some(relay) = Relay::current() else {
+            return self.outcome_without_relay().await;
+        };
+        {
+            let mut relays = lock(&self.relays);
+            if !relays.iter().any(|r| Arc::ptr_eq(r, &relay)) {
+                relays.push(relay.clone());
+            }
+        }
+        // Registered with the relay before looking (see `post`); the relay wakes
+        // every waiter of this thread, for whichever commit, so look again.
+        loop {
+            let woken = relay.local().notified();
+            if let Some(outcome) = self.outcome.get() {
+                return outcome.clone();
+            }
+            woken.await;
+        }
+    }
+
+    async fn outcome_without_relay(&self) -> Result<(), StoreError> {
         let posted = self.posted.notified();
         tokio::pin!(posted);
         // Registered before looking, so a post in between still wakes us.
@@ -230,6 +255,11 @@ impl Batch {
     fn post(&self, outcome: Result<(), StoreError>) {
         let _ = self.outcome.set(outcome);
         self.posted.notify_waiters();
+        // A waiter that registers its relay after this lock looks at the
+        // outcome after it, and finds it set.
+        for relay in lock(&self.relays).iter() {
+            relay.signal();
+        }
     }
 }
 

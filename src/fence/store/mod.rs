@@ -8,6 +8,7 @@
 mod file;
 mod journal;
 mod memory;
+mod relay;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
