@@ -946,6 +946,46 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 
+    #[test]
+    fn waiters_on_several_single_threaded_runtimes_are_all_answered() {
+        let dir = temp_dir("relay");
+        // The store's sweeper needs a runtime; the waiters run on runtimes of their own.
+        let home = tokio::runtime::Runtime::new().unwrap();
+        let store = Arc::new(home.block_on(async { FileStore::open(&dir, false, 10_000) }).unwrap());
+        let workers: Vec<_> = (0..3)
+            .map(|worker| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                    rt.block_on(async move {
+                        for round in 1..=20u64 {
+                            let raises: Vec<_> = (0..16)
+                                .map(|i| {
+                                    let store = store.clone();
+                                    tokio::spawn(async move { store.advance(&format!("w{worker}-k{i}"), round).await })
+                                })
+                                .collect();
+                            for raise in raises {
+                                let answered = tokio::time::timeout(Duration::from_secs(30), raise).await;
+                                let advance = answered.expect("a waiter was never woken").unwrap().unwrap();
+                                assert!(matches!(advance, Advance::Accepted { .. }), "{advance:?}");
+                            }
+                        }
+                    })
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().unwrap();
+        }
+        let stats = store.stats().unwrap();
+        assert_eq!(stats.raises(), 3 * 16 * 20);
+        assert!(stats.commits() < stats.raises(), "{} commits", stats.commits());
+        drop(store);
+        drop(home);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     #[tokio::test]
     async fn evicted_marks_come_back_from_disk() {
         let dir = temp_dir("evict");
