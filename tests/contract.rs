@@ -57,7 +57,23 @@ async fn zero_and_the_largest_u64_are_tokens() {
 async fn malformed_tokens_get_400_and_reach_nothing() {
     let (up, proxy) = setup().await;
     let url = proxy.url("/objects/m");
-    for bad in ["", "abc", "-1", "+1", "1.5", "0x1f", "1 2", "18446744073709551616", "1,2", "٣"] {
+    // The last three end in a byte just past '9' or before '0', inside the first
+    // or the second eight-digit group (the parser reads eight digits at a time).
+    for bad in [
+        "",
+        "abc",
+        "-1",
+        "+1",
+        "1.5",
+        "0x1f",
+        "1 2",
+        "18446744073709551616",
+        "1,2",
+        "٣",
+        "1234567:",
+        "12345678901234;",
+        "123456789/",
+    ] {
         let r = send("PUT", &url, &[("x-fencing-token", bad)], "x").await;
         let p = r.problem(400);
         assert_eq!(p["type"], "urn:fencegate:problem:malformed-token", "{bad:?}");
@@ -169,7 +185,10 @@ async fn waiting_past_queue_timeout_is_503_with_retry_after() {
         async move { send("PUT", &url, &[("x-fencing-token", "1"), ("x-slow-ms", "1500")], "x").await }
     });
     // Wait until the slow write holds the key's turn.
+    let waiting = std::time::Instant::now();
     while proxy.metric("fencegate_active_keys").await != Some(1.0) {
+        assert!(!slow.is_finished(), "the slow PUT finished before it was seen in flight");
+        assert!(waiting.elapsed() < Duration::from_secs(10), "the slow PUT never became active");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let r = put(&url, 2, "y").await;

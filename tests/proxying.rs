@@ -529,3 +529,125 @@ async fn an_http2_client_uses_as_many_upstream_connections_as_it_has_requests_in
     assert_eq!(requests.load(Ordering::SeqCst), 16, "a request was lost or sent twice");
     assert_eq!(connections.load(Ordering::SeqCst), opened, "sequential requests opened new upstream connections");
 }
+
+/// What a [`scripted_upstream`] connection does with one request, read whole.
+#[derive(Clone, Copy)]
+enum Step {
+    /// Answers 200 at once.
+    Answer,
+    /// Sends the head and half the body at once, the rest after 500 ms.
+    AnswerSlowly,
+    /// Closes the connection without answering: the request may have been applied.
+    Vanish,
+}
+
+/// An upstream whose connections follow `script`, one step per request (and
+/// [`Step::Answer`] after it). Counts connections and requests read.
+async fn scripted_upstream(script: &'static [Step]) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (connections, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (conns, reqs) = (connections.clone(), requests.clone());
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            conns.fetch_add(1, Ordering::SeqCst);
+            let reqs = reqs.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                for n in 0.. {
+                    // One request: its head, then as many body bytes as it declares.
+                    let head_end = loop {
+                        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break at + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(read) => buf.extend_from_slice(&chunk[..read]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map(|v| v.trim().parse().unwrap())
+                        .unwrap_or(0);
+                    while buf.len() < head_end + length {
+                        let mut chunk = [0u8; 4096];
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(read) => buf.extend_from_slice(&chunk[..read]),
+                        }
+                    }
+                    buf.drain(..head_end + length);
+                    reqs.fetch_add(1, Ordering::SeqCst);
+                    let sent = match script.get(n).copied().unwrap_or(Step::Answer) {
+                        Step::Answer => stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await,
+                        Step::AnswerSlowly => {
+                            let head = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n01234").await;
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            head.and(stream.write_all(b"56789").await)
+                        }
+                        Step::Vanish => return,
+                    };
+                    if sent.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, connections, requests)
+}
+
+#[tokio::test]
+async fn a_request_the_upstream_may_have_received_is_never_sent_again() {
+    let (upstream, connections, requests) = scripted_upstream(&[Step::Answer, Step::Vanish]).await;
+    let proxy = Proxy::start(&format!(
+        "[[route]]\nname = \"k\"\nprefix = \"/\"\nupstream = \"http://{upstream}\"\nkey = \"{{path}}\"\nsettle = \"0s\"\n"
+    ))
+    .await;
+    let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(1).build_http::<Full<Bytes>>();
+    let put = |token: u64| {
+        Request::put(proxy.url("/objects/a"))
+            .header("x-fencing-token", token.to_string())
+            .body(Full::new(Bytes::from_static(b"v")))
+            .unwrap()
+    };
+    assert_eq!(exchange(&client, put(1)).await.status, StatusCode::OK);
+    // The second request goes out on the same upstream connection, which closes
+    // after reading it: whether it was applied is unknown, so it is not resent.
+    let reply = exchange(&client, put(2)).await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{}", reply.text());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(requests.load(Ordering::SeqCst), 2, "a request that may have been applied was sent again");
+    assert_eq!(connections.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_request_handed_back_unsent_by_a_busy_upstream_connection_goes_out_on_a_fresh_one() {
+    let (upstream, connections, requests) = scripted_upstream(&[Step::AnswerSlowly]).await;
+    let proxy = Proxy::start(&format!(
+        "[[route]]\nname = \"k\"\nprefix = \"/\"\nupstream = \"http://{upstream}\"\nkey = \"{{path}}\"\n"
+    ))
+    .await;
+    // One HTTP/2 client connection, so a second request can start while the
+    // first response's body is still arriving.
+    let client = Client::builder(TokioExecutor::new()).http2_only(true).build_http::<Full<Bytes>>();
+    let put = |key: &str| {
+        Request::put(proxy.url(key))
+            .version(Version::HTTP_2)
+            .header("x-fencing-token", "1")
+            .body(Full::new(Bytes::from_static(b"v")))
+            .unwrap()
+    };
+    let slow = client.request(put("/objects/slow")).await.unwrap();
+    assert_eq!(slow.status(), StatusCode::OK);
+    // The upstream connection is back among the idle ones, still busy with that
+    // body: it hands the next request back unsent, which goes out on a new one.
+    let reply = exchange(&client, put("/objects/next")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert_eq!(slow.into_body().collect().await.unwrap().to_bytes(), "0123456789");
+    assert_eq!(requests.load(Ordering::SeqCst), 2, "a request was lost or sent twice");
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+}
