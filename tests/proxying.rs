@@ -431,6 +431,11 @@ async fn unfenced_methods_such_as_options_pass_untouched() {
 
 /// An upstream that counts the connections it accepts and the requests it
 /// answers, and closes a keep-alive connection idle for `idle`.
+/// One route, `/` to `upstream`, keyed by the request path, plus `extra` lines.
+fn path_keyed_route(upstream: SocketAddr, extra: &str) -> String {
+    format!("[[route]]\nname = \"k\"\nprefix = \"/\"\nupstream = \"http://{upstream}\"\nkey = \"{{path}}\"\n{extra}\n")
+}
+
 async fn counting_upstream(idle: Duration) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -463,10 +468,7 @@ async fn counting_upstream(idle: Duration) -> (SocketAddr, Arc<AtomicUsize>, Arc
 #[tokio::test]
 async fn a_client_connection_keeps_one_upstream_connection_and_outlives_its_idle_close() {
     let (upstream, connections, requests) = counting_upstream(Duration::from_millis(300)).await;
-    let proxy = Proxy::start(&format!(
-        "[[route]]\nname = \"k\"\nprefix = \"/\"\nupstream = \"http://{upstream}\"\nkey = \"{{path}}\"\n"
-    ))
-    .await;
+    let proxy = Proxy::start(&path_keyed_route(upstream, "")).await;
     // One client connection (a pool of one), many requests in a row.
     let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(1).build_http::<Full<Bytes>>();
     let put = |token: u64| {
@@ -496,10 +498,7 @@ async fn a_client_connection_keeps_one_upstream_connection_and_outlives_its_idle
 #[tokio::test]
 async fn an_http2_client_uses_as_many_upstream_connections_as_it_has_requests_in_flight() {
     let (upstream, connections, requests) = counting_upstream(Duration::from_secs(30)).await;
-    let proxy = Proxy::start(&format!(
-        "[[route]]\nname = \"k\"\nprefix = \"/\"\nupstream = \"http://{upstream}\"\nkey = \"{{path}}\"\n"
-    ))
-    .await;
+    let proxy = Proxy::start(&path_keyed_route(upstream, "")).await;
     // One HTTP/2 client connection.
     let client = Client::builder(TokioExecutor::new()).http2_only(true).build_http::<Full<Bytes>>();
     let put = |key: u64| {
@@ -603,10 +602,7 @@ async fn scripted_upstream(script: &'static [Step]) -> (SocketAddr, Arc<AtomicUs
 #[tokio::test]
 async fn a_request_the_upstream_may_have_received_is_never_sent_again() {
     let (upstream, connections, requests) = scripted_upstream(&[Step::Answer, Step::Vanish]).await;
-    let proxy = Proxy::start(&format!(
-        "[[route]]\nname = \"k\"\nprefix = \"/\"\nupstream = \"http://{upstream}\"\nkey = \"{{path}}\"\nsettle = \"0s\"\n"
-    ))
-    .await;
+    let proxy = Proxy::start(&path_keyed_route(upstream, "settle = \"0s\"")).await;
     let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(1).build_http::<Full<Bytes>>();
     let put = |token: u64| {
         Request::put(proxy.url("/objects/a"))
@@ -627,10 +623,7 @@ async fn a_request_the_upstream_may_have_received_is_never_sent_again() {
 #[tokio::test]
 async fn a_request_handed_back_unsent_by_a_busy_upstream_connection_goes_out_on_a_fresh_one() {
     let (upstream, connections, requests) = scripted_upstream(&[Step::AnswerSlowly]).await;
-    let proxy = Proxy::start(&format!(
-        "[[route]]\nname = \"k\"\nprefix = \"/\"\nupstream = \"http://{upstream}\"\nkey = \"{{path}}\"\n"
-    ))
-    .await;
+    let proxy = Proxy::start(&path_keyed_route(upstream, "")).await;
     // One HTTP/2 client connection, so a second request can start while the
     // first response's body is still arriving.
     let client = Client::builder(TokioExecutor::new()).http2_only(true).build_http::<Full<Bytes>>();
