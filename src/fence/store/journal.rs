@@ -13,9 +13,11 @@
 //!
 //! Each file starts with a header block holding the file's epoch, a random
 //! number drawn anew each time the file is emptied. A frame is the magic `FGJ1`,
-//! the payload's length (u32 LE) and a CRC-32 of the epoch and the payload
-//! (u32 LE), then the payload: records of token (u64 LE), key length (u32 LE) and
-//! key (UTF-8). Emptying a file is writing a new epoch: frames from before no
+//! the payload's length (u32 LE), a CRC-32 of the epoch and that length (u32 LE),
+//! a CRC-32 of the epoch and the payload (u32 LE), then the payload: records of
+//! token (u64 LE), key length (u32 LE) and key (UTF-8). The header's own checksum
+//! lets a search for frames past the end reject stray bytes without reading the
+//! payload they claim: such a search costs one pass, whatever the bytes are. Emptying a file is writing a new epoch: frames from before no
 //! longer check out, so the file keeps its blocks and an append overwrites them
 //! in place, and an fsync has no file size to record.
 
@@ -35,7 +37,7 @@ const FILE_MAGIC: [u8; 4] = *b"FGJH";
 /// Frames start after this, in a block of their own.
 const HEADER_BYTES: u64 = 4096;
 const MAGIC: [u8; 4] = *b"FGJ1";
-const HEADER: usize = 12;
+const HEADER: usize = 16;
 const RECORD_HEADER: usize = 12;
 
 /// Marks by key: what a journal holds once replayed, and what is not folded yet.
@@ -101,11 +103,12 @@ impl Frame {
     /// Fills in the header for a file of `epoch`; returns the bytes to write.
     fn seal(&mut self, epoch: u64) -> &[u8] {
         // `push` keeps the payload under 4 GiB.
-        let len = (self.bytes.len() - HEADER) as u32;
+        let len = ((self.bytes.len() - HEADER) as u32).to_le_bytes();
         let crc = checksum(epoch, &self.bytes[HEADER..]);
         self.bytes[..4].copy_from_slice(&MAGIC);
-        self.bytes[4..8].copy_from_slice(&len.to_le_bytes());
-        self.bytes[8..HEADER].copy_from_slice(&crc.to_le_bytes());
+        self.bytes[4..8].copy_from_slice(&len);
+        self.bytes[8..12].copy_from_slice(&checksum(epoch, &len).to_le_bytes());
+        self.bytes[12..HEADER].copy_from_slice(&crc.to_le_bytes());
         &self.bytes
     }
 }
@@ -172,14 +175,16 @@ pub fn replay(bytes: &[u8], marks: &mut Marks) -> Result<Replayed, String> {
 
 /// The payload of a whole, intact frame of `epoch` starting at `at`.
 fn frame_at(bytes: &[u8], at: usize, epoch: u64) -> Option<&[u8]> {
-    let header = bytes.get(at..at + HEADER)?;
-    if header[..4] != MAGIC {
+    let header = bytes.get(at..at.checked_add(HEADER)?)?;
+    let field = |at: usize| u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
+    if header[..4] != MAGIC || checksum(epoch, &header[4..8]) != field(8) {
         return None;
     }
-    let len = u32::from_le_bytes(header[4..8].try_into().ok()?) as usize;
-    let crc = u32::from_le_bytes(header[8..12].try_into().ok()?);
-    let payload = bytes.get(at + HEADER..at + HEADER + len)?;
-    (checksum(epoch, payload) == crc).then_some(payload)
+    let start = at + HEADER;
+    let payload = bytes.get(start..start.checked_add(field(4) as usize)?)?;
+    #[cfg(test)]
+    tests::PAYLOAD_BYTES_CHECKED.with(|n| n.set(n.get() + payload.len()));
+    (checksum(epoch, payload) == field(12)).then_some(payload)
 }
 
 fn decode(payload: &[u8], marks: &mut Marks) -> Result<u64, String> {
@@ -206,7 +211,8 @@ impl<'a> Iterator for Records<'a> {
             let header = self.0.get(..RECORD_HEADER).ok_or("a record is cut short")?;
             let token = u64::from_le_bytes(header[..8].try_into().map_err(|_| "bad token")?);
             let key_len = u32::from_le_bytes(header[8..12].try_into().map_err(|_| "bad key length")?) as usize;
-            let key = self.0.get(RECORD_HEADER..RECORD_HEADER + key_len).ok_or("a key runs past its frame")?;
+            let end = RECORD_HEADER.checked_add(key_len).ok_or("a key runs past its frame")?;
+            let key = self.0.get(RECORD_HEADER..end).ok_or("a key runs past its frame")?;
             let key = std::str::from_utf8(key).map_err(|_| "a key is not UTF-8")?;
             Ok::<_, &str>((key, token, RECORD_HEADER + key_len))
         })();
@@ -324,6 +330,11 @@ impl Journal {
 pub(super) mod tests {
     use super::*;
 
+    thread_local! {
+        /// How many payload bytes `frame_at` has checksummed on this thread.
+        pub static PAYLOAD_BYTES_CHECKED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
     /// A journal file of `epoch` holding one frame per batch, and where each frame ends.
     pub fn file_bytes(epoch: u64, batches: &[&[(&str, u64)]]) -> (Vec<u8>, Vec<usize>) {
         let mut out = vec![0; HEADER_BYTES as usize];
@@ -409,12 +420,37 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn stray_frame_lookalikes_past_the_end_cost_one_pass() {
+        // Bytes left from an earlier epoch, every 14 of them a magic and a length
+        // claiming half the file: without the header's checksum, each would have
+        // its payload checksummed (quadratic). Counted, not timed.
+        let size = 1 << 20;
+        let (mut bytes, _) = file_bytes(7, &[]);
+        let mut record = Vec::new();
+        record.extend_from_slice(&MAGIC);
+        record.extend_from_slice(&((size / 2) as u32).to_le_bytes());
+        record.extend_from_slice(&2u32.to_le_bytes());
+        record.extend_from_slice(b"/a");
+        while bytes.len() < HEADER_BYTES as usize + size {
+            bytes.extend_from_slice(&record);
+        }
+        let lookalikes = (HEADER_BYTES as usize..bytes.len()).filter(|&at| bytes[at..].starts_with(&MAGIC)).count();
+        assert!(lookalikes > 70_000);
+        PAYLOAD_BYTES_CHECKED.with(|n| n.set(0));
+        assert_eq!(replay(&bytes, &mut Marks::default()).unwrap().records, 0);
+        let checked = PAYLOAD_BYTES_CHECKED.with(|n| n.get());
+        assert!(checked <= bytes.len(), "{checked} payload bytes checksummed for a {} byte file", bytes.len());
+    }
+
+    #[test]
     fn a_frame_whose_records_do_not_add_up_is_an_error() {
         // A frame with an intact checksum over a record cut short.
         let (mut bytes, _) = file_bytes(7, &[]);
         let payload = [1u8, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, b'k'];
+        let len = (payload.len() as u32).to_le_bytes();
         bytes.extend_from_slice(&MAGIC);
-        bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&len);
+        bytes.extend_from_slice(&checksum(7, &len).to_le_bytes());
         bytes.extend_from_slice(&checksum(7, &payload).to_le_bytes());
         bytes.extend_from_slice(&payload);
         let err = replay(&bytes, &mut Marks::default()).unwrap_err();
