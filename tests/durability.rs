@@ -418,3 +418,39 @@ async fn a_truncated_or_padded_store_file_stops_start_up_and_is_left_alone() {
         assert!(output.contains("corrupt"), "{what}: the error does not say corrupt:\n{output}");
     }
 }
+
+/// A clean stop folds the journal into the store file, so the file alone (what a
+/// backup or an older fencegate reads) holds every mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_leaves_every_mark_in_the_store_file() {
+    let up = RecordingUpstream::start().await;
+    let site = TempDir::new();
+    let store = site.path().join("store");
+    let config = site.write("fencegate.toml", &config_text("", &file_store(&store, ""), &objects(&up)));
+    let mut fg = Running::start_in(site.path(), &config).await;
+    const KEYS: u64 = 2000;
+    let writers: Vec<_> = (0..16u64)
+        .map(|w| {
+            let url = fg.url("/objects/clean/");
+            tokio::spawn(async move {
+                for k in (w..KEYS).step_by(16) {
+                    assert_eq!(put(&format!("{url}{k}"), 10 + k, "x").await.status, 200);
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    // Well within the second after which an idle journal is folded anyway.
+    fg.signal("TERM");
+    assert_eq!(fg.wait_exit().await.code(), Some(0));
+
+    let db = redb::Database::open(store.join("fences.redb")).unwrap();
+    let txn = db.begin_read().unwrap();
+    let table = txn.open_table(redb::TableDefinition::<&str, u64>::new("fences")).unwrap();
+    for k in 0..KEYS {
+        let mark = table.get(format!("/objects/clean/{k}").as_str()).unwrap().map(|v| v.value());
+        assert_eq!(mark, Some(10 + k), "key {k} is only in the journal after a clean stop");
+    }
+}

@@ -111,6 +111,8 @@ pub struct FileStore {
     queue: Arc<Queue>,
     /// The store held fences when opened: a previous process wrote to it.
     reopened: bool,
+    /// Disconnected once the commit and fold threads have both ended.
+    threads_ended: Mutex<mpsc::Receiver<()>>,
 }
 
 #[derive(Debug)]
@@ -167,16 +169,23 @@ impl Unfolded {
     }
 
     /// Up to `limit` marks whose keys start with `prefix` and sort after `after`,
-    /// in key order. Walks every unfolded mark: listing is rare, raising is not.
+    /// in key order, each key once. Walks every unfolded mark (listing is rare,
+    /// raising is not) and keeps only the `limit` first keys on the way.
     fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Vec<(String, u64)> {
-        let mut found: Vec<(&str, u64)> = [&self.current, &*self.folding]
-            .into_iter()
-            .flatten()
-            .filter(|(key, _)| key.starts_with(prefix) && after.is_none_or(|after| &***key > after))
-            .map(|(key, token)| (&**key, *token))
-            .collect();
-        found.sort_unstable();
-        found.into_iter().take(limit).map(|(key, token)| (key.to_string(), token)).collect()
+        let wanted = |key: &str| key.starts_with(prefix) && after.is_none_or(|after| key > after);
+        let marks =
+            self.current.iter().map(|(key, token)| (&**key, (*token).max(self.folding.get(key).map_or(0, |t| *t))));
+        let folding_only = self.folding.iter().filter(|(key, _)| !self.current.contains_key(*key));
+        let mut first = std::collections::BinaryHeap::with_capacity(limit + 1);
+        for (key, token) in marks.chain(folding_only.map(|(key, token)| (&**key, *token))) {
+            if wanted(key) {
+                first.push((key, token));
+                if first.len() > limit {
+                    first.pop(); // the largest key
+                }
+            }
+        }
+        first.into_sorted_vec().into_iter().map(|(key, token)| (key.to_string(), token)).collect()
     }
 }
 
@@ -257,7 +266,8 @@ impl Batch {
         self.posted.notify_waiters();
         // A waiter that registers its relay after this lock looks at the
         // outcome after it, and finds it set.
-        for relay in lock(&self.relays).iter() {
+        let relays = std::mem::take(&mut *lock(&self.relays));
+        for relay in relays {
             relay.signal();
         }
     }
@@ -336,7 +346,7 @@ impl FileStore {
         // Both files are folded now: empty them. Appends up to a fold's worth
         // (and a batch) land in blocks that are already written.
         let journal = Journal::open(dir, tuning.fold_bytes + JOURNAL_SLACK_BYTES)
-            .map_err(|source| OpenError::Journal { path: dir.join(journal::FILES[0]), source })?;
+            .map_err(|(path, source)| OpenError::Journal { path, source })?;
         tracing::info!(path = %file.display(), fences = recovered, replayed, "fence store opened");
 
         let db = Arc::new(db);
@@ -354,18 +364,25 @@ impl FileStore {
             tuning,
             folding: false,
             concurrent: false,
+            fold_stuck: false,
             jobs,
             done,
         };
+        let (ended_tx, threads_ended) = mpsc::channel::<()>();
         let spawn = |name: &str, run: Box<dyn FnOnce() + Send>| {
+            let ended = ended_tx.clone();
             std::thread::Builder::new()
                 .name(name.into())
-                .spawn(run)
+                .spawn(move || {
+                    run();
+                    drop(ended);
+                })
                 .map(drop)
                 .map_err(|e| corrupt(format!("cannot start the {name} thread: {e}")))
         };
         spawn("fencegate-fold", Box::new(move || folder.run(job_rx, done_tx)))?;
         spawn("fencegate-commit", Box::new(move || committer.run()))?;
+        drop(ended_tx);
         let inner = Arc::new(Inner {
             db,
             path: file,
@@ -379,7 +396,7 @@ impl FileStore {
             readers: tokio::sync::Semaphore::new(MAX_READERS),
         });
         tokio::spawn(run_sweeper(Arc::downgrade(&inner), inner.sweep.clone()));
-        Ok(FileStore { inner, queue, reopened: recovered > 0 })
+        Ok(FileStore { inner, queue, reopened: recovered > 0, threads_ended: Mutex::new(threads_ended) })
     }
 
     /// Whether the store held fences when it was opened, i.e. this is a restart.
@@ -437,11 +454,24 @@ impl FileStore {
     }
 }
 
+/// How long dropping the store waits for its threads to finish.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
 impl Drop for FileStore {
-    /// The commit thread writes what is queued, then exits and closes the file.
+    /// The commit thread writes what is queued and hands the journal to the fold
+    /// thread, which folds it; this waits for both (up to [`STOP_WAIT`]), so a
+    /// clean stop leaves the B-tree up to date and the journal empty. Nothing is
+    /// lost if they take longer: the next start replays the journal.
     fn drop(&mut self) {
         self.queue.lock().closed = true;
         self.queue.wake.notify_one();
+        let ended = self.threads_ended.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Err(RecvTimeoutError::Timeout) = ended.recv_timeout(STOP_WAIT) {
+            tracing::warn!(
+                wait = ?STOP_WAIT,
+                "the fence store's threads are still writing; the next start replays the journal"
+            );
+        }
     }
 }
 
@@ -483,7 +513,8 @@ impl FenceStore for FileStore {
                 // On failure the mark stays raised in memory and not durable:
                 // fail closed, and the next request for the key tries again.
                 self.persist(key, token).await?;
-                // The entry is still cached: a mark that is not durable never leaves.
+                // Still cached, unless a higher raise of the key made it durable
+                // in the meantime (then there is nothing left to record).
                 if let Some(mut e) = self.inner.cache.get_mut(key) {
                     if e.durable.is_none() {
                         self.inner.tracked.fetch_add(1, Ordering::Relaxed);
@@ -498,12 +529,15 @@ impl FenceStore for FileStore {
     }
 
     async fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<(String, u64)>, StoreError> {
-        // The journal's marks before the B-tree's, as in `read_mark`.
-        let journaled = lock(&self.inner.unfolded).list(prefix, after, limit);
-        let (db, prefix_owned, after_owned) = (self.inner.db.clone(), prefix.to_string(), after.map(str::to_string));
-        let folded = tokio::task::spawn_blocking(move || list_marks(&db, &prefix_owned, after_owned.as_deref(), limit))
-            .await
-            .map_err(|e| StoreError(format!("list task failed: {e}")))??;
+        let (db, unfolded) = (self.inner.db.clone(), self.inner.unfolded.clone());
+        let (prefix_owned, after_owned) = (prefix.to_string(), after.map(str::to_string));
+        let (journaled, folded) = tokio::task::spawn_blocking(move || {
+            // The journal's marks before the B-tree's, as in `read_mark`.
+            let journaled = lock(&unfolded).list(&prefix_owned, after_owned.as_deref(), limit);
+            list_marks(&db, &prefix_owned, after_owned.as_deref(), limit).map(|folded| (journaled, folded))
+        })
+        .await
+        .map_err(|e| StoreError(format!("list task failed: {e}")))??;
         let mut merged = BTreeMap::<String, u64>::new();
         for (key, token) in folded.into_iter().chain(journaled) {
             let mark = merged.entry(key).or_insert(token);
@@ -592,6 +626,8 @@ struct Committer {
     folding: bool,
     /// The last batch held more than one raise.
     concurrent: bool,
+    /// A wait for the fold in progress ran out; it has not ended since.
+    fold_stuck: bool,
     jobs: mpsc::Sender<FoldJob>,
     done: mpsc::Receiver<()>,
 }
@@ -619,7 +655,7 @@ impl Committer {
                     tracing::error!(error = %e.0, raises = count, "fence store commit failed");
                 }
             }
-            batch.0.post(result);
+            batch.post(result);
             frame.clear();
             let fold_bytes = self.tuning.fold_bytes;
             self.fold_if(|len| len >= fold_bytes);
@@ -647,7 +683,7 @@ impl Committer {
                 }
                 std::mem::swap(&mut pending.frame, frame);
                 self.concurrent = frame.records() > 1;
-                return Some(PostOnExit(std::mem::take(&mut pending.batch)));
+                return Some(PostOnExit(Some(std::mem::take(&mut pending.batch))));
             }
             if pending.closed {
                 return None;
@@ -671,12 +707,22 @@ impl Committer {
         if self.folding && self.journal.len() >= self.tuning.max_journal_bytes {
             // The fold thread has fallen behind: wait for it rather than let the
             // journal grow without bound, then start on the file it emptied.
-            match self.done.recv_timeout(self.tuning.fold_wait) {
-                Ok(()) => self.folding = false,
-                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+            // Once a wait has run out, later batches fail at once until the fold
+            // ends, so no raise waits more than `fold_wait`.
+            let wait = if self.fold_stuck { Duration::ZERO } else { self.tuning.fold_wait };
+            match self.done.recv_timeout(wait) {
+                Ok(()) => {
+                    self.folding = false;
+                    self.fold_stuck = false;
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    self.fold_stuck = true;
                     return Err(StoreError(
                         "the journal is full and folding it into the fence store is not finishing".into(),
-                    ))
+                    ));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(StoreError("the journal is full and the fold thread has stopped".into()))
                 }
             }
             self.fold_if(|_| true);
@@ -693,7 +739,10 @@ impl Committer {
     fn poll_fold(&mut self) {
         if self.folding {
             match self.done.try_recv() {
-                Ok(()) => self.folding = false,
+                Ok(()) => {
+                    self.folding = false;
+                    self.fold_stuck = false;
+                }
                 // A fold thread that is gone never empties its file again: stay
                 // "folding", and appends fail once the journal is full.
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => {}
@@ -787,7 +836,10 @@ fn recover_journal(db: &Database, dir: &Path) -> Result<u64, OpenError> {
         tracing::debug!(path = %path.display(), records = replayed.records, end = replayed.end, "journal replayed");
         records += replayed.records;
     }
-    fold(db, &marks).map_err(|e| OpenError::Corrupt { path: dir.join(DB_FILE), detail: e.0 })?;
+    // As at opening: a panic inside the store library is a damaged file, not a crash.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fold(db, &marks)))
+        .unwrap_or_else(|_| Err(StoreError("the store library panicked while replaying the journal".into())))
+        .map_err(|e| OpenError::Corrupt { path: dir.join(DB_FILE), detail: e.0 })?;
     Ok(records)
 }
 
@@ -815,12 +867,22 @@ fn fold(db: &Database, marks: &Marks) -> Result<(), StoreError> {
     write().map_err(|e| StoreError(format!("folding the journal into the fence store: {e}")))
 }
 
-/// Posts "stopped" to a batch nobody answered (the commit panicked).
-struct PostOnExit(Arc<Batch>);
+/// A batch to answer: posts "stopped" if it is dropped unanswered (the commit panicked).
+struct PostOnExit(Option<Arc<Batch>>);
+
+impl PostOnExit {
+    fn post(mut self, outcome: Result<(), StoreError>) {
+        if let Some(batch) = self.0.take() {
+            batch.post(outcome);
+        }
+    }
+}
 
 impl Drop for PostOnExit {
     fn drop(&mut self) {
-        self.0.post(Err(committer_stopped()));
+        if let Some(batch) = self.0.take() {
+            batch.post(Err(committer_stopped()));
+        }
     }
 }
 
@@ -1019,6 +1081,21 @@ mod tests {
 
     fn in_tree(store: &FileStore) -> Vec<(String, u64)> {
         list_marks(&store.inner.db, "", None, MAX_LIST_LIMIT).unwrap()
+    }
+
+    #[test]
+    fn unfolded_marks_list_each_key_once_with_its_highest_mark() {
+        let unfolded = Unfolded {
+            current: marks(&[("a", 2), ("b", 1), ("d", 4), ("x", 9)]),
+            folding: Arc::new(marks(&[("a", 5), ("c", 3), ("b", 0)])),
+        };
+        let all = [("a", 5), ("b", 1), ("c", 3), ("d", 4)].map(|(k, t)| (k.to_string(), t));
+        assert_eq!(unfolded.list("", None, 4), [&all[..], &[("x".to_string(), 9)]].concat()[..4]);
+        assert_eq!(unfolded.list("", None, 2), all[..2]);
+        assert_eq!(unfolded.list("", Some("a"), 2), all[1..3]);
+        assert_eq!(unfolded.list("c", None, 10), all[2..3]);
+        assert_eq!(unfolded.mark("a"), Some(5));
+        assert_eq!(unfolded.mark("z"), None);
     }
 
     #[tokio::test]

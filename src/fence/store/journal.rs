@@ -26,7 +26,7 @@ use std::fs::{File, OpenOptions};
 use std::hash::BuildHasher;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -293,11 +293,11 @@ pub struct Journal {
 
 impl Journal {
     /// Opens both files in `dir`, creating them `size` bytes long, and empties
-    /// them: call after [`replay`] and a fold of what they held.
-    pub fn open(dir: &Path, size: u64) -> io::Result<Journal> {
-        let files =
-            [Arc::new(JournalFile::open(dir, FILES[0], size)?), Arc::new(JournalFile::open(dir, FILES[1], size)?)];
-        Ok(Journal { files, active: 0, len: 0 })
+    /// them: call after [`replay`] and a fold of what they held. An error names
+    /// the file it happened to.
+    pub fn open(dir: &Path, size: u64) -> Result<Journal, (PathBuf, io::Error)> {
+        let open = |name: &str| JournalFile::open(dir, name, size).map(Arc::new).map_err(|e| (dir.join(name), e));
+        Ok(Journal { files: [open(FILES[0])?, open(FILES[1])?], active: 0, len: 0 })
     }
 
     /// Bytes of frames in the file taking appends.
@@ -462,7 +462,7 @@ pub(super) mod tests {
         let dir = std::env::temp_dir().join(format!("fencegate-journal-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut journal = Journal::open(&dir, 1 << 16).unwrap();
+        let mut journal = Journal::open(&dir, 1 << 16).map_err(|(_, e)| e).unwrap();
         journal.append(&mut frame(&[("a", 1)])).unwrap();
         journal.append(&mut frame(&[("a", 2), ("b", 5)])).unwrap();
         let full = journal.rotate();
@@ -482,7 +482,7 @@ pub(super) mod tests {
         assert_eq!(read(FILES[0]), Marks::default());
         // Reopening empties both, keeping their blocks.
         drop(journal);
-        let journal = Journal::open(&dir, 1 << 16).unwrap();
+        let journal = Journal::open(&dir, 1 << 16).map_err(|(_, e)| e).unwrap();
         assert_eq!(read(FILES[1]), Marks::default());
         assert_eq!(std::fs::metadata(dir.join(FILES[1])).unwrap().len(), size);
         drop(journal);

@@ -31,6 +31,11 @@ thread_local! {
 impl Relay {
     /// The relay of the runtime running on this thread, started on first use;
     /// `None` on a multi-thread runtime, whose tasks may run on any thread.
+    ///
+    /// The relay is a task of that runtime, so a waiter is answered only while
+    /// the runtime is being driven (`Runtime::block_on`, as fencegate's workers
+    /// do); a future awaited under a mere `Handle::enter` on a current-thread
+    /// runtime nobody drives would wait forever.
     pub fn current() -> Option<Arc<Relay>> {
         let handle = Handle::try_current().ok()?;
         if handle.runtime_flavor() != RuntimeFlavor::CurrentThread {
