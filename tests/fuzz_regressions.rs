@@ -9,7 +9,9 @@
 #[path = "../fuzz/src/lib.rs"]
 mod checks;
 
-use checks::{check_config, check_key_template, check_route_match, check_token, expected_size, expected_token};
+use checks::{
+    check_config, check_journal, check_key_template, check_route_match, check_token, expected_size, expected_token,
+};
 use fencegate::config::{parse_size, Config};
 use fencegate::fence::token::{parse_token, TokenError};
 use fencegate::route::{KeyTemplate, PathPattern};
@@ -240,4 +242,36 @@ fn configs() {
     }
     // Not UTF-8: skipped.
     check_config(b"\xff");
+}
+
+#[test]
+fn journal_files_built_cut_and_damaged() {
+    // Structured: picks, then batches of records (token byte, key), 0x00 between records.
+    let mut structured: Vec<Vec<u8>> = Vec::new();
+    for picks in [[0u8, 0, 0, 0], [7, 0, 3, 0], [255, 255, 255, 255], [40, 0, 90, 0], [13, 1, 200, 0]] {
+        let mut input = vec![0x80];
+        input.extend_from_slice(&picks);
+        for batch in [&b"\x05/a\x00\x09/b"[..], b"\x07/a", b"", b"\x02/c\x00\x01/a\x00\xfe\xd0\x96"] {
+            input.push(0xFF);
+            input.extend_from_slice(batch);
+        }
+        structured.push(input);
+    }
+    // One batch only, and none at all.
+    structured.push(vec![0x80, 9, 0, 9, 0, 0xFF, 5, b'k']);
+    structured.push(vec![0x80, 1, 2, 3, 4]);
+    for input in &structured {
+        check_journal(input);
+    }
+    // Raw bytes: headers, frames and lengths that lead nowhere.
+    let raw: [&[u8]; 5] = [
+        b"\x00",
+        b"\x00FGJH",
+        b"\x00FGJH\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
+        &[0u8; 5000],
+        &[0x7F; 4200],
+    ];
+    for input in raw {
+        check_journal(input);
+    }
 }

@@ -584,3 +584,84 @@ fn check_valid_config(c: &Config, text: &str) {
         assert_eq!(found.as_ref(), Some(&r.name), "the route with prefix {:?} is not found by it", r.prefix);
     }
 }
+
+// ---------------------------------------------------------------------------
+// journal
+// ---------------------------------------------------------------------------
+
+/// The fence store's journal replay, on raw bytes and on journal files built
+/// from the input.
+///
+/// Input: the first byte picks a mode. Mode `0..=127` hands the rest to
+/// `replay` as a file as it is: whatever the bytes, no panic. Otherwise the rest
+/// is fields: the first field's first four bytes (u16 LE each, zero when short)
+/// pick a cut point and a byte to damage; every further field is one batch,
+/// its records separated by 0x00, each record's first byte its token and the
+/// rest its key (lossy UTF-8). The oracle is computed from the batches, not by
+/// the journal code:
+/// - the whole file replays to the maximum token of each key;
+/// - a file cut anywhere replays to the batches wholly before the cut, without
+///   error (a torn tail is dropped);
+/// - a byte of the last frame damaged: the other frames replay, without error;
+///   a byte of an earlier frame damaged: an error (a good frame follows damage).
+pub fn check_journal(data: &[u8]) {
+    use fencegate::fence::store::journal::{image, replay, Marks, HEADER_BYTES};
+    use std::collections::BTreeMap;
+
+    let Some((&mode, rest)) = data.split_first() else { return };
+    if mode < 128 {
+        let _ = replay(rest, &mut Marks::default());
+        return;
+    }
+    let fields = fields(rest);
+    let picks = fields[0];
+    let pick = |i: usize| u16::from_le_bytes([*picks.get(i).unwrap_or(&0), *picks.get(i + 1).unwrap_or(&0)]) as usize;
+    let batches: Vec<Vec<(String, u64)>> = fields[1..]
+        .iter()
+        .map(|field| {
+            field
+                .split(|&b| b == 0)
+                .filter_map(|record| record.split_first())
+                .map(|(&token, key)| (text(key), u64::from(token) * 1_000_003))
+                .collect()
+        })
+        .collect();
+    let borrowed: Vec<Vec<(&str, u64)>> =
+        batches.iter().map(|b| b.iter().map(|(k, t)| (k.as_str(), *t)).collect()).collect();
+    let slices: Vec<&[(&str, u64)]> = borrowed.iter().map(|b| b.as_slice()).collect();
+    let (bytes, ends) = image(0x5eed, &slices).expect("small batches encode");
+
+    let expected = |frames: usize| -> BTreeMap<String, u64> {
+        let mut marks = BTreeMap::new();
+        for (key, token) in batches[..frames].iter().flatten() {
+            let mark = marks.entry(key.clone()).or_insert(*token);
+            *mark = (*mark).max(*token);
+        }
+        marks
+    };
+    let replayed = |bytes: &[u8]| -> Result<BTreeMap<String, u64>, String> {
+        let mut marks = Marks::default();
+        replay(bytes, &mut marks)?;
+        Ok(marks.into_iter().map(|(k, t)| (k.into_string(), t)).collect())
+    };
+
+    assert_eq!(replayed(&bytes), Ok(expected(batches.len())), "the whole file");
+
+    let header = HEADER_BYTES as usize;
+    let cut = header + pick(0) % (bytes.len() - header + 1);
+    let whole = ends.iter().filter(|&&end| end <= cut).count();
+    assert_eq!(replayed(&bytes[..cut]), Ok(expected(whole)), "cut at {cut} of {}", bytes.len());
+
+    if bytes.len() > header {
+        let at = header + pick(2) % (bytes.len() - header);
+        let mut damaged = bytes.clone();
+        damaged[at] ^= 0x41;
+        let frame = ends.iter().filter(|&&end| end <= at).count();
+        let outcome = replayed(&damaged);
+        if frame + 1 == batches.len() {
+            assert_eq!(outcome, Ok(expected(frame)), "damage at {at} in the last frame");
+        } else {
+            assert!(outcome.is_err(), "damage at {at} in frame {frame} of {} went unnoticed", batches.len());
+        }
+    }
+}

@@ -704,7 +704,7 @@ impl Committer {
     /// until they are folded.
     fn commit(&mut self, frame: &mut journal::Frame) -> Result<(), StoreError> {
         self.poll_fold();
-        if self.folding && self.journal.len() >= self.tuning.max_journal_bytes {
+        if self.folding && self.journal.frame_bytes() >= self.tuning.max_journal_bytes {
             // The fold thread has fallen behind: wait for it rather than let the
             // journal grow without bound, then start on the file it emptied.
             // Once a wait has run out, later batches fail at once until the fold
@@ -754,7 +754,7 @@ impl Committer {
     /// its length passes `due`; later appends go to the other file.
     fn fold_if(&mut self, due: impl Fn(u64) -> bool) {
         self.poll_fold();
-        if self.folding || !due(self.journal.len()) {
+        if self.folding || !due(self.journal.frame_bytes()) {
             return;
         }
         let file = self.journal.rotate();

@@ -35,7 +35,7 @@ pub const FILES: [&str; 2] = ["fences.journal-0", "fences.journal-1"];
 
 const FILE_MAGIC: [u8; 4] = *b"FGJH";
 /// Frames start after this, in a block of their own.
-const HEADER_BYTES: u64 = 4096;
+pub const HEADER_BYTES: u64 = 4096;
 const MAGIC: [u8; 4] = *b"FGJ1";
 const HEADER: usize = 16;
 const RECORD_HEADER: usize = 12;
@@ -301,7 +301,7 @@ impl Journal {
     }
 
     /// Bytes of frames in the file taking appends.
-    pub fn len(&self) -> u64 {
+    pub fn frame_bytes(&self) -> u64 {
         self.len
     }
 
@@ -326,6 +326,25 @@ impl Journal {
     }
 }
 
+/// The bytes of a journal file of `epoch` holding one frame per batch, and
+/// where each frame ends: what the commit thread would have written. For tests
+/// and the fuzz targets.
+pub fn image(epoch: u64, batches: &[&[(&str, u64)]]) -> io::Result<(Vec<u8>, Vec<usize>)> {
+    let mut out = vec![0; HEADER_BYTES as usize];
+    out[..16].copy_from_slice(&header(epoch));
+    let mut ends = Vec::new();
+    let mut frame = Frame::default();
+    for batch in batches {
+        frame.clear();
+        for (key, token) in *batch {
+            frame.push(key, *token)?;
+        }
+        out.extend_from_slice(frame.seal(epoch));
+        ends.push(out.len());
+    }
+    Ok((out, ends))
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -335,16 +354,8 @@ pub(super) mod tests {
         pub static PAYLOAD_BYTES_CHECKED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     }
 
-    /// A journal file of `epoch` holding one frame per batch, and where each frame ends.
     pub fn file_bytes(epoch: u64, batches: &[&[(&str, u64)]]) -> (Vec<u8>, Vec<usize>) {
-        let mut out = vec![0; HEADER_BYTES as usize];
-        out[..16].copy_from_slice(&header(epoch));
-        let mut ends = Vec::new();
-        for batch in batches {
-            out.extend_from_slice(frame(batch).seal(epoch));
-            ends.push(out.len());
-        }
-        (out, ends)
+        image(epoch, batches).unwrap()
     }
 
     fn frame(records: &[(&str, u64)]) -> Frame {
@@ -466,7 +477,7 @@ pub(super) mod tests {
         journal.append(&mut frame(&[("a", 1)])).unwrap();
         journal.append(&mut frame(&[("a", 2), ("b", 5)])).unwrap();
         let full = journal.rotate();
-        assert_eq!(journal.len(), 0);
+        assert_eq!(journal.frame_bytes(), 0);
         journal.append(&mut frame(&[("c", 7)])).unwrap();
         let read = |name: &str| {
             let mut found = Marks::default();

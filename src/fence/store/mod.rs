@@ -6,7 +6,7 @@
 //! never goes back.
 
 mod file;
-mod journal;
+pub mod journal;
 mod memory;
 mod relay;
 
