@@ -454,3 +454,43 @@ async fn a_clean_stop_leaves_every_mark_in_the_store_file() {
         assert_eq!(mark, Some(10 + k), "key {k} is only in the journal after a clean stop");
     }
 }
+
+/// The journal holds marks the store file may lack until a clean stop: after a
+/// crash, a store directory missing a journal file refuses to start, while after
+/// a clean stop the store file alone is enough.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_journal_file_stops_start_up_after_a_crash_but_not_after_a_clean_stop() {
+    let up = RecordingUpstream::start().await;
+    let site = TempDir::new();
+    let store = site.path().join("store");
+    let config = site.write("fencegate.toml", &config_text("", &file_store(&store, ""), &objects(&up)));
+    let journals = ["fences.journal-0", "fences.journal-1"].map(|name| store.join(name));
+
+    // A crash, then the journal files go missing (a copy of fences.redb alone).
+    let mut fg = Running::start_in(site.path(), &config).await;
+    assert_eq!(put(&fg.url("/objects/j/crash"), 7, "x").await.status, 200);
+    fg.kill();
+    for path in &journals {
+        std::fs::remove_file(path).unwrap();
+    }
+    let mut refused = Running::spawn(fencegate(site.path()).arg("--config").arg(&config));
+    let status = refused.wait_start().await.expect_err("started without the journal of a store that crashed");
+    let output = refused.output();
+    assert_eq!(status.code(), Some(1), "{output}");
+    assert!(output.contains("fences.journal-0") && output.contains("missing"), "{output}");
+    // The operator's way out: empty journal files, on purpose.
+    for path in &journals {
+        std::fs::write(path, b"").unwrap();
+    }
+    let mut fg = Running::start_in(site.path(), &config).await;
+
+    // A clean stop folds the journal: the store file alone carries every mark.
+    assert_eq!(put(&fg.url("/objects/j/clean"), 9, "x").await.status, 200);
+    fg.signal("TERM");
+    assert_eq!(fg.wait_exit().await.code(), Some(0));
+    for path in &journals {
+        std::fs::remove_file(path).unwrap();
+    }
+    let fg = Running::start_in(site.path(), &config).await;
+    assert_eq!(assert_stale(&fg.url("/objects/j/clean"), 8, 9).await, 9);
+}

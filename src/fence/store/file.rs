@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use crate::fence::KeyMap;
 use dashmap::mapref::entry::Entry;
-use redb::{Database, DatabaseError, ReadableTableMetadata, StorageError, TableDefinition};
+use redb::{Database, DatabaseError, ReadableTable, ReadableTableMetadata, StorageError, TableDefinition};
 use tokio::sync::Notify;
 
 use super::journal::{self, Journal, JournalFile, Marks};
@@ -37,6 +37,11 @@ use super::relay::Relay;
 use super::{Advance, CommitStats, FenceStore, StoreError};
 
 const FENCES: TableDefinition<&str, u64> = TableDefinition::new("fences");
+/// The store's own facts: [`CLEAN`].
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// 1 when the last process stopped cleanly with its journal folded, 0 while a
+/// process has the store open. Missing in stores that never had a journal.
+const CLEAN: &str = "clean";
 /// The database file inside `[fences] path`.
 pub const DB_FILE: &str = "fences.redb";
 /// redb's own page cache. The mark cache in front of it does the heavy lifting.
@@ -102,6 +107,12 @@ pub enum OpenError {
     Corrupt { path: PathBuf, detail: String },
     #[error("cannot use the fence journal {path}: {source}")]
     Journal { path: PathBuf, source: std::io::Error },
+    #[error(
+        "fence journal {path} is missing, and {db} was not stopped cleanly, so marks raised since its last fold \
+         are only in the journal: refusing to start without them. Restore the store directory as a whole; to \
+         start from {db} alone, accepting that recent fences may be lost, create the missing file empty"
+    )]
+    JournalMissing { path: PathBuf, db: PathBuf },
 }
 
 /// Durable marks with a bounded cache; see the [module docs](self).
@@ -331,14 +342,28 @@ impl FileStore {
             }
             other => corrupt(other.to_string()),
         })?;
-        // Create the table once, so readers never meet a missing table.
-        (|| -> Result<(), redb::Error> {
+        // Create the table once, so readers never meet a missing table, and mark
+        // the store in use: until a clean stop, the journal holds marks the
+        // B-tree may lack.
+        let was_clean = (|| -> Result<bool, redb::Error> {
             let txn = db.begin_write()?;
             txn.open_table(FENCES)?;
+            let mut meta = txn.open_table(META)?;
+            let was_clean = meta.get(CLEAN)?.is_none_or(|v| v.value() == 1);
+            meta.insert(CLEAN, 0)?;
+            drop(meta);
             txn.commit()?;
-            Ok(())
+            Ok(was_clean)
         })()
         .map_err(|e| corrupt(e.to_string()))?;
+        if !was_clean {
+            for name in journal::FILES {
+                let path = dir.join(name);
+                if !path.exists() {
+                    return Err(OpenError::JournalMissing { path, db: file });
+                }
+            }
+        }
         // Holding the database's lock, bring the B-tree up to date with the journal.
         let replayed = recover_journal(&db, dir)?;
         let recovered = (|| -> Result<u64, redb::Error> { Ok(db.begin_read()?.open_table(FENCES)?.len()?) })()
@@ -788,6 +813,25 @@ struct Folder {
 
 impl Folder {
     fn run(self, jobs: mpsc::Receiver<FoldJob>, done: mpsc::Sender<()>) {
+        self.fold_all(jobs, done);
+        // The commit thread has ended. If everything it journaled is folded, the
+        // B-tree alone holds every mark: say so, for the next start.
+        let unfolded = lock(&self.unfolded);
+        if unfolded.current.is_empty() && unfolded.folding.is_empty() {
+            drop(unfolded);
+            let marked = (|| -> Result<(), redb::Error> {
+                let txn = self.db.begin_write()?;
+                txn.open_table(META)?.insert(CLEAN, 1)?;
+                txn.commit()?;
+                Ok(())
+            })();
+            if let Err(e) = marked {
+                tracing::warn!(error = %e, "cannot record the clean stop; the next start replays the journal");
+            }
+        }
+    }
+
+    fn fold_all(&self, jobs: mpsc::Receiver<FoldJob>, done: mpsc::Sender<()>) {
         for job in jobs {
             while let Err(e) = fold(&self.db, &job.marks) {
                 // Nothing is lost: the journal file and the marks in memory stay
