@@ -342,16 +342,12 @@ impl FileStore {
             }
             other => corrupt(other.to_string()),
         })?;
-        // Create the table once, so readers never meet a missing table, and mark
-        // the store in use: until a clean stop, the journal holds marks the
-        // B-tree may lack.
+        // Create the tables once, so readers never meet a missing table, and
+        // read how the last process stopped.
         let was_clean = (|| -> Result<bool, redb::Error> {
             let txn = db.begin_write()?;
             txn.open_table(FENCES)?;
-            let mut meta = txn.open_table(META)?;
-            let was_clean = meta.get(CLEAN)?.is_none_or(|v| v.value() == 1);
-            meta.insert(CLEAN, 0)?;
-            drop(meta);
+            let was_clean = txn.open_table(META)?.get(CLEAN)?.is_none_or(|v| v.value() == 1);
             txn.commit()?;
             Ok(was_clean)
         })()
@@ -372,6 +368,11 @@ impl FileStore {
         // (and a batch) land in blocks that are already written.
         let journal = Journal::open(dir, tuning.fold_bytes + JOURNAL_SLACK_BYTES)
             .map_err(|(path, source)| OpenError::Journal { path, source })?;
+        // Only now, with both journal files in place and before the first
+        // append: until a clean stop, the journal holds marks the B-tree may lack.
+        if was_clean {
+            set_clean(&db, false).map_err(|e| corrupt(e.to_string()))?;
+        }
         tracing::info!(path = %file.display(), fences = recovered, replayed, "fence store opened");
 
         let db = Arc::new(db);
@@ -819,13 +820,7 @@ impl Folder {
         let unfolded = lock(&self.unfolded);
         if unfolded.current.is_empty() && unfolded.folding.is_empty() {
             drop(unfolded);
-            let marked = (|| -> Result<(), redb::Error> {
-                let txn = self.db.begin_write()?;
-                txn.open_table(META)?.insert(CLEAN, 1)?;
-                txn.commit()?;
-                Ok(())
-            })();
-            if let Err(e) = marked {
+            if let Err(e) = set_clean(&self.db, true) {
                 tracing::warn!(error = %e, "cannot record the clean stop; the next start replays the journal");
             }
         }
@@ -861,6 +856,15 @@ impl Folder {
             }
         }
     }
+}
+
+/// Records whether the B-tree alone holds every mark (a clean stop) or the
+/// journal may hold more (a process has the store open).
+fn set_clean(db: &Database, clean: bool) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    txn.open_table(META)?.insert(CLEAN, u64::from(clean))?;
+    txn.commit()?;
+    Ok(())
 }
 
 /// Replays both journal files into the B-tree, at start-up. Returns how many
@@ -1260,6 +1264,24 @@ mod tests {
         assert!(matches!(err, OpenError::Corrupt { .. }), "{err}");
         assert!(err.to_string().contains(journal::FILES[1]), "{err}");
         assert_eq!(std::fs::read(&journal_file).unwrap(), bytes);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_start_that_fails_before_journaling_does_not_make_the_journal_required() {
+        let dir = temp_dir("journal-open");
+        drop(FileStore::open(&dir, false, 10).unwrap());
+        // The second journal file can't be opened (a directory stands in its place).
+        let second = dir.join(journal::FILES[1]);
+        std::fs::remove_file(&second).unwrap();
+        std::fs::create_dir(&second).unwrap();
+        // Dropping the store waited for its threads: nothing holds the lock.
+        let err = FileStore::open(&dir, true, 10).expect_err("opened with a directory for a journal file");
+        assert!(matches!(err, OpenError::Journal { .. }), "{err}");
+        // Nothing was journaled, so the store file still holds every mark: with
+        // the directory gone, the store opens (and makes a new journal file).
+        std::fs::remove_dir(&second).unwrap();
+        drop(FileStore::open(&dir, true, 10).unwrap_or_else(|e| panic!("{e}")));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
