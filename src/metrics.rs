@@ -119,35 +119,28 @@ impl Metrics {
         );
         registry.register("fencegate_cached_keys", "Fence marks held in memory", cached_keys.clone());
         if let Some(stats) = store {
-            registry.register(
-                "fencegate_store_commits",
-                "Fence store batches made durable (one journal append and fsync each)",
-                stats.commits.clone(),
-            );
-            registry.register(
-                "fencegate_store_raises",
-                "Marks raised on disk (more than commits: group commit)",
-                stats.raises.clone(),
-            );
-            registry.register(
-                "fencegate_store_commit_failures",
-                "Fence store commits that failed",
-                stats.failures.clone(),
-            );
+            let counters = [
+                (
+                    "fencegate_store_commits",
+                    "Fence store batches made durable (one journal append and fsync each)",
+                    &stats.commits,
+                ),
+                ("fencegate_store_raises", "Marks raised on disk (more than commits: group commit)", &stats.raises),
+                ("fencegate_store_commit_failures", "Fence store commits that failed", &stats.failures),
+                ("fencegate_store_folds", "Fence journal files folded into the store's B-tree", &stats.folds),
+                (
+                    "fencegate_store_fold_failures",
+                    "Folds of the fence journal that failed and were retried",
+                    &stats.fold_failures,
+                ),
+            ];
+            for (name, help, counter) in counters {
+                registry.register(name, help, counter.clone());
+            }
             registry.register(
                 "fencegate_store_commit_duration_seconds",
                 "Fence store commit latency, fsync included",
                 stats.commit_seconds.clone(),
-            );
-            registry.register(
-                "fencegate_store_folds",
-                "Fence journal files folded into the store's B-tree",
-                stats.folds.clone(),
-            );
-            registry.register(
-                "fencegate_store_fold_failures",
-                "Folds of the fence journal that failed and were retried",
-                stats.fold_failures.clone(),
             );
         }
         Metrics { registry, routes, tracked_keys, active_keys, waiting, cached_keys }

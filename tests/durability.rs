@@ -68,12 +68,19 @@ async fn raise_kill_restart(site: &TempDir, config: &std::path::Path, up: &Recor
     assert_eq!(up.object("/objects/a").unwrap(), "seven again");
 }
 
+/// A directory with a config for a file store at `<dir>/store` in front of `up`:
+/// the directory, the store's path and the config's path.
+fn file_store_site(up: &RecordingUpstream) -> (TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let site = TempDir::new();
+    let store = site.path().join("store");
+    let config = site.write("fencegate.toml", &config_text("", &file_store(&store, ""), &objects(up)));
+    (site, store, config)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fence_survives_kill_9() {
     let up = RecordingUpstream::start().await;
-    let site = TempDir::new();
-    let store = site.path().join("store");
-    let config = site.write("fencegate.toml", &config_text("", &file_store(&store, ""), &objects(&up)));
+    let (site, store, config) = file_store_site(&up);
     raise_kill_restart(&site, &config, &up).await;
     assert!(store.join("fences.redb").is_file());
 }
@@ -296,6 +303,9 @@ async fn concurrent_raises_share_commits_and_equal_tokens_commit_nothing() {
     assert_eq!(proxy.metric("fencegate_store_commits_total").await.unwrap(), commits);
     assert_eq!(proxy.metric("fencegate_store_raises_total").await.unwrap(), raises);
     assert_eq!(up.applied().len(), 2 * WRITES);
+    // A second without raises: the journal is folded into the store file, once.
+    proxy.wait_metric("fencegate_store_folds_total", 1.0).await;
+    assert_eq!(proxy.metric("fencegate_store_fold_failures_total").await, Some(0.0));
 }
 
 /// Pre-fencing is durable too: a fence raised through the admin API is on disk
@@ -325,9 +335,7 @@ async fn a_fence_raised_through_the_api_survives_kill_9() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_fencegate_on_the_same_store_refuses_to_start() {
     let up = RecordingUpstream::start().await;
-    let site = TempDir::new();
-    let store = site.path().join("store");
-    let config = site.write("fencegate.toml", &config_text("", &file_store(&store, ""), &objects(&up)));
+    let (site, store, config) = file_store_site(&up);
     let first = Running::start_in(site.path(), &config).await;
     assert_eq!(put(&first.url("/objects/a"), 7, "seven").await.status, 200);
 
@@ -424,9 +432,7 @@ async fn a_truncated_or_padded_store_file_stops_start_up_and_is_left_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_stop_leaves_every_mark_in_the_store_file() {
     let up = RecordingUpstream::start().await;
-    let site = TempDir::new();
-    let store = site.path().join("store");
-    let config = site.write("fencegate.toml", &config_text("", &file_store(&store, ""), &objects(&up)));
+    let (site, store, config) = file_store_site(&up);
     let mut fg = Running::start_in(site.path(), &config).await;
     const KEYS: u64 = 2000;
     let writers: Vec<_> = (0..16u64)
@@ -461,9 +467,7 @@ async fn a_clean_stop_leaves_every_mark_in_the_store_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_journal_file_stops_start_up_after_a_crash_but_not_after_a_clean_stop() {
     let up = RecordingUpstream::start().await;
-    let site = TempDir::new();
-    let store = site.path().join("store");
-    let config = site.write("fencegate.toml", &config_text("", &file_store(&store, ""), &objects(&up)));
+    let (site, store, config) = file_store_site(&up);
     let journals = ["fences.journal-0", "fences.journal-1"].map(|name| store.join(name));
 
     // A crash, then the journal files go missing (a copy of fences.redb alone).

@@ -431,6 +431,11 @@ async fn unfenced_methods_such_as_options_pass_untouched() {
 
 /// An upstream that counts the connections it accepts and the requests it
 /// answers, and closes a keep-alive connection idle for `idle`.
+/// `PUT url` with body "v" and fencing token `token`.
+fn fenced_put(url: &str, token: u64) -> Request<Full<Bytes>> {
+    Request::put(url).header("x-fencing-token", token.to_string()).body(Full::new(Bytes::from_static(b"v"))).unwrap()
+}
+
 /// One route, `/` to `upstream`, keyed by the request path, plus `extra` lines.
 fn path_keyed_route(upstream: SocketAddr, extra: &str) -> String {
     format!("[[route]]\nname = \"k\"\nprefix = \"/\"\nupstream = \"http://{upstream}\"\nkey = \"{{path}}\"\n{extra}\n")
@@ -471,12 +476,7 @@ async fn a_client_connection_keeps_one_upstream_connection_and_outlives_its_idle
     let proxy = Proxy::start(&path_keyed_route(upstream, "")).await;
     // One client connection (a pool of one), many requests in a row.
     let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(1).build_http::<Full<Bytes>>();
-    let put = |token: u64| {
-        Request::put(proxy.url("/objects/a"))
-            .header("x-fencing-token", token.to_string())
-            .body(Full::new(Bytes::from_static(b"v")))
-            .unwrap()
-    };
+    let put = |token: u64| fenced_put(&proxy.url("/objects/a"), token);
     for token in 1..=20 {
         assert_eq!(exchange(&client, put(token)).await.status, StatusCode::OK);
     }
@@ -604,12 +604,7 @@ async fn a_request_the_upstream_may_have_received_is_never_sent_again() {
     let (upstream, connections, requests) = scripted_upstream(&[Step::Answer, Step::Vanish]).await;
     let proxy = Proxy::start(&path_keyed_route(upstream, "settle = \"0s\"")).await;
     let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(1).build_http::<Full<Bytes>>();
-    let put = |token: u64| {
-        Request::put(proxy.url("/objects/a"))
-            .header("x-fencing-token", token.to_string())
-            .body(Full::new(Bytes::from_static(b"v")))
-            .unwrap()
-    };
+    let put = |token: u64| fenced_put(&proxy.url("/objects/a"), token);
     assert_eq!(exchange(&client, put(1)).await.status, StatusCode::OK);
     // The second request goes out on the same upstream connection, which closes
     // after reading it: whether it was applied is unknown, so it is not resent.
