@@ -6,6 +6,14 @@
 //! [`TrackRequests`] sees requests start and finish. [`Activity::expired`]
 //! resolves when either guard trips; the connection task then closes the
 //! connection (at once for a stuck head, gracefully for an idle one).
+//!
+//! Feeding it only records times: nothing is woken and no timer is touched per
+//! request. The guard's one timer checks lazily instead. A deadline that moved
+//! later is found when the timer fires early and is re-armed for it; the only
+//! deadline that can move earlier is a request head starting while the
+//! connection sits idle, so an idle connection's timer never sleeps longer than
+//! `header_read_timeout`, and a head that started meanwhile is then timed from
+//! its first byte, exactly.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,7 +23,6 @@ use std::time::Duration;
 
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
@@ -25,8 +32,6 @@ pub struct Activity {
     state: Mutex<State>,
     header_read_timeout: Duration,
     idle_timeout: Duration,
-    /// Wakes [`Activity::expired`] when a deadline may have moved.
-    changed: Notify,
 }
 
 #[derive(Debug)]
@@ -64,7 +69,6 @@ impl Activity {
             }),
             header_read_timeout,
             idle_timeout,
-            changed: Notify::new(),
         })
     }
 
@@ -82,8 +86,6 @@ impl Activity {
         }
         if !s.http2 && s.in_flight == 0 && s.head_started.is_none() {
             s.head_started = Some(Instant::now());
-            drop(s);
-            self.changed.notify_one();
         }
     }
 
@@ -91,8 +93,6 @@ impl Activity {
         let mut s = self.state();
         s.in_flight += 1;
         s.head_started = None;
-        drop(s);
-        self.changed.notify_one();
     }
 
     fn request_finished(&self) {
@@ -101,16 +101,17 @@ impl Activity {
         if s.in_flight == 0 {
             s.idle_since = Instant::now();
         }
-        drop(s);
-        self.changed.notify_one();
     }
 
-    /// The next moment a guard could trip, or what tripped.
+    /// What tripped, or when to look again: no later than the next moment a
+    /// guard could trip, given that nobody says when the state changes (see
+    /// the [module docs](self)).
     fn check(&self) -> Result<Instant, Expiry> {
         let s = self.state();
         let now = Instant::now();
         if s.in_flight > 0 {
-            // A request is being served: its own timeouts apply.
+            // A request is being served: its own timeouts apply. Look again in
+            // time to catch a head that starts once it is done.
             return Ok(now + self.idle_timeout.min(self.header_read_timeout));
         }
         if let Some(started) = s.head_started {
@@ -121,22 +122,21 @@ impl Activity {
         if now >= deadline {
             Err(Expiry::Idle)
         } else {
-            Ok(deadline)
+            // A head starting from now on trips no sooner than this.
+            Ok(deadline.min(now + self.header_read_timeout))
         }
     }
 
     /// Resolves when a guard trips.
     pub async fn expired(&self) -> Expiry {
+        let sleep = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(sleep);
         loop {
-            // Register for a change before checking, so none is missed.
-            let changed = self.changed.notified();
             match self.check() {
                 Err(expiry) => return expiry,
                 Ok(next) => {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(next) => {}
-                        _ = changed => {}
-                    }
+                    sleep.as_mut().reset(next);
+                    sleep.as_mut().await;
                 }
             }
         }
@@ -325,6 +325,43 @@ mod tests {
         a.request_finished();
         let finished = Instant::now();
         assert_eq!(waiting.await.unwrap(), Expiry::Idle);
-        assert!(finished.elapsed() >= Duration::from_secs(60));
+        assert_eq!(finished.elapsed(), Duration::from_secs(60));
+    }
+
+    /// Nobody wakes the guard when a head starts: its timer must already be
+    /// due by then, and the head is still timed from its first byte.
+    #[tokio::test(start_paused = true)]
+    async fn a_head_that_starts_while_the_guard_waits_is_timed_from_its_first_byte() {
+        let a = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
+        let waiting = tokio::spawn({
+            let a = a.clone();
+            async move { a.expired().await }
+        });
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        a.bytes_received(b"PUT / HTTP/1.1");
+        let started = Instant::now();
+        assert_eq!(waiting.await.unwrap(), Expiry::SlowHead);
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_serving_request_after_request_never_expires() {
+        let a = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
+        let waiting = tokio::spawn({
+            let a = a.clone();
+            async move { a.expired().await }
+        });
+        // 600 s of 7 s requests, each head taking 1 s to arrive.
+        for _ in 0..75 {
+            a.bytes_received(b"PUT / HTTP/1.1");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            a.request_started();
+            tokio::time::sleep(Duration::from_secs(7)).await;
+            a.request_finished();
+        }
+        assert!(!waiting.is_finished());
+        let last = Instant::now();
+        assert_eq!(waiting.await.unwrap(), Expiry::Idle);
+        assert_eq!(last.elapsed(), Duration::from_secs(60));
     }
 }
