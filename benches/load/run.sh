@@ -9,7 +9,8 @@
 # CONNS (64), KEYS (10000), SCENARIOS ("put get hotkey raise"), CONTENDERS (all;
 # e.g. "nginx fencegate-memory"), RTT_SECONDS (3), OUT (a directory for
 # results.csv, report.txt and the wrk/server logs), FENCEGATE_BIN (use this
-# binary, skip `cargo build`), SETTLE_WAIT_MS (2500: pause between two runs on
+# binary, skip `cargo build`), HYPER_FLOOR_BIN (the same for the hyper-floor
+# contender, examples/hyper_floor.rs), SETTLE_WAIT_MS (2500: pause between two runs on
 # the same fencing fencegate and keys, see README). See benches/load/README.md.
 #
 # Exit status: 0 ok; 1 setup failure (a tool missing, a contender that did not
@@ -55,7 +56,7 @@ done
 ((KEYS > 0)) || die "KEYS must be at least 1"
 
 ALL_SCENARIOS="put get hotkey raise"
-ALL_CONTENDERS="nginx haproxy fencegate-memory fencegate-file fencegate-unfenced upstream"
+ALL_CONTENDERS="nginx haproxy hyper-floor fencegate-memory fencegate-file fencegate-unfenced upstream"
 for s in $SCENARIOS; do
     [[ " $ALL_SCENARIOS " == *" $s "* ]] || die "unknown scenario '$s' (known: $ALL_SCENARIOS)"
 done
@@ -66,8 +67,8 @@ done
 # Who runs in which scenario, in table order. The first one is the reference of
 # the ratio columns.
 declare -A LINEUP=(
-    [put]="nginx haproxy fencegate-memory fencegate-file fencegate-unfenced upstream"
-    [get]="nginx haproxy fencegate-memory upstream"
+    [put]="nginx haproxy hyper-floor fencegate-memory fencegate-file fencegate-unfenced upstream"
+    [get]="nginx haproxy hyper-floor fencegate-memory upstream"
     [hotkey]="nginx fencegate-memory"
     [raise]="fencegate-memory fencegate-file"
 )
@@ -112,6 +113,8 @@ for t in curl awk getconf; do
     command -v "$t" >/dev/null 2>&1 || die "missing '$t'; install it first"
 done
 
+target_dir=${CARGO_TARGET_DIR:-target}
+[[ "$target_dir" == /* ]] || target_dir=$repo/$target_dir
 if [[ -n "${FENCEGATE_BIN:-}" ]]; then
     BIN=$FENCEGATE_BIN
     [[ -x "$BIN" ]] || die "FENCEGATE_BIN='$BIN' is not an executable file"
@@ -121,11 +124,20 @@ else
     command -v cargo >/dev/null 2>&1 || die "cargo not found (or set FENCEGATE_BIN to a fencegate binary)"
     log "building fencegate: cargo build --release --locked"
     (cd "$repo" && cargo build --release --locked >&2) || die "cargo build failed"
-    target_dir=${CARGO_TARGET_DIR:-target}
-    [[ "$target_dir" == /* ]] || target_dir=$repo/$target_dir
     BIN=$target_dir/release/fencegate
     [[ -x "$BIN" ]] || die "no binary at $BIN after the build"
     BIN_ORIGIN="built by this script"
+fi
+# The hyper floor (examples/hyper_floor.rs): hyper alone, the leanest way.
+if [[ -n "${HYPER_FLOOR_BIN:-}" ]]; then
+    FLOOR_BIN=$HYPER_FLOOR_BIN
+    [[ -x "$FLOOR_BIN" ]] || die "HYPER_FLOOR_BIN='$FLOOR_BIN' is not an executable file"
+elif [[ " $(for s in $SCENARIOS; do lineup "$s"; done) " == *" hyper-floor "* ]]; then
+    command -v cargo >/dev/null 2>&1 || die "cargo not found (or set HYPER_FLOOR_BIN, or leave out the hyper-floor contender)"
+    log "building the hyper floor: cargo build --release --locked --example hyper_floor"
+    (cd "$repo" && cargo build --release --locked --example hyper_floor >&2) || die "cargo build --example hyper_floor failed"
+    FLOOR_BIN=$target_dir/release/examples/hyper_floor
+    [[ -x "$FLOOR_BIN" ]] || die "no binary at $FLOOR_BIN after the build"
 fi
 
 CLK_TCK=$(getconf CLK_TCK)
@@ -353,6 +365,14 @@ if [[ -n "${NEEDED[haproxy]:-}" ]]; then
     # -db: stay in the foreground (no daemon), so we own the process.
     start_proc haproxy "$d/haproxy.log" haproxy -db -f "$d/haproxy.cfg"
     wait_ready haproxy "http://127.0.0.1:${PORT[haproxy]}/"
+fi
+
+# --- the hyper floor: two worker threads, the same CPU budget as the others
+if [[ -n "${NEEDED[hyper-floor]:-}" ]]; then
+    PORT[hyper-floor]=$(pick_port)
+    mkdir -p "$work/hyper-floor"
+    start_proc hyper-floor "$work/hyper-floor/hyper-floor.log" "$FLOOR_BIN" "127.0.0.1:${PORT[hyper-floor]}" "127.0.0.1:$UP" 2
+    wait_ready hyper-floor "http://127.0.0.1:${PORT[hyper-floor]}/"
 fi
 
 # --- fencegate: one process per store, plus one whose route fences nothing
