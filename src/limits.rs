@@ -6,19 +6,16 @@
 //! refused with nothing forwarded, so the upstream never sees part of a fenced
 //! write. Other requests stream, and one that overruns the limit is cut off.
 
-use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
-use http::{Request, Response};
+use http::Request;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use tower::{Layer, Service, ServiceExt};
 
-use crate::error::{ProxyBody, ProxyError, Rejection};
+use crate::error::ProxyError;
 use crate::route::Route;
 
 /// A request body on its way upstream: streamed with a byte limit, or read in
@@ -90,55 +87,13 @@ pub fn overran_limit(e: &(dyn std::error::Error + 'static)) -> Option<u64> {
     None
 }
 
-/// Applies [`BodyLimit`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct BodyLimitLayer;
-
-impl<S> Layer<S> for BodyLimitLayer {
-    type Service = BodyLimit<S>;
-
-    fn layer(&self, inner: S) -> BodyLimit<S> {
-        BodyLimit { inner }
-    }
-}
-
-/// Enforces the route's `max_body`; see the [module docs](self).
-#[derive(Clone, Debug)]
-pub struct BodyLimit<S> {
-    inner: S,
-}
-
-impl<S> Service<Request<Incoming>> for BodyLimit<S>
-where
-    S: Service<Request<RequestBody>, Response = Response<ProxyBody>, Error = Rejection> + Clone + Send + 'static,
-    S::Future: Send,
-{
-    type Response = Response<ProxyBody>;
-    type Error = Rejection;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Rejection>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(limit_body(inner, req))
-    }
-}
-
-async fn limit_body<S>(inner: S, req: Request<Incoming>) -> Result<Response<ProxyBody>, Rejection>
-where
-    S: Service<Request<RequestBody>, Response = Response<ProxyBody>, Error = Rejection>,
-{
-    let Some(route) = req.extensions().get::<Arc<Route>>().cloned() else {
-        return Err(ProxyError::Internal("request reached the body limit without a route".into()).into());
-    };
+/// Applies `route`'s `max_body` to `req`; see the [module docs](self). The
+/// request that comes back carries a body that keeps to the limit.
+pub async fn limit_body(route: &Route, req: Request<Incoming>) -> Result<Request<RequestBody>, ProxyError> {
     let limit = route.max_body;
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit) {
-        return Err(ProxyError::BodyTooLarge { limit }.into());
+        return Err(ProxyError::BodyTooLarge { limit });
     }
     let (parts, body) = req.into_parts();
     let body = if route.is_fenced(&parts.method) && declared.is_none() && !body.is_end_stream() {
@@ -148,14 +103,12 @@ where
         let collect = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).collect();
         match tokio::time::timeout(route.timeout, collect).await {
             Ok(Ok(collected)) => RequestBody::Buffered(Some(collected.to_bytes())),
-            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-                return Err(ProxyError::BodyTooLarge { limit }.into())
-            }
-            Ok(Err(e)) => return Err(ProxyError::ClientBody(e.to_string()).into()),
-            Err(_) => return Err(ProxyError::BodyTimeout(route.timeout).into()),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return Err(ProxyError::BodyTooLarge { limit }),
+            Ok(Err(e)) => return Err(ProxyError::ClientBody(e.to_string())),
+            Err(_) => return Err(ProxyError::BodyTimeout(route.timeout)),
         }
     } else {
         RequestBody::Streaming { inner: body, limit, seen: 0 }
     };
-    inner.oneshot(Request::from_parts(parts, body)).await
+    Ok(Request::from_parts(parts, body))
 }

@@ -270,13 +270,13 @@ impl Worker {
         server: &ServerConfig,
     ) -> std::io::Result<()> {
         let Accepted { stream, peer, permit, stop } = accepted;
-        let (shared, builder, forward) = (shared.clone(), builder.clone(), Forward::default());
+        let (shared, builder, forward) = (shared.clone(), builder.clone(), Forward::new(peer));
         let (header_read_timeout, idle_timeout) = (server.header_read_timeout, server.idle_timeout);
         let serve = move |stream: TcpStream| async move {
             let _ = stream.set_nodelay(true);
             let activity = Activity::new(header_read_timeout, idle_timeout);
             let io = TokioIo::new(ActivityIo::new(stream, activity.clone()));
-            let service = TowerToHyperService::new(proxy_service(&shared, &forward, peer, activity.clone()));
+            let service = TowerToHyperService::new(proxy_service(&shared, &forward, activity.clone()));
             let conn = builder.serve_connection_with_upgrades(io, service).into_owned();
             serve_connection(conn, activity, stop, permit, peer).await;
         };

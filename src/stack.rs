@@ -2,7 +2,6 @@
 //! sense inside it (routing, access log).
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -10,7 +9,6 @@ use std::time::Duration;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_http::add_extension::AddExtensionLayer;
 use tower_http::trace::{MakeSpan, OnResponse, TraceLayer};
 use tracing::Span;
 
@@ -18,9 +16,9 @@ use crate::connection::{Activity, TrackRequestsLayer};
 use crate::error::{Decision, Outcome, ProxyBody, ProxyError, Rejection};
 use crate::fence::store::AnyStore;
 use crate::fence::{FencingLayer, KeyGate};
-use crate::limits::BodyLimitLayer;
+use crate::limits::{limit_body, RequestBody};
 use crate::metrics::Metrics;
-use crate::proxy::{ClientAddr, Forward};
+use crate::proxy::Forward;
 use crate::route::{Route, RouteTable};
 
 /// What every connection's stack shares.
@@ -32,12 +30,11 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
 }
 
-/// The stack for one client connection, forwarding through `forward` (its
-/// worker's upstream connections).
+/// The stack for one client connection, forwarding through `forward` (its own
+/// upstream connections, which know the client's address).
 pub fn proxy_service(
     shared: &Shared,
     forward: &Forward,
-    client: SocketAddr,
     activity: Arc<Activity>,
 ) -> impl Service<
     Request<Incoming>,
@@ -55,8 +52,6 @@ pub fn proxy_service(
         // Per connection: requests in flight, so the idle and slow-head guards
         // never close a connection that is serving a request.
         .layer(TrackRequestsLayer(activity))
-        // Per connection: who the client is, for X-Forwarded-For.
-        .layer(AddExtensionLayer::new(ClientAddr::new(client)))
         // Outermost, so the access log and metrics see every response, including
         // the ones fencegate makes itself below.
         .layer(
@@ -70,13 +65,9 @@ pub fn proxy_service(
         )
         // Routing comes before the fence: the route says which methods are fenced,
         // how the key is made and where the request goes. It answers 404 itself,
-        // and turns every rejection below into a problem+json response, so no
-        // error escapes to hyper as a connection reset.
+        // applies the route's body limit, and turns every rejection below into a
+        // problem+json response, so no error escapes to hyper as a connection reset.
         .layer(RoutingLayer { routes: Arc::new(shared.routes.clone()) })
-        // Body limits come before the fence: a fenced chunked upload is read whole
-        // (up to max_body) before it may take its key's turn, so a slow or
-        // oversized upload never holds the key or reaches the upstream in part.
-        .layer(BodyLimitLayer)
         // The fence decides before anything reaches the upstream, and holds the
         // key's turn until the upstream's response head is back.
         .layer(FencingLayer::new(shared.store.clone(), shared.gate.clone()))
@@ -104,11 +95,15 @@ impl<S> tower::Layer<S> for RoutingLayer {
 }
 
 /// Finds the request's route (longest prefix), puts it in the request
-/// extensions, and answers 404 when there is none. It also rescues: every
-/// [`Rejection`] from the layers below becomes its problem+json response here,
-/// and it drives the inner service to readiness inside the response future, so
-/// a readiness error is answered like any other instead of closing the
-/// connection. (One layer for both: one boxed future per request fewer.)
+/// extensions, and answers 404 when there is none. Then the route's body limit
+/// (see [`crate::limits`]): it comes before the fence, so a fenced chunked
+/// upload is read whole (up to `max_body`) before it may take its key's turn,
+/// and a slow or oversized upload never holds the key or reaches the upstream
+/// in part. It also rescues: every [`Rejection`] from the layers below becomes
+/// its problem+json response here, and it drives the inner service to
+/// readiness inside the response future, so a readiness error is answered like
+/// any other instead of closing the connection. (One layer for all three: one
+/// boxed future per request.)
 #[derive(Clone)]
 struct Routing<S> {
     inner: S,
@@ -117,7 +112,7 @@ struct Routing<S> {
 
 impl<S> Service<Request<Incoming>> for Routing<S>
 where
-    S: Service<Request<Incoming>, Response = Response<ProxyBody>, Error = Rejection> + Clone + Send + 'static,
+    S: Service<Request<RequestBody>, Response = Response<ProxyBody>, Error = Rejection> + Clone + Send + 'static,
     S::Future: Send,
 {
     type Response = Response<ProxyBody>;
@@ -135,10 +130,14 @@ where
         };
         let route: Arc<Route> = route.clone();
         let tag = RouteTag { index, name: route.name.clone() };
-        req.extensions_mut().insert(route);
+        req.extensions_mut().insert(route.clone());
         let inner = self.inner.clone();
         Box::pin(async move {
-            let mut response = inner.oneshot(req).await.unwrap_or_else(Rejection::into_response);
+            let response = match limit_body(&route, req).await {
+                Ok(req) => inner.oneshot(req).await,
+                Err(e) => Err(e.into()),
+            };
+            let mut response = response.unwrap_or_else(Rejection::into_response);
             response.extensions_mut().insert(tag);
             Ok(response)
         })

@@ -33,15 +33,14 @@ fn hop_by_hop() -> [&'static HeaderName; 9] {
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, keep: Option<&HeaderName>) {
     // One pass over the names present (a handful) instead of a lookup per
     // hop-by-hop name; most requests carry none, most responses only Connection.
-    let mut present: Vec<&'static HeaderName> = Vec::new();
+    let hops = hop_by_hop();
+    let mut present = 0u16;
     for name in headers.keys() {
-        if let Some(hop) = hop_by_hop().into_iter().find(|hop| *hop == name) {
-            if !present.contains(&hop) {
-                present.push(hop);
-            }
+        if let Some(at) = hops.iter().position(|hop| *hop == name) {
+            present |= 1 << at;
         }
     }
-    if present.is_empty() && !keep_upgrade {
+    if present == 0 && !keep_upgrade {
         return;
     }
     // Headers that `Connection` names, other than the hop-by-hop ones (removed below).
@@ -51,7 +50,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, keep: Optio
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(str::trim)
-        .filter(|name| !name.is_empty() && !hop_by_hop().iter().any(|hop| hop.as_str().eq_ignore_ascii_case(name)))
+        .filter(|name| !name.is_empty() && !hops.iter().any(|hop| hop.as_str().eq_ignore_ascii_case(name)))
         .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
         .collect();
     for name in named {
@@ -59,8 +58,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, keep: Optio
             headers.remove(&name);
         }
     }
-    for name in present {
-        if !(keep_upgrade && *name == header::UPGRADE) {
+    for (at, name) in hops.into_iter().enumerate() {
+        if present & (1 << at) != 0 && !(keep_upgrade && *name == header::UPGRADE) {
             headers.remove(name);
         }
     }

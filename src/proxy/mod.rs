@@ -36,7 +36,7 @@ enum SendError {
     Failed(BoxError),
 }
 
-/// The client's address, put in the request extensions by the listener.
+/// The client's address, for `X-Forwarded-For`.
 #[derive(Debug, Clone)]
 pub struct ClientAddr {
     pub addr: SocketAddr,
@@ -53,9 +53,17 @@ impl ClientAddr {
 
 /// The innermost service: sends a request to its route's upstream, on the
 /// client connection's own upstream connections. Make one per client connection.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Forward {
     upstreams: upstream::Upstreams,
+    client: ClientAddr,
+}
+
+impl Forward {
+    /// The forwarder of the client connection from `client`.
+    pub fn new(client: SocketAddr) -> Forward {
+        Forward { upstreams: upstream::Upstreams::default(), client: ClientAddr::new(client) }
+    }
 }
 
 impl Service<Request<RequestBody>> for Forward {
@@ -68,11 +76,11 @@ impl Service<Request<RequestBody>> for Forward {
     }
 
     fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
-        Box::pin(forward(self.upstreams.clone(), req))
+        Box::pin(forward(self.clone(), req))
     }
 }
 
-async fn forward(upstreams: upstream::Upstreams, req: Request<RequestBody>) -> Result<Response<ProxyBody>, ProxyError> {
+async fn forward(connection: Forward, req: Request<RequestBody>) -> Result<Response<ProxyBody>, ProxyError> {
     let route = req
         .extensions()
         .get::<Arc<Route>>()
@@ -96,9 +104,7 @@ async fn forward(upstreams: upstream::Upstreams, req: Request<RequestBody>) -> R
         route.upstream.origin_form(path_and_query).map_err(|e| ProxyError::Internal(format!("upstream URI: {e}")))?;
 
     strip_hop_by_hop(&mut parts.headers, upgrade, Some(&route.token_header));
-    if let Some(client) = parts.extensions.remove::<ClientAddr>() {
-        add_forwarded(&mut parts.headers, &client, original_host.clone());
-    }
+    add_forwarded(&mut parts.headers, &connection.client, original_host.clone());
     let host = match (&original_host, route.preserve_host) {
         (Some(h), true) => h.clone(),
         _ => route.upstream.host.clone(),
@@ -109,7 +115,7 @@ async fn forward(upstreams: upstream::Upstreams, req: Request<RequestBody>) -> R
     *request.method_mut() = parts.method;
     *request.uri_mut() = parts.uri;
     *request.headers_mut() = parts.headers;
-    let send = upstreams.send(&route.upstream.authority, request);
+    let send = connection.upstreams.send(&route.upstream.authority, request);
     // The timeout covers connecting, retries and backoff included.
     let mut response = match tokio::time::timeout(route.timeout, send).await {
         Ok(Ok(response)) => response,
