@@ -316,6 +316,8 @@ async fn serve_connection<C, E>(
     let mut closing = false;
     loop {
         tokio::select! {
+            // The connection first: it is what wakes this task on every request.
+            biased;
             result = conn.as_mut() => {
                 if let Err(e) = result {
                     debug!(%peer, error = %e, "client connection ended with an error");
