@@ -295,6 +295,19 @@ impl Drop for InFlight {
 mod tests {
     use super::*;
 
+    /// The connection task's side: waits for a guard to trip.
+    fn guard(a: &Arc<Activity>) -> tokio::task::JoinHandle<Expiry> {
+        let a = a.clone();
+        tokio::spawn(async move { a.expired().await })
+    }
+
+    /// `waiting` trips with `expiry` exactly `after` from now.
+    async fn trips(waiting: tokio::task::JoinHandle<Expiry>, expiry: Expiry, after: Duration) {
+        let now = Instant::now();
+        assert_eq!(waiting.await.unwrap(), expiry);
+        assert_eq!(now.elapsed(), after);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_idle_connection_expires_after_idle_timeout() {
         let a = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
@@ -316,16 +329,11 @@ mod tests {
         let a = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
         a.bytes_received(b"GET / HTTP/1.1");
         a.request_started();
-        let waiting = tokio::spawn({
-            let a = a.clone();
-            async move { a.expired().await }
-        });
+        let waiting = guard(&a);
         tokio::time::sleep(Duration::from_secs(600)).await;
         assert!(!waiting.is_finished());
         a.request_finished();
-        let finished = Instant::now();
-        assert_eq!(waiting.await.unwrap(), Expiry::Idle);
-        assert_eq!(finished.elapsed(), Duration::from_secs(60));
+        trips(waiting, Expiry::Idle, Duration::from_secs(60)).await;
     }
 
     /// Nobody wakes the guard when a head starts: its timer must already be
@@ -333,24 +341,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_head_that_starts_while_the_guard_waits_is_timed_from_its_first_byte() {
         let a = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
-        let waiting = tokio::spawn({
-            let a = a.clone();
-            async move { a.expired().await }
-        });
+        let waiting = guard(&a);
         tokio::time::sleep(Duration::from_secs(25)).await;
         a.bytes_received(b"PUT / HTTP/1.1");
-        let started = Instant::now();
-        assert_eq!(waiting.await.unwrap(), Expiry::SlowHead);
-        assert_eq!(started.elapsed(), Duration::from_secs(10));
+        trips(waiting, Expiry::SlowHead, Duration::from_secs(10)).await;
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_connection_serving_request_after_request_never_expires() {
         let a = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
-        let waiting = tokio::spawn({
-            let a = a.clone();
-            async move { a.expired().await }
-        });
+        let waiting = guard(&a);
         // 600 s of 7 s requests, each head taking 1 s to arrive.
         for _ in 0..75 {
             a.bytes_received(b"PUT / HTTP/1.1");
@@ -360,8 +360,6 @@ mod tests {
             a.request_finished();
         }
         assert!(!waiting.is_finished());
-        let last = Instant::now();
-        assert_eq!(waiting.await.unwrap(), Expiry::Idle);
-        assert_eq!(last.elapsed(), Duration::from_secs(60));
+        trips(waiting, Expiry::Idle, Duration::from_secs(60)).await;
     }
 }
