@@ -9,11 +9,14 @@
 //!
 //! Feeding it only records times: nothing is woken and no timer is touched per
 //! request. The guard's one timer checks lazily instead. A deadline that moved
-//! later is found when the timer fires early and is re-armed for it; the only
-//! deadline that can move earlier is a request head starting while the
-//! connection sits idle, so an idle connection's timer never sleeps longer than
-//! `header_read_timeout`, and a head that started meanwhile is then timed from
-//! its first byte, exactly.
+//! later is found when the timer fires early and is re-armed for it. A deadline
+//! can also appear while the timer sleeps: a head starting (due
+//! `header_read_timeout` after its first byte) or a request finishing (idle
+//! `idle_timeout` after). Neither can be due sooner than that timeout from the
+//! moment the timer was set, so the timer never sleeps longer than the timeout
+//! of whatever may happen next: both, with a request in flight; the head's, on
+//! an idle connection; the idle one, while a head arrives. Every deadline is
+//! then met exactly.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -116,7 +119,9 @@ impl Activity {
         }
         if let Some(started) = s.head_started {
             let deadline = started + self.header_read_timeout;
-            return if now >= deadline { Err(Expiry::SlowHead) } else { Ok(deadline) };
+            // The head may complete and its request finish before then, and
+            // the connection fall idle: no sooner than now + idle_timeout.
+            return if now >= deadline { Err(Expiry::SlowHead) } else { Ok(deadline.min(now + self.idle_timeout)) };
         }
         let deadline = s.idle_since + self.idle_timeout;
         if now >= deadline {
@@ -345,6 +350,21 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(25)).await;
         a.bytes_received(b"PUT / HTTP/1.1");
         trips(waiting, Expiry::SlowHead, Duration::from_secs(10)).await;
+    }
+
+    /// Nobody wakes the guard when a request finishes either: with
+    /// `idle_timeout` below `header_read_timeout`, a guard that went to sleep
+    /// while a head arrived must still close the connection on time.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_ends_while_the_guard_waits_on_its_head_is_idle_on_time() {
+        let a = Activity::new(Duration::from_secs(10), Duration::from_secs(2));
+        a.bytes_received(b"PUT / HTTP/1.1");
+        let waiting = guard(&a);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        a.request_started();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        a.request_finished();
+        trips(waiting, Expiry::Idle, Duration::from_secs(2)).await;
     }
 
     #[tokio::test(start_paused = true)]
