@@ -132,7 +132,7 @@ fi
 if [[ -n "${HYPER_FLOOR_BIN:-}" ]]; then
     FLOOR_BIN=$HYPER_FLOOR_BIN
     [[ -x "$FLOOR_BIN" ]] || die "HYPER_FLOOR_BIN='$FLOOR_BIN' is not an executable file"
-elif [[ " $(for s in $SCENARIOS; do lineup "$s"; done) " == *" hyper-floor "* ]]; then
+elif [[ " $(for s in $SCENARIOS; do lineup "$s"; done | tr '\n' ' ') " == *" hyper-floor "* ]]; then
     command -v cargo >/dev/null 2>&1 || die "cargo not found (or set HYPER_FLOOR_BIN, or leave out the hyper-floor contender)"
     log "building the hyper floor: cargo build --release --locked --example hyper_floor"
     (cd "$repo" && cargo build --release --locked --example hyper_floor >&2) || die "cargo build --example hyper_floor failed"
