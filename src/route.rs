@@ -10,6 +10,14 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use http::{HeaderMap, HeaderName, Method, Uri};
 
+/// A request and the route it matched: what the layers below routing take, so
+/// none of them can be reached by a request that was not routed.
+#[derive(Debug)]
+pub struct Routed<B> {
+    pub route: Arc<Route>,
+    pub request: http::Request<B>,
+}
+
 /// One configured route, validated.
 #[derive(Debug, Clone)]
 pub struct Route {

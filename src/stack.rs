@@ -19,7 +19,7 @@ use crate::fence::{FencingLayer, KeyGate};
 use crate::limits::{limit_body, RequestBody};
 use crate::metrics::Metrics;
 use crate::proxy::Forward;
-use crate::route::{Route, RouteTable};
+use crate::route::{Route, RouteTable, Routed};
 
 /// What every connection's stack shares.
 #[derive(Debug)]
@@ -94,8 +94,8 @@ impl<S> tower::Layer<S> for RoutingLayer {
     }
 }
 
-/// Finds the request's route (longest prefix), puts it in the request
-/// extensions, and answers 404 when there is none. Then the route's body limit
+/// Finds the request's route (longest prefix) and hands the request on with it
+/// ([`Routed`]), or answers 404 when there is none. Then the route's body limit
 /// (see [`crate::limits`]): it comes before the fence, so a fenced chunked
 /// upload is read whole (up to `max_body`) before it may take its key's turn,
 /// and a slow or oversized upload never holds the key or reaches the upstream
@@ -112,7 +112,7 @@ struct Routing<S> {
 
 impl<S> Service<Request<Incoming>> for Routing<S>
 where
-    S: Service<Request<RequestBody>, Response = Response<ProxyBody>, Error = Rejection> + Clone + Send + 'static,
+    S: Service<Routed<RequestBody>, Response = Response<ProxyBody>, Error = Rejection> + Clone + Send + 'static,
     S::Future: Send,
 {
     type Response = Response<ProxyBody>;
@@ -123,18 +123,17 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         let Some((index, route)) = self.routes.find_indexed(req.uri().path()) else {
             let path = req.uri().path().to_string();
             return Box::pin(async move { Ok(Rejection::from(ProxyError::NoRoute { path }).into_response()) });
         };
         let route: Arc<Route> = route.clone();
         let tag = RouteTag { index, name: route.name.clone() };
-        req.extensions_mut().insert(route.clone());
         let inner = self.inner.clone();
         Box::pin(async move {
             let response = match limit_body(&route, req).await {
-                Ok(req) => inner.oneshot(req).await,
+                Ok(request) => inner.oneshot(Routed { route, request }).await,
                 Err(e) => Err(e.into()),
             };
             let mut response = response.unwrap_or_else(Rejection::into_response);

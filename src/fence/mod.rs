@@ -1,6 +1,7 @@
 //! The fence: token parsing, mark stores, per-key turns and the tower middleware.
 //!
-//! [`FencingLayer`] wraps the service that forwards to the upstream. For a request
+//! [`FencingLayer`] wraps the service that forwards to the upstream, and takes
+//! requests already routed ([`Routed`](crate::route::Routed)). For a request
 //! whose method its route fences, [`Fencing`] guarantees, in this order:
 //!
 //! 1. a token that is malformed or repeated is refused (400) and a missing one is

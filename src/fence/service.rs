@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::Response;
 use tower::Service;
 
 use super::gate::Turn;
@@ -11,13 +11,13 @@ use super::store::{Advance, FenceStore};
 use super::token::token_from_headers;
 use super::{KeyGate, ResponseFuture};
 use crate::error::{Decision, Outcome, ProxyBody, ProxyError, Rejection};
-use crate::route::Route;
+use crate::route::Routed;
 
 /// The fencing middleware; see the [module docs](super) for what it guarantees.
 ///
-/// It reads the request's [`Route`] from the request extensions (the routing
-/// layer puts it there) and refuses, with a 500, a request that has none, so a
-/// mis-built stack fails closed rather than forwarding unchecked writes.
+/// It takes [`Routed`] requests: the route says which methods are fenced and
+/// how the key is made, and a stack that does not route before the fence does
+/// not compile.
 #[derive(Debug)]
 pub struct Fencing<S, St> {
     inner: S,
@@ -37,9 +37,9 @@ impl<S, St> Fencing<S, St> {
     }
 }
 
-impl<S, St, B> Service<Request<B>> for Fencing<S, St>
+impl<S, St, B> Service<Routed<B>> for Fencing<S, St>
 where
-    S: Service<Request<B>, Response = Response<ProxyBody>, Error = ProxyError> + Clone + Send + 'static,
+    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = ProxyError> + Clone + Send + 'static,
     S::Future: Send,
     St: FenceStore,
     B: Send + 'static,
@@ -52,7 +52,7 @@ where
         self.inner.poll_ready(cx).map_err(Rejection::from)
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    fn call(&mut self, req: Routed<B>) -> Self::Future {
         // Take the service that was driven to readiness; leave a fresh clone behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
@@ -64,22 +64,20 @@ async fn decide_and_forward<S, St, B>(
     mut inner: S,
     store: Arc<St>,
     gate: Arc<KeyGate>,
-    req: Request<B>,
+    routed: Routed<B>,
 ) -> Result<Response<ProxyBody>, Rejection>
 where
-    S: Service<Request<B>, Response = Response<ProxyBody>, Error = ProxyError>,
+    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = ProxyError>,
     St: FenceStore,
 {
-    let Some(route) = req.extensions().get::<Arc<Route>>().cloned() else {
-        return Err(ProxyError::Internal("request reached the fence without a route".into()).into());
-    };
+    let Routed { route, request: req } = routed;
     if !route.is_fenced(req.method()) {
-        return forward_unfenced(inner, req).await;
+        return forward_unfenced(inner, Routed { route, request: req }).await;
     }
     let header = &route.token_header;
     let token = match token_from_headers(req.headers(), header) {
         Ok(Some(token)) => Ok(token),
-        Ok(None) if route.allow_missing_token => return forward_unfenced(inner, req).await,
+        Ok(None) if route.allow_missing_token => return forward_unfenced(inner, Routed { route, request: req }).await,
         Ok(None) => Err(ProxyError::MissingToken { header: header.clone() }),
         Err(error) => Err(ProxyError::MalformedToken { header: header.clone(), error }),
     };
@@ -149,8 +147,9 @@ where
     }
     // If this future is dropped from here on (the client went away), the
     // request may already be at the upstream: the guard then settles the key.
-    let turn = SettlingTurn { turn: Some(turn), settle: route.settle };
-    let result = inner.call(req).await;
+    let settle = route.settle;
+    let turn = SettlingTurn { turn: Some(turn), settle };
+    let result = inner.call(Routed { route, request: req }).await;
     let turn = turn.disarm();
     match result {
         Ok(mut response) => {
@@ -161,11 +160,10 @@ where
             response.extensions_mut().insert(decision);
             Ok(response)
         }
-        Err(e) if e.is_ambiguous() && !route.settle.is_zero() => {
+        Err(e) if e.is_ambiguous() && !settle.is_zero() => {
             // The upstream may still apply this write. Keep the key closed for the
             // settle period, so a newer write cannot land and then be overwritten
             // by this one (the idea of Chubby's lock-delay).
-            let settle = route.settle;
             hold_for(turn, settle);
             let mut rejection = Rejection::new(e, Some(key), Some(token));
             rejection.settle = Some(settle);
@@ -231,9 +229,9 @@ fn check_jump(max_jump: Option<u64>, token: u64, current: u64) -> Result<(), Pro
     }
 }
 
-async fn forward_unfenced<S, B>(mut inner: S, req: Request<B>) -> Result<Response<ProxyBody>, Rejection>
+async fn forward_unfenced<S, B>(mut inner: S, req: Routed<B>) -> Result<Response<ProxyBody>, Rejection>
 where
-    S: Service<Request<B>, Response = Response<ProxyBody>, Error = ProxyError>,
+    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = ProxyError>,
 {
     let mut response = inner.call(req).await?;
     response.extensions_mut().insert(Decision { outcome: Outcome::Unfenced, key: None, token: None, settled: false });
@@ -245,13 +243,13 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use bytes::Bytes;
-    use http::Method;
+    use http::{Method, Request};
     use http_body_util::{Either, Full};
 
     use super::*;
     use crate::fence::signature::sign;
     use crate::fence::store::{MemoryStore, StoreError};
-    use crate::route::SigningKey;
+    use crate::route::{Route, SigningKey};
 
     const SECRET: &[u8] = b"service-test-secret-0123";
 
@@ -302,7 +300,7 @@ mod tests {
     async fn put(route: Arc<Route>, store: Arc<WitnessStore>, headers: &[(&str, &str)]) -> (u16, usize) {
         let forwarded = Arc::new(AtomicUsize::new(0));
         let seen = forwarded.clone();
-        let inner = tower::service_fn(move |_req: Request<()>| {
+        let inner = tower::service_fn(move |_req: Routed<()>| {
             seen.fetch_add(1, Ordering::SeqCst);
             async { Ok::<_, ProxyError>(Response::new(Either::Right(Full::new(Bytes::new())))) }
         });
@@ -310,8 +308,7 @@ mod tests {
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
-        let mut req = req.body(()).unwrap();
-        req.extensions_mut().insert(route);
+        let req = Routed { route, request: req.body(()).unwrap() };
         let status = match decide_and_forward(inner, store, Arc::new(KeyGate::default()), req).await {
             Ok(response) => response.status().as_u16(),
             Err(rejection) => rejection.error.status().as_u16(),

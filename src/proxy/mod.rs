@@ -8,7 +8,6 @@ mod upstream;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::header::{HeaderValue, HOST};
@@ -22,7 +21,7 @@ pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
 
 use crate::error::{ProxyBody, ProxyError};
 use crate::limits::RequestBody;
-use crate::route::{request_host, Route};
+use crate::route::{request_host, Routed};
 
 pub use upstream::{CONNECT_TIMEOUT, FIRST_BACKOFF, MAX_RETRIES};
 
@@ -66,7 +65,7 @@ impl Forward {
     }
 }
 
-impl Service<Request<RequestBody>> for Forward {
+impl Service<Routed<RequestBody>> for Forward {
     type Response = Response<ProxyBody>;
     type Error = ProxyError;
     type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send>>;
@@ -75,17 +74,13 @@ impl Service<Request<RequestBody>> for Forward {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
+    fn call(&mut self, req: Routed<RequestBody>) -> Self::Future {
         Box::pin(forward(self.clone(), req))
     }
 }
 
-async fn forward(connection: Forward, req: Request<RequestBody>) -> Result<Response<ProxyBody>, ProxyError> {
-    let route = req
-        .extensions()
-        .get::<Arc<Route>>()
-        .cloned()
-        .ok_or_else(|| ProxyError::Internal("request reached the forwarder without a route".into()))?;
+async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Response<ProxyBody>, ProxyError> {
+    let Routed { route, request: req } = req;
     let (mut parts, body) = req.into_parts();
 
     // Only requests the fence does not cover may switch protocols: a fenced
