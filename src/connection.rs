@@ -306,6 +306,16 @@ mod tests {
         tokio::spawn(async move { a.expired().await })
     }
 
+    /// One request on `a`: its head takes `head` to arrive, then it is served
+    /// for `served`.
+    async fn request(a: &Activity, head: Duration, served: Duration) {
+        a.bytes_received(b"PUT / HTTP/1.1");
+        tokio::time::sleep(head).await;
+        a.request_started();
+        tokio::time::sleep(served).await;
+        a.request_finished();
+    }
+
     /// `waiting` trips with `expiry` exactly `after` from now.
     async fn trips(waiting: tokio::task::JoinHandle<Expiry>, expiry: Expiry, after: Duration) {
         let now = Instant::now();
@@ -358,12 +368,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_request_that_ends_while_the_guard_waits_on_its_head_is_idle_on_time() {
         let a = Activity::new(Duration::from_secs(10), Duration::from_secs(2));
-        a.bytes_received(b"PUT / HTTP/1.1");
+        // The guard first looks while the head is still arriving.
         let waiting = guard(&a);
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        a.request_started();
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        a.request_finished();
+        request(&a, Duration::from_secs(1), Duration::from_millis(500)).await;
         trips(waiting, Expiry::Idle, Duration::from_secs(2)).await;
     }
 
@@ -373,11 +380,7 @@ mod tests {
         let waiting = guard(&a);
         // 600 s of 7 s requests, each head taking 1 s to arrive.
         for _ in 0..75 {
-            a.bytes_received(b"PUT / HTTP/1.1");
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            a.request_started();
-            tokio::time::sleep(Duration::from_secs(7)).await;
-            a.request_finished();
+            request(&a, Duration::from_secs(1), Duration::from_secs(7)).await;
         }
         assert!(!waiting.is_finished());
         trips(waiting, Expiry::Idle, Duration::from_secs(60)).await;
