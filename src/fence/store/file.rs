@@ -180,23 +180,23 @@ impl Unfolded {
     }
 
     /// Up to `limit` marks whose keys start with `prefix` and sort after `after`,
-    /// in key order, each key once. Walks every unfolded mark (listing is rare,
-    /// raising is not) and keeps only the `limit` first keys on the way.
+    /// in key order, each key once with its highest mark. Reads at most `limit`
+    /// marks of each map (a range of each), so the commit thread, which takes
+    /// this lock after every append, never waits for a listing to walk them all.
     fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Vec<(String, u64)> {
-        let wanted = |key: &str| key.starts_with(prefix) && after.is_none_or(|after| key > after);
-        let marks =
-            self.current.iter().map(|(key, token)| (&**key, (*token).max(self.folding.get(key).map_or(0, |t| *t))));
-        let folding_only = self.folding.iter().filter(|(key, _)| !self.current.contains_key(*key));
-        let mut first = std::collections::BinaryHeap::with_capacity(limit + 1);
-        for (key, token) in marks.chain(folding_only.map(|(key, token)| (&**key, *token))) {
-            if wanted(key) {
-                first.push((key, token));
-                if first.len() > limit {
-                    first.pop(); // the largest key
-                }
+        use std::ops::Bound;
+        let from = match after {
+            Some(after) if after >= prefix => Bound::Excluded(after),
+            _ => Bound::Included(prefix),
+        };
+        let mut first = Marks::new();
+        for marks in [&self.current, &*self.folding] {
+            let range = marks.range::<str, _>((from, Bound::Unbounded));
+            for (key, token) in range.take_while(|(key, _)| key.starts_with(prefix)).take(limit) {
+                journal::raise(&mut first, key, *token);
             }
         }
-        first.into_sorted_vec().into_iter().map(|(key, token)| (key.to_string(), token)).collect()
+        first.into_iter().take(limit).map(|(key, token)| (key.into(), token)).collect()
     }
 }
 
@@ -899,9 +899,7 @@ fn fold(db: &Database, marks: &Marks) -> Result<(), StoreError> {
         {
             let mut table = txn.open_table(FENCES)?;
             // In key order: each leaf page is visited once, in turn.
-            let mut sorted: Vec<_> = marks.iter().collect();
-            sorted.sort_unstable();
-            for (key, token) in sorted {
+            for (key, token) in marks {
                 // One lookup: insert, and put the old mark back in the rare case it was higher.
                 let old = table.insert(&**key, *token)?.map(|v| v.value());
                 if let Some(old) = old.filter(|old| old > token) {
@@ -1144,6 +1142,18 @@ mod tests {
         assert_eq!(unfolded.list("c", None, 10), all[2..3]);
         assert_eq!(unfolded.mark("a"), Some(5));
         assert_eq!(unfolded.mark("z"), None);
+        // A cursor before the prefix starts at the prefix; one past it ends the list.
+        assert_eq!(unfolded.list("c", Some("a"), 10), all[2..3]);
+        assert_eq!(unfolded.list("b", Some("c"), 10), []);
+        // Keys only in the folding map, after the first `limit` of the current one.
+        let unfolded = Unfolded {
+            current: marks(&[("p1", 1), ("p2", 1), ("p3", 1)]),
+            folding: Arc::new(marks(&[("p0", 7), ("p2", 8), ("q", 1)])),
+        };
+        let page = |after, limit| unfolded.list("p", after, limit);
+        assert_eq!(page(None, 2), [("p0".to_string(), 7), ("p1".to_string(), 1)]);
+        assert_eq!(page(Some("p1"), 2), [("p2".to_string(), 8), ("p3".to_string(), 1)]);
+        assert_eq!(page(Some("p3"), 2), []);
     }
 
     #[tokio::test]

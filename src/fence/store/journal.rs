@@ -21,7 +21,7 @@
 //! longer check out, so the file keeps its blocks and an append overwrites them
 //! in place, and an fsync has no file size to record.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::hash::BuildHasher;
 use std::io;
@@ -40,8 +40,10 @@ const MAGIC: [u8; 4] = *b"FGJ1";
 const HEADER: usize = 16;
 const RECORD_HEADER: usize = 12;
 
-/// Marks by key: what a journal holds once replayed, and what is not folded yet.
-pub type Marks = HashMap<Box<str>, u64, ahash::RandomState>;
+/// Marks by key, in key order: what a journal holds once replayed, and what is
+/// not folded yet. In order, so a fold writes the B-tree's pages in turn and a
+/// listing reads a range instead of every mark.
+pub type Marks = BTreeMap<Box<str>, u64>;
 
 /// Raises `key`'s mark in `marks` to at least `token`; allocates only for a new key.
 pub fn raise(marks: &mut Marks, key: &str, token: u64) {
