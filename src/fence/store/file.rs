@@ -1311,4 +1311,71 @@ mod tests {
         assert_eq!(std::fs::read(dir.join(DB_FILE)).unwrap(), vec![0xA5u8; 64 * 1024]);
         std::fs::remove_dir_all(dir).unwrap();
     }
+
+    /// A fold that cannot finish (another write transaction holds the B-tree):
+    /// the first append that needs the full journal waits `fold_wait` and
+    /// fails, later ones fail at once, the refused mark is still enforced, and
+    /// everything recovers once the fold ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stuck_fold_fails_appends_closed_then_recovers() {
+        let dir = temp_dir("stuck");
+        let fold_wait = Duration::from_secs(1);
+        let tuning = Tuning { fold_bytes: 1, max_journal_bytes: 1, fold_wait, ..Tuning::default() };
+        let store = Arc::new(FileStore::open_tuned(&dir, false, 100, tuning).unwrap());
+        let blocker = store.inner.db.begin_write().unwrap();
+        // The first fills one file and hands it to the fold, the second the other.
+        assert_eq!(store.advance("a", 3).await.unwrap(), Advance::Accepted { previous: None });
+        assert_eq!(store.advance("b", 1).await.unwrap(), Advance::Accepted { previous: None });
+        let started = Instant::now();
+        assert!(store.advance("k", 9).await.is_err(), "the journal is full and the fold stuck: 503");
+        assert!(started.elapsed() >= fold_wait);
+        let started = Instant::now();
+        assert!(store.advance("j", 1).await.is_err());
+        assert!(started.elapsed() < fold_wait, "later appends fail at once");
+        assert!(store.stats().unwrap().is_failing());
+        assert_eq!(store.advance("k", 5).await.unwrap(), Advance::Stale { current: 9 });
+        drop(blocker);
+        let mut tries = 0;
+        while store.advance("k", 9).await.is_err() {
+            tries += 1;
+            assert!(tries < 500, "the journal never drained after the fold was let go");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!store.stats().unwrap().is_failing());
+        drop(store);
+        let store = FileStore::open(&dir, true, 100).unwrap();
+        assert_eq!((store.get("a").await.unwrap(), store.get("k").await.unwrap()), (Some(3), Some(9)));
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// What a crash leaves while one journal file is being folded and the other
+    /// takes appends: every acknowledged mark comes back from the two files.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crash_with_one_journal_file_folding_and_the_other_in_use_loses_nothing() {
+        let dir = temp_dir("midfold");
+        let crashed = temp_dir("midfold-crashed");
+        let tuning = Tuning { fold_bytes: 1, ..Tuning::default() };
+        let store = FileStore::open_tuned(&dir, false, 100, tuning).unwrap();
+        let blocker = store.inner.db.begin_write().unwrap();
+        store.advance("a", 3).await.unwrap();
+        store.advance("b", 4).await.unwrap();
+        store.advance("a", 5).await.unwrap();
+        // The files as they are on disk now: both journal files hold frames.
+        std::fs::create_dir_all(&crashed).unwrap();
+        for name in [DB_FILE, journal::FILES[0], journal::FILES[1]] {
+            std::fs::copy(dir.join(name), crashed.join(name)).unwrap();
+            if name != DB_FILE {
+                let replayed = journal::replay(&std::fs::read(dir.join(name)).unwrap(), &mut Marks::new()).unwrap();
+                assert!(replayed.records > 0, "{name} holds no frame");
+            }
+        }
+        drop(blocker);
+        drop(store);
+        let store = FileStore::open(&crashed, true, 100).unwrap();
+        assert_eq!((store.get("a").await.unwrap(), store.get("b").await.unwrap()), (Some(5), Some(4)));
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+        let _ = std::fs::remove_dir_all(crashed);
+    }
 }
