@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod canonical;
 pub mod cli;
 pub mod config;
 pub mod connection;
