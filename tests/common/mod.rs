@@ -371,3 +371,4 @@ pub async fn put(url: &str, token: u64, body: &'static str) -> Reply {
 }
 
 pub mod process;
+pub mod realistic;
