@@ -7,6 +7,9 @@
 //! the next request, WebDAV `Destination`). Its log of applied writes is the
 //! witness: a test reads it straight from the store, never through fencegate.
 //!
+//! [`Nginx`] runs a real nginx with WebDAV (`tests/upstreams/nginx.conf`) on a
+//! temp dir: the files it wrote are the witness there.
+//!
 //! [`RawRequest`] and [`Conn`] send exact bytes over HTTP/1.1 (odd method
 //! spellings, absolute-form targets, odd `Host` values, bodies a well-behaved client
 //! would never send); [`H2`] is an h2c connection with hyper's client.
@@ -25,7 +28,7 @@ use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::process::ChildGuard;
+use super::process::{ChildGuard, TempDir};
 use super::Reply;
 
 /// Longest wait for something that should happen: generous, it only matters when
@@ -189,6 +192,98 @@ impl LegacyStore {
             assert!(start.elapsed() < DEADLINE, "{n} writes to {vhost}{resource} never landed: {writes:#?}");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+}
+
+/// nginx with WebDAV on a temp dir, as a child process; killed on drop.
+///
+/// There is no skipping: without an `nginx` binary (the CI script installs it)
+/// starting fails the test.
+pub struct Nginx {
+    pub addr: SocketAddr,
+    dir: TempDir,
+    _child: ChildGuard,
+}
+
+impl Nginx {
+    pub fn start() -> Nginx {
+        let dir = TempDir::new();
+        for sub in ["a", "default", "tmp"] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        // nginx cannot report a port it chose: take a free one and hand it over.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let template = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/upstreams/nginx.conf");
+        let conf = std::fs::read_to_string(&template)
+            .unwrap()
+            .replace("@DIR@", &dir.path().display().to_string())
+            .replace("@PORT@", &port.to_string());
+        let conf_path = dir.write("nginx.conf", &conf);
+        let binary = ["nginx", "/usr/sbin/nginx"]
+            .into_iter()
+            .find(|b| Command::new(b).arg("-v").stderr(Stdio::null()).status().is_ok())
+            .unwrap_or_else(|| panic!("no nginx binary: install nginx (with its WebDAV module) to run this test"));
+        let child = Command::new(binary)
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-c")
+            .arg(&conf_path)
+            .arg("-e")
+            .arg(dir.path().join("error.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
+        let mut child = ChildGuard(child);
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let start = Instant::now();
+        while std::net::TcpStream::connect(addr).is_err() {
+            if let Some(status) = child.0.try_wait().unwrap() {
+                let log = std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default();
+                panic!("nginx exited ({status}) instead of listening on {addr}:\n{log}");
+            }
+            assert!(start.elapsed() < DEADLINE, "nginx did not listen on {addr} within {DEADLINE:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Nginx { addr, dir, _child: child }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every file under the roots, as (`a/...` or `default/...`, contents), sorted.
+    pub fn files(&self) -> Vec<(String, String)> {
+        fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
+            let Ok(entries) = std::fs::read_dir(dir) else { return };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(base, &path, out);
+                } else {
+                    let name = path.strip_prefix(base).unwrap().to_string_lossy().into_owned();
+                    let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap_or_default()).into_owned();
+                    out.push((name, text));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for root in ["a", "default"] {
+            walk(self.dir.path(), &self.dir.path().join(root), &mut out);
+        }
+        out.sort();
+        out
+    }
+
+    /// The contents of `path` under the roots (`a/objects/x`), if it is a file.
+    pub fn file(&self, path: &str) -> Option<String> {
+        std::fs::read(self.dir.path().join(path)).ok().map(|b| String::from_utf8_lossy(&b).into_owned())
+    }
+
+    /// What nginx logged (errors and warnings).
+    pub fn error_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
     }
 }
 
