@@ -1,11 +1,13 @@
 //! Per-connection guards against clients that hold resources without making
-//! progress: a request head that never completes (slowloris), and a keep-alive
-//! connection that sits idle.
+//! progress: a request head that never completes (slowloris), a keep-alive
+//! connection that sits idle, and a client that does not let an idle
+//! connection close.
 //!
 //! [`Activity`] is fed from two sides: [`ActivityIo`] sees bytes arrive, and
 //! [`TrackRequests`] sees requests start and finish. [`Activity::expired`]
 //! resolves when either guard trips; the connection task then closes the
-//! connection (at once for a stuck head, gracefully for an idle one).
+//! connection (at once for a stuck head, gracefully for an idle one), and
+//! [`Activity::overstayed`] tells it when a graceful close has taken too long.
 //!
 //! # What must arrive in time
 //!
@@ -48,6 +50,15 @@
 //! two deadlines already set, since anything that follows (the frame ending, a
 //! later unit starting, the frame turning out to open a header block) only
 //! moves them later or drops one. Every deadline is then met exactly.
+//!
+//! # Closing
+//!
+//! An idle HTTP/1 connection closes at once. An idle HTTP/2 connection gets
+//! GOAWAY and a PING, and closes once the client has answered the PING; a
+//! client that never answers would keep it open for ever. So a connection
+//! asked to close gracefully (idle, or at shutdown) that has not ended
+//! [`Activity::close_grace`] after that, with no request in flight, is closed
+//! at once. A request in flight is never cut by this: it finishes first.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -59,6 +70,11 @@ use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 use tower::{Layer, Service};
+
+/// The longest a connection asked to close gracefully may stay open with no
+/// request in flight (shorter if `header_read_timeout` is): see
+/// [`Activity::close_grace`].
+pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4). No HTTP/1 request line is a
 /// prefix of it, nor starts with it.
@@ -130,6 +146,17 @@ impl Activity {
             header_read_timeout,
             idle_timeout,
         })
+    }
+
+    /// How long a connection asked to close gracefully may take to end once no
+    /// request is in flight: `header_read_timeout`, at most [`CLOSE_GRACE`].
+    /// A client needs one round trip to answer HTTP/2's closing PING (or to
+    /// see an HTTP/1 close); one that could not do that within
+    /// `header_read_timeout` could not have sent a request head in time
+    /// either, and five seconds cover a few lost packets on a slow link
+    /// without letting a client that ignores the PING hold its slot.
+    pub fn close_grace(&self) -> Duration {
+        self.header_read_timeout.min(CLOSE_GRACE)
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -229,6 +256,30 @@ impl Activity {
                     sleep.as_mut().await;
                 }
             }
+        }
+    }
+
+    /// Resolves when a connection asked to close gracefully at `closing_since`
+    /// has stayed open [`close_grace`](Activity::close_grace) past that moment
+    /// and past its last request's end, with no request in flight: the client
+    /// is not letting it close, and it may be closed at once.
+    pub async fn overstayed(&self, closing_since: Instant) {
+        let grace = self.close_grace();
+        loop {
+            let at = {
+                let s = self.state();
+                if s.in_flight > 0 {
+                    // Nobody says when it finishes: look again a grace later,
+                    // no later than its end + grace.
+                    Instant::now() + grace
+                } else {
+                    closing_since.max(s.idle_since) + grace
+                }
+            };
+            if Instant::now() >= at {
+                return;
+            }
+            tokio::time::sleep_until(at).await;
         }
     }
 }
@@ -874,5 +925,40 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(4)).await;
         a.request_finished();
         trips(waiting, Expiry::SlowHead, Duration::from_secs(10)).await;
+    }
+
+    // --- Closing -----------------------------------------------------------------
+
+    #[tokio::test(start_paused = true)]
+    async fn a_graceful_close_overstays_after_the_grace() {
+        let a = activity();
+        assert_eq!(a.close_grace(), CLOSE_GRACE);
+        let closing = Instant::now();
+        a.overstayed(closing).await;
+        assert_eq!(closing.elapsed(), CLOSE_GRACE);
+
+        // A short header_read_timeout shortens the grace.
+        let a = Activity::new(Duration::from_millis(300), Duration::from_secs(60));
+        let closing = Instant::now();
+        a.overstayed(closing).await;
+        assert_eq!(closing.elapsed(), Duration::from_millis(300));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_graceful_close_never_cuts_a_request_in_flight() {
+        let a = activity();
+        a.head_bytes();
+        a.request_started();
+        let closing = Instant::now();
+        let overstayed = {
+            let a = a.clone();
+            tokio::spawn(async move { a.overstayed(closing).await })
+        };
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert!(!overstayed.is_finished());
+        a.request_finished();
+        let finished = Instant::now();
+        overstayed.await.unwrap();
+        assert_eq!(finished.elapsed(), CLOSE_GRACE);
     }
 }

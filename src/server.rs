@@ -301,7 +301,11 @@ impl Worker {
 
 /// Serves one client connection until it ends, closing it when a guard trips
 /// (a stuck request head at once, an idle connection gracefully) or when
-/// shutdown begins (gracefully: the request in flight finishes first).
+/// shutdown begins (gracefully: the request in flight finishes first). A
+/// graceful close the client does not let happen (an HTTP/2 client that never
+/// answers the closing PING) becomes an abrupt one once the connection has no
+/// request in flight and its close grace has passed; requests in flight are
+/// never cut here (at shutdown, `shutdown_grace` bounds them).
 async fn serve_connection<C, E>(
     conn: C,
     activity: Arc<Activity>,
@@ -313,7 +317,8 @@ async fn serve_connection<C, E>(
     E: std::fmt::Display,
 {
     tokio::pin!(conn);
-    let mut closing = false;
+    // When the graceful close began.
+    let mut closing: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             // The connection first: it is what wakes this task on every request.
@@ -324,19 +329,23 @@ async fn serve_connection<C, E>(
                 }
                 break;
             }
-            expiry = activity.expired(), if !closing => match expiry {
+            expiry = activity.expired(), if closing.is_none() => match expiry {
                 Expiry::SlowHead => {
                     debug!(%peer, "closing a connection whose request head did not arrive in time");
                     break;
                 }
                 Expiry::Idle => {
                     conn.as_mut().close_gracefully();
-                    closing = true;
+                    closing = Some(tokio::time::Instant::now());
                 }
             },
-            _ = stop.wait_for(|stopping| *stopping), if !closing => {
+            _ = stop.wait_for(|stopping| *stopping), if closing.is_none() => {
                 conn.as_mut().close_gracefully();
-                closing = true;
+                closing = Some(tokio::time::Instant::now());
+            }
+            _ = activity.overstayed(closing.unwrap_or_else(tokio::time::Instant::now)), if closing.is_some() => {
+                debug!(%peer, "closing a connection whose client did not let it close gracefully");
+                break;
             }
         }
     }
