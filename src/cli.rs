@@ -117,5 +117,8 @@ impl AdminClient {
 }
 
 fn encode(params: &[(&str, &str)]) -> String {
-    form_urlencoded::Serializer::new(String::new()).extend_pairs(params).finish()
+    // The fence API decodes `+` as a plus sign, not a space (keys are decoded
+    // like request paths): spaces go as %20. The serializer already writes a
+    // literal `+` as %2B, so every `+` it leaves is a space.
+    form_urlencoded::Serializer::new(String::new()).extend_pairs(params).finish().replace('+', "%20")
 }

@@ -5,7 +5,6 @@
 //! they apply. Errors never escape as connection resets: the rescue layer turns
 //! each [`Rejection`] into a response with [`Rejection::into_response`].
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,9 +13,10 @@ use http::{HeaderName, Response, StatusCode};
 use http_body_util::{Either, Full};
 use serde_json::json;
 
+use crate::canonical::PathError;
 use crate::fence::store::StoreError;
 use crate::fence::token::TokenError;
-use crate::route::KeyError;
+use crate::route::{KeyError, RouteTag};
 
 /// The body of every response fencegate sends: streamed from the upstream, or
 /// made here in one piece.
@@ -48,6 +48,20 @@ pub enum ProxyError {
     BodyTimeout(Duration),
     #[error("no route matches path '{path}'")]
     NoRoute { path: String },
+    #[error("the request path cannot be made canonical: {0}")]
+    BadPath(#[from] PathError),
+    #[error("the request's host is not one fencegate can route by: {0}")]
+    BadHost(String),
+    #[error("header '{0}' has a value with leading or trailing whitespace, which HTTP/2 forbids")]
+    BadHeader(HeaderName),
+    #[error("the method-override headers name different methods ('{0}' and '{1}')")]
+    MethodOverride(String, String),
+    #[error("a {0} request carries a body, which this route does not allow for methods it does not fence")]
+    BodyNotAllowed(http::Method),
+    #[error("the Destination header cannot be fenced: {0}")]
+    BadDestination(String),
+    #[error("fencegate holds as many request bodies as it may ({0} bytes); try again shortly")]
+    BufferFull(u64),
     #[error("the upstream could not be reached, nothing was sent: {0}")]
     UpstreamConnect(String),
     #[error("the upstream connection failed after the request was sent: {0}")]
@@ -78,16 +92,21 @@ pub enum Outcome {
     TokenJump,
     BodyTooLarge,
     ClientError,
+    /// A request refused from its head: path, host, header, method override,
+    /// a body on an unfenced method, or its Destination.
+    BadRequest,
     NoRoute,
     UpstreamError,
     UpstreamTimeout,
     QueueTimeout,
     StoreUnavailable,
+    /// The global budget for buffered bodies was spent.
+    BufferFull,
     Internal,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 16] = [
+    pub const ALL: [Outcome; 18] = [
         Outcome::Forwarded,
         Outcome::Unfenced,
         Outcome::Stale,
@@ -98,11 +117,13 @@ impl Outcome {
         Outcome::TokenJump,
         Outcome::BodyTooLarge,
         Outcome::ClientError,
+        Outcome::BadRequest,
         Outcome::NoRoute,
         Outcome::UpstreamError,
         Outcome::UpstreamTimeout,
         Outcome::QueueTimeout,
         Outcome::StoreUnavailable,
+        Outcome::BufferFull,
         Outcome::Internal,
     ];
 
@@ -118,11 +139,13 @@ impl Outcome {
             Outcome::TokenJump => "token_jump",
             Outcome::BodyTooLarge => "body_too_large",
             Outcome::ClientError => "client_error",
+            Outcome::BadRequest => "bad_request",
             Outcome::NoRoute => "no_route",
             Outcome::UpstreamError => "upstream_error",
             Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::QueueTimeout => "queue_timeout",
             Outcome::StoreUnavailable => "store_unavailable",
+            Outcome::BufferFull => "buffer_full",
             Outcome::Internal => "internal",
         }
     }
@@ -139,10 +162,6 @@ pub struct Decision {
     pub settled: bool,
 }
 
-/// The route a response belongs to, carried in the response extensions.
-#[derive(Debug, Clone)]
-pub struct RouteName(pub Arc<str>);
-
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
@@ -154,6 +173,13 @@ impl ProxyError {
             ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ProxyError::NoRoute { .. } => StatusCode::NOT_FOUND,
+            ProxyError::BadPath(_)
+            | ProxyError::BadHost(_)
+            | ProxyError::BadHeader(_)
+            | ProxyError::MethodOverride(..)
+            | ProxyError::BodyNotAllowed(_)
+            | ProxyError::BadDestination(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BufferFull(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::UpstreamConnect(_) | ProxyError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::QueueTimeout(_) | ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -172,6 +198,13 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } => Outcome::BodyTooLarge,
             ProxyError::ClientBody(_) | ProxyError::BodyTimeout(_) => Outcome::ClientError,
             ProxyError::NoRoute { .. } => Outcome::NoRoute,
+            ProxyError::BadPath(_)
+            | ProxyError::BadHost(_)
+            | ProxyError::BadHeader(_)
+            | ProxyError::MethodOverride(..)
+            | ProxyError::BodyNotAllowed(_)
+            | ProxyError::BadDestination(_) => Outcome::BadRequest,
+            ProxyError::BufferFull(_) => Outcome::BufferFull,
             ProxyError::UpstreamConnect(_) | ProxyError::UpstreamFailed(_) => Outcome::UpstreamError,
             ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
             ProxyError::QueueTimeout(_) => Outcome::QueueTimeout,
@@ -200,6 +233,13 @@ impl ProxyError {
             ProxyError::ClientBody(_) => ("urn:fencegate:problem:client-body", "Request body failed"),
             ProxyError::BodyTimeout(_) => ("urn:fencegate:problem:body-timeout", "Request body too slow"),
             ProxyError::NoRoute { .. } => ("urn:fencegate:problem:no-route", "No route"),
+            ProxyError::BadPath(_) => ("urn:fencegate:problem:bad-path", "Ambiguous request path"),
+            ProxyError::BadHost(_) => ("urn:fencegate:problem:bad-host", "Malformed host"),
+            ProxyError::BadHeader(_) => ("urn:fencegate:problem:bad-header", "Malformed header value"),
+            ProxyError::MethodOverride(..) => ("urn:fencegate:problem:method-override", "Conflicting method overrides"),
+            ProxyError::BodyNotAllowed(_) => ("urn:fencegate:problem:body-not-allowed", "Body on an unfenced method"),
+            ProxyError::BadDestination(_) => ("urn:fencegate:problem:bad-destination", "Destination cannot be fenced"),
+            ProxyError::BufferFull(_) => ("urn:fencegate:problem:buffer-full", "Too many buffered bodies"),
             ProxyError::UpstreamConnect(_) => ("urn:fencegate:problem:upstream-error", "Upstream unreachable"),
             ProxyError::UpstreamFailed(_) => ("urn:fencegate:problem:upstream-error", "Upstream failed"),
             ProxyError::UpstreamTimeout(_) => ("urn:fencegate:problem:upstream-timeout", "Upstream timeout"),
@@ -218,17 +258,19 @@ pub struct Rejection {
     pub token: Option<u64>,
     /// How long the key stays closed after this ambiguous outcome, if it does.
     pub settle: Option<Duration>,
+    /// The route the request matched, once routing found one.
+    pub route: Option<RouteTag>,
 }
 
 impl From<ProxyError> for Rejection {
     fn from(error: ProxyError) -> Self {
-        Rejection { error, key: None, token: None, settle: None }
+        Rejection::new(error, None, None)
     }
 }
 
 impl Rejection {
     pub fn new(error: ProxyError, key: Option<String>, token: Option<u64>) -> Self {
-        Rejection { error, key, token, settle: None }
+        Rejection { error, key, token, settle: None, route: None }
     }
 
     /// The problem+json response for this rejection, with its [`Decision`].
@@ -267,7 +309,7 @@ impl Rejection {
             ProxyError::StaleToken { current, .. } => {
                 headers.insert(CURRENT_TOKEN_HEADER, HeaderValue::from(*current));
             }
-            ProxyError::QueueTimeout(_) | ProxyError::StoreUnavailable(_) => {
+            ProxyError::QueueTimeout(_) | ProxyError::StoreUnavailable(_) | ProxyError::BufferFull(_) => {
                 headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
             }
             _ => {}
@@ -279,6 +321,9 @@ impl Rejection {
             settled: self.settle.is_some(),
         };
         response.extensions_mut().insert(decision);
+        if let Some(route) = self.route {
+            response.extensions_mut().insert(route);
+        }
         response
     }
 }

@@ -13,16 +13,17 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod body;
 pub mod canonical;
 pub mod cli;
 pub mod config;
 pub mod connection;
 pub mod error;
 pub mod fence;
-pub mod limits;
 pub mod metrics;
 pub mod proxy;
 pub mod route;
+pub mod routing;
 mod server;
 pub mod stack;
 pub mod telemetry;

@@ -10,12 +10,40 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use http::{HeaderMap, HeaderName, Method, Uri};
 
+use crate::canonical::{query_param, PathOptions, QueryError};
+
 /// A request and the route it matched: what the layers below routing take, so
 /// none of them can be reached by a request that was not routed.
+///
+/// By the time a request is `Routed`, its target is canonical (see
+/// [`crate::canonical`]): the path, the `Host` header and the `Destination`
+/// are the forms it is keyed by and forwarded with.
 #[derive(Debug)]
 pub struct Routed<B> {
     pub route: Arc<Route>,
     pub request: http::Request<B>,
+    /// The request may write: its method, or a method-override header, is not
+    /// one of the route's safe methods.
+    pub fenced: bool,
+    /// The WebDAV `Destination` of a fenced request, canonical and routed.
+    pub destination: Option<Destination>,
+}
+
+/// Which route a response belongs to: its index in config order and its name.
+#[derive(Debug, Clone)]
+pub struct RouteTag {
+    pub index: usize,
+    pub name: Arc<str>,
+}
+
+/// Where a COPY or MOVE writes: the `Destination` header's target, canonical,
+/// with the route that covers it (same upstream as the request's own).
+#[derive(Debug, Clone)]
+pub struct Destination {
+    pub route: Arc<Route>,
+    /// Canonical path.
+    pub path: String,
+    pub query: Option<String>,
 }
 
 /// One configured route, validated.
@@ -27,7 +55,18 @@ pub struct Route {
     pub upstream: Upstream,
     pub pattern: Option<PathPattern>,
     pub key: KeyTemplate,
-    pub fenced_methods: Vec<Method>,
+    /// Methods that pass unfenced, compared exactly as sent; every other
+    /// method is fenced.
+    pub safe_methods: Vec<Method>,
+    /// How the request path is canonicalized (escaped slashes, merged slashes).
+    pub path_options: PathOptions,
+    /// `key_case = "fold"`: the key is lower-cased and the prefix matched
+    /// ignoring ASCII case, for upstreams that ignore case.
+    pub fold_key_case: bool,
+    /// A request that is not fenced may carry a body (400 otherwise).
+    pub allow_safe_body: bool,
+    /// Fenced bodies stream to the upstream instead of being read whole first.
+    pub stream_body: bool,
     /// `missing_token = "allow"`: a fenced method without a token passes unfenced.
     pub allow_missing_token: bool,
     /// Upstream timeout, from sending the request to its response head (504 past it).
@@ -69,9 +108,26 @@ impl std::fmt::Debug for SigningKey {
 }
 
 impl Route {
-    /// Whether requests with this method go through the fence.
-    pub fn is_fenced(&self, method: &Method) -> bool {
-        self.fenced_methods.contains(method)
+    /// Whether `method`, exactly as sent, passes unfenced on this route.
+    pub fn is_safe(&self, method: &[u8]) -> bool {
+        self.safe_methods.iter().any(|m| m.as_str().as_bytes() == method)
+    }
+
+    /// Whether this route's prefix covers the canonical `path`.
+    fn covers(&self, path: &str) -> bool {
+        if self.fold_key_case {
+            path.len() >= self.prefix.len()
+                && path.as_bytes()[..self.prefix.len()].eq_ignore_ascii_case(self.prefix.as_bytes())
+        } else {
+            path.starts_with(self.prefix.as_str())
+        }
+    }
+
+    /// The fence key of a request for the canonical `path` and `query`, with
+    /// this route's template and key case.
+    pub fn key_for(&self, path: &str, query: Option<&str>, headers: &HeaderMap) -> Result<String, KeyError> {
+        let key = self.key.render_target(path, query, headers, self.pattern.as_ref())?;
+        Ok(if self.fold_key_case { key.to_ascii_lowercase() } else { key })
     }
 }
 
@@ -150,7 +206,7 @@ impl RouteTable {
 
     /// Like [`find`](Self::find), with the route's index in config order.
     pub fn find_indexed(&self, path: &str) -> Option<(usize, &Arc<Route>)> {
-        self.routes.iter().find(|(_, r)| path.starts_with(r.prefix.as_str())).map(|(i, r)| (*i, r))
+        self.routes.iter().find(|(_, r)| r.covers(path)).map(|(i, r)| (*i, r))
     }
 
     /// Route names in config order.
@@ -371,13 +427,27 @@ impl KeyTemplate {
 
     /// Renders the key for a request.
     pub fn render(&self, uri: &Uri, headers: &HeaderMap, pattern: Option<&PathPattern>) -> Result<String, KeyError> {
+        self.render_target(uri.path(), uri.query(), headers, pattern)
+    }
+
+    /// Renders the key for a request target given as its path and query.
+    /// Query parameters are decoded as web frameworks decode them
+    /// ([`query_param`]); the `Host` header is used as it is (routing made it
+    /// canonical).
+    pub fn render_target(
+        &self,
+        path: &str,
+        query: Option<&str>,
+        headers: &HeaderMap,
+        pattern: Option<&PathPattern>,
+    ) -> Result<String, KeyError> {
         // The default `{path}` template is the hot case: no captures, one copy.
         if let [KeyPart::Path] = self.parts.as_slice() {
-            return Ok(uri.path().to_string());
+            return Ok(path.to_string());
         }
         let captures = match pattern {
             Some(pat) if self.parts.iter().any(|p| matches!(p, KeyPart::Capture(_))) => {
-                Some(pat.captures(uri.path()).ok_or_else(|| KeyError::PatternMismatch(pat.source().to_string()))?)
+                Some(pat.captures(path).ok_or_else(|| KeyError::PatternMismatch(pat.source().to_string()))?)
             }
             _ => None,
         };
@@ -385,8 +455,16 @@ impl KeyTemplate {
         for part in &self.parts {
             match part {
                 KeyPart::Literal(l) => key.push_str(l),
-                KeyPart::Path => key.push_str(uri.path()),
-                KeyPart::Host => key.push_str(&request_host(uri, headers)?.to_ascii_lowercase()),
+                KeyPart::Path => key.push_str(path),
+                KeyPart::Host => match headers.get(http::header::HOST) {
+                    Some(host) => key.push_str(
+                        &host
+                            .to_str()
+                            .map_err(|_| KeyError::Missing("readable Host header".into()))?
+                            .to_ascii_lowercase(),
+                    ),
+                    None => return Err(KeyError::Missing("Host header".into())),
+                },
                 KeyPart::Header(name) => {
                     let mut values = headers.get_all(name).iter();
                     let value = values.next().ok_or_else(|| KeyError::Missing(format!("header '{name}'")))?;
@@ -396,34 +474,19 @@ impl KeyTemplate {
                     let text = value.to_str().map_err(|_| KeyError::Missing(format!("readable header '{name}'")))?;
                     key.push_str(text);
                 }
-                KeyPart::Query(name) => key.push_str(query_param(uri, name)?),
-                KeyPart::Capture(i) => key.push_str(captures.as_ref().expect("captures computed")[*i]),
+                KeyPart::Query(name) => match query_param(query.unwrap_or(""), name) {
+                    Ok(Some(value)) => key.push_str(&value),
+                    Ok(None) => return Err(KeyError::Missing(format!("query parameter '{name}'"))),
+                    Err(QueryError::Repeated) => return Err(KeyError::Repeated(format!("query parameter '{name}'"))),
+                },
+                KeyPart::Capture(i) => match captures.as_ref().and_then(|c| c.get(*i)) {
+                    Some(capture) => key.push_str(capture),
+                    None => return Err(KeyError::PatternMismatch(String::new())),
+                },
             }
         }
         Ok(key)
     }
-}
-
-/// The host a client asked for: the `Host` header, or the URI authority (HTTP/2).
-pub fn request_host<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Result<&'a str, KeyError> {
-    if let Some(h) = headers.get(http::header::HOST) {
-        return h.to_str().map_err(|_| KeyError::Missing("readable Host header".into()));
-    }
-    uri.authority().map(|a| a.as_str()).ok_or_else(|| KeyError::Missing("Host header".into()))
-}
-
-fn query_param<'u>(uri: &'u Uri, name: &str) -> Result<&'u str, KeyError> {
-    let mut found = None;
-    for pair in uri.query().unwrap_or("").split('&') {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if k == name {
-            if found.is_some() {
-                return Err(KeyError::Repeated(format!("query parameter '{name}'")));
-            }
-            found = Some(v);
-        }
-    }
-    found.ok_or_else(|| KeyError::Missing(format!("query parameter '{name}'")))
 }
 
 /// A route with small test values, for unit tests elsewhere in the crate.
@@ -435,7 +498,11 @@ pub(crate) fn test_route(name: &str, prefix: &str) -> Route {
         upstream: Upstream::parse("http://127.0.0.1:1").unwrap(),
         pattern: None,
         key: KeyTemplate::parse("{path}", None).unwrap(),
-        fenced_methods: vec![Method::PUT],
+        safe_methods: vec![Method::GET, Method::HEAD, Method::OPTIONS],
+        path_options: PathOptions::default(),
+        fold_key_case: false,
+        allow_safe_body: false,
+        stream_body: false,
         allow_missing_token: false,
         timeout: Duration::from_secs(1),
         queue_timeout: Duration::from_secs(1),
@@ -491,11 +558,16 @@ mod tests {
     #[test]
     fn key_templates_render_each_placeholder() {
         assert_eq!(render("{path}", None, "/objects/a?v=2", &[]).unwrap(), "/objects/a");
-        assert_eq!(render("{host}{path}", None, "/a", &[("host", "Store.Example:80")]).unwrap(), "store.example:80/a");
-        assert_eq!(render("{host}", None, "http://h2.example/a", &[]).unwrap(), "h2.example");
+        assert_eq!(
+            render("{host}{path}", None, "/a", &[("host", "store.example:8080")]).unwrap(),
+            "store.example:8080/a"
+        );
         assert_eq!(render("t={header.x-tenant}:{path}", None, "/a", &[("x-tenant", "acme")]).unwrap(), "t=acme:/a");
         assert_eq!(render("{query.id}", None, "/a?x=1&id=42", &[]).unwrap(), "42");
         assert_eq!(render("{query.id}", None, "/a?id", &[]).unwrap(), "");
+        // Decoded as frameworks decode them: names and values.
+        assert_eq!(render("{query.id}", None, "/a?id=%37", &[]).unwrap(), "7");
+        assert_eq!(render("{query.id}", None, "/a?x=1&%69d=a+b", &[]).unwrap(), "a b");
         assert_eq!(
             render(
                 "{bucket}/{object}",
@@ -520,6 +592,10 @@ mod tests {
             Err(KeyError::Repeated("query parameter 'id'".into()))
         );
         assert_eq!(render("{query.id}", None, "/a?idx=1", &[]), Err(KeyError::Missing("query parameter 'id'".into())));
+        assert_eq!(
+            render("{query.id}", None, "/a?i%64=7&id=fresh", &[]),
+            Err(KeyError::Repeated("query parameter 'id'".into()))
+        );
         let p = "/buckets/{bucket}/objects/{object*}";
         assert!(matches!(render("{bucket}", Some(p), "/buckets/b1", &[]), Err(KeyError::PatternMismatch(_))));
         assert!(matches!(render("{bucket}", Some(p), "/buckets//objects/x", &[]), Err(KeyError::PatternMismatch(_))));

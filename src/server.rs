@@ -14,6 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
 use crate::admin::{self, AdminState};
+use crate::body::BufferBudget;
 use crate::config::{Config, ServerConfig, StoreKind};
 use crate::connection::{Activity, ActivityIo, Expiry};
 use crate::fence::store::FenceStore;
@@ -73,7 +74,8 @@ impl Fencegate {
         let names = routes.names();
         let shared = Arc::new(Shared {
             metrics: Arc::new(Metrics::new(names.iter().map(|n| &**n), store.stats())),
-            routes,
+            routes: Arc::new(routes),
+            buffers: BufferBudget::new(config.server.max_buffered_bytes),
             store: Arc::new(store),
             gate: Arc::new(gate),
         });

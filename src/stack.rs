@@ -1,33 +1,44 @@
-//! The proxy's tower stack, top to bottom, and the small layers that only make
-//! sense inside it (routing, access log).
+//! The proxy's tower stack, top to bottom, and the access log it writes.
+//!
+//! Data flows one way, one concern per layer, in the order a request meets
+//! them: requests in flight → trace and access log → panic rescue → rescue →
+//! canonicalize + route → head checks → body → the key's turn + advance →
+//! forward.
 
+use std::any::Any;
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Layer, Service, ServiceBuilder};
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::{MakeSpan, OnResponse, TraceLayer};
 use tracing::Span;
 
+use crate::body::{BodyLayer, BufferBudget};
 use crate::connection::{Activity, TrackRequestsLayer};
 use crate::error::{Decision, Outcome, ProxyBody, ProxyError, Rejection};
 use crate::fence::store::AnyStore;
-use crate::fence::{FencingLayer, KeyGate};
-use crate::limits::{limit_body, RequestBody};
+use crate::fence::{FencingLayer, HeadChecksLayer, KeyGate};
 use crate::metrics::Metrics;
 use crate::proxy::Forward;
-use crate::route::{Route, RouteTable, Routed};
+use crate::route::{RouteTable, RouteTag};
+use crate::routing::RoutingLayer;
 
 /// What every connection's stack shares.
 #[derive(Debug)]
 pub struct Shared {
-    pub routes: RouteTable,
+    pub routes: Arc<RouteTable>,
     pub store: Arc<AnyStore>,
     pub gate: Arc<KeyGate>,
     pub metrics: Arc<Metrics>,
+    /// The budget for fenced bodies read whole before forwarding.
+    pub buffers: Arc<BufferBudget>,
 }
 
 /// The stack for one client connection, forwarding through `forward` (its own
@@ -52,8 +63,8 @@ pub fn proxy_service(
         // Per connection: requests in flight, so the idle and slow-head guards
         // never close a connection that is serving a request.
         .layer(TrackRequestsLayer(activity))
-        // Outermost, so the access log and metrics see every response, including
-        // the ones fencegate makes itself below.
+        // Outermost but for that, so the access log and metrics see every
+        // response, including the ones fencegate makes itself below.
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(RequestSpan)
@@ -63,84 +74,101 @@ pub fn proxy_service(
                 .on_eos(())
                 .on_failure(()),
         )
-        // Routing comes before the fence: the route says which methods are fenced,
-        // how the key is made and where the request goes. It answers 404 itself,
-        // applies the route's body limit, and turns every rejection below into a
-        // problem+json response, so no error escapes to hyper as a connection reset.
-        .layer(RoutingLayer { routes: Arc::new(shared.routes.clone()) })
-        // The fence decides before anything reaches the upstream, and holds the
-        // key's turn until the upstream's response head is back.
+        // A panic anywhere below becomes a 500 problem, never a reset
+        // connection; inside the access log, so it is logged and counted.
+        .layer(CatchPanicLayer::custom(panic_response))
+        // Rescue: every refusal from the layers below becomes its problem+json
+        // response here, so no error escapes to hyper as a connection reset.
+        .layer(RescueLayer)
+        // Before anything looks at the target: make it canonical, then route
+        // it. Every layer below sees one spelling of each resource, and the
+        // route says which methods are fenced, how the key is made and where
+        // the request goes (404 without one).
+        .layer(RoutingLayer::new(shared.routes.clone()))
+        // Everything the head can decide, before a body byte is read: token,
+        // key, signature, stale and jump checks, and no body on unfenced
+        // methods. A request already condemned never makes fencegate read
+        // (or buffer) its body.
+        .layer(HeadChecksLayer::new(shared.store.clone()))
+        // The body limit, and fenced bodies read whole (within the buffer
+        // budget) before they may take their key's turn: a slow or broken
+        // upload never holds a key, and never reaches the upstream in part.
+        .layer(BodyLayer::new(shared.buffers.clone()))
+        // The key's turn and the atomic raise, then the forward on a task of
+        // its own that ends at the upstream even if the client leaves.
         .layer(FencingLayer::new(shared.store.clone(), shared.gate.clone()))
         .service(forward.clone())
 }
 
-/// Which route a response belongs to: its index in config order and its name.
-#[derive(Debug, Clone)]
-pub struct RouteTag {
-    pub index: usize,
-    pub name: Arc<str>,
-}
+/// Turns every [`Rejection`] into its problem+json response.
+#[derive(Debug, Clone, Copy)]
+struct RescueLayer;
 
-#[derive(Clone)]
-struct RoutingLayer {
-    routes: Arc<RouteTable>,
-}
+impl<S> Layer<S> for RescueLayer {
+    type Service = Rescue<S>;
 
-impl<S> tower::Layer<S> for RoutingLayer {
-    type Service = Routing<S>;
-
-    fn layer(&self, inner: S) -> Routing<S> {
-        Routing { inner, routes: self.routes.clone() }
+    fn layer(&self, inner: S) -> Rescue<S> {
+        Rescue { inner }
     }
 }
 
-/// Finds the request's route (longest prefix) and hands the request on with it
-/// ([`Routed`]), or answers 404 when there is none. Then the route's body limit
-/// (see [`crate::limits`]): it comes before the fence, so a fenced chunked
-/// upload is read whole (up to `max_body`) before it may take its key's turn,
-/// and a slow or oversized upload never holds the key or reaches the upstream
-/// in part. It also rescues: every [`Rejection`] from the layers below becomes
-/// its problem+json response here, and it drives the inner service to
-/// readiness inside the response future, so a readiness error is answered like
-/// any other instead of closing the connection. (One layer for all three: one
-/// boxed future per request.)
-#[derive(Clone)]
-struct Routing<S> {
+/// See [`RescueLayer`].
+#[derive(Debug, Clone)]
+struct Rescue<S> {
     inner: S,
-    routes: Arc<RouteTable>,
 }
 
-impl<S> Service<Request<Incoming>> for Routing<S>
+impl<S, R> Service<R> for Rescue<S>
 where
-    S: Service<Routed<RequestBody>, Response = Response<ProxyBody>, Error = Rejection> + Clone + Send + 'static,
-    S::Future: Send,
+    S: Service<R, Response = Response<ProxyBody>, Error = Rejection>,
+    S::Future: Send + 'static,
 {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
-    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+    type Future = RescueFuture<S::Future>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The layers below are always ready; were one not, its refusal is
+        // answered with the request's response, not by closing the connection.
+        match self.inner.poll_ready(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(_) => Poll::Ready(Ok(())),
+        }
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let Some((index, route)) = self.routes.find_indexed(req.uri().path()) else {
-            let path = req.uri().path().to_string();
-            return Box::pin(async move { Ok(Rejection::from(ProxyError::NoRoute { path }).into_response()) });
-        };
-        let route: Arc<Route> = route.clone();
-        let tag = RouteTag { index, name: route.name.clone() };
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let response = match limit_body(&route, req).await {
-                Ok(request) => inner.oneshot(Routed { route, request }).await,
-                Err(e) => Err(e.into()),
-            };
-            let mut response = response.unwrap_or_else(Rejection::into_response);
-            response.extensions_mut().insert(tag);
-            Ok(response)
-        })
+    fn call(&mut self, req: R) -> Self::Future {
+        RescueFuture { inner: self.inner.call(req) }
     }
+}
+
+pin_project_lite::pin_project! {
+    /// [`Rescue`]'s response future.
+    struct RescueFuture<F> {
+        #[pin]
+        inner: F,
+    }
+}
+
+impl<F> Future for RescueFuture<F>
+where
+    F: Future<Output = Result<Response<ProxyBody>, Rejection>>,
+{
+    type Output = Result<Response<ProxyBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().inner.poll(cx).map(|result| Ok(result.unwrap_or_else(Rejection::into_response)))
+    }
+}
+
+/// The 500 problem for a panic below the rescue layer.
+fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<ProxyBody> {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string());
+    tracing::error!(panic = %what, "a request panicked");
+    Rejection::from(ProxyError::Internal("the request could not be completed".into())).into_response()
 }
 
 /// A debug-level span per request: free when debug logging is off.

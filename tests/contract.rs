@@ -127,11 +127,17 @@ async fn unfenced_methods_pass_untouched_whatever_their_token() {
 }
 
 #[tokio::test]
-async fn fenced_methods_are_configurable() {
+async fn safe_methods_are_configurable_and_every_other_method_is_fenced() {
     let up = RecordingUpstream::start().await;
-    let proxy = Proxy::start(&route("o", "/o/", &up, "fenced_methods = [\"POST\"]")).await;
+    let proxy = Proxy::start(&route("o", "/o/", &up, "safe_methods = [\"GET\", \"PUT\"]")).await;
     assert_eq!(send("PUT", &proxy.url("/o/a"), &[], "").await.status, 200);
-    send("POST", &proxy.url("/o/a"), &[], "").await.problem(428);
+    // Compared exactly as sent: `put` is not `PUT`, and every method not
+    // listed is fenced, WebDAV and unknown extensions included.
+    for method in ["put", "POST", "DELETE", "MKCOL", "PROPPATCH", "FROB"] {
+        let reply = send(method, &proxy.url("/o/a"), &[], "").await;
+        assert_eq!(reply.problem(428)["type"], "urn:fencegate:problem:missing-token", "{method}");
+    }
+    assert_eq!(up.applied().len(), 1);
 }
 
 #[tokio::test]

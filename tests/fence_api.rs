@@ -80,36 +80,60 @@ async fn get_is_null_for_an_unknown_key_and_follows_proxied_writes() {
 async fn keys_with_reserved_and_unicode_characters_round_trip() {
     let (_up, proxy) = setup().await;
     let admin = proxy.admin_url("");
+    // (as typed, the key it names): a key that is a path is made canonical
+    // like a request path, so it names the fence that path's requests get;
+    // other keys are taken as they are.
     let keys = [
-        "/objects/a b",
-        "/objects/x&y=z",
-        "key=other&prefix=x",
-        "a+b",
-        "100%",
-        "/objets/été/😀",
-        "tab\there",
-        "?#[]@!$'()*,;",
+        ("/objects/a b", "/objects/a%20b"),
+        ("/objects/x&y=z", "/objects/x&y=z"),
+        ("key=other&prefix=x", "key=other&prefix=x"),
+        ("a+b", "a+b"),
+        ("100%", "100%"),
+        ("/objets/été/😀", "/objets/%C3%A9t%C3%A9/%F0%9F%98%80"),
+        ("tab\there", "tab\there"),
+        ("?#[]@!$'()*,;", "?#[]@!$'()*,;"),
     ];
-    for (i, key) in keys.iter().enumerate() {
+    for (i, (typed, key)) in keys.iter().enumerate() {
         let token = 10 + i as u64;
-        let r = set(&admin, key, token).await;
-        assert_eq!(r.status, 200, "{key:?}: {}", r.text());
+        let r = set(&admin, typed, token).await;
+        assert_eq!(r.status, 200, "{typed:?}: {}", r.text());
         assert_eq!(r.json()["key"], *key);
     }
-    for (i, key) in keys.iter().enumerate() {
+    for (i, (typed, key)) in keys.iter().enumerate() {
+        let r = get(&fences_url(&admin, typed)).await;
+        assert_eq!(r.json(), json!({ "key": key, "token": 10 + i as u64 }), "{typed:?}");
         assert_eq!(fence(&admin, key).await, 10 + i as u64, "{key:?}");
     }
-    // Form encoding ('+' for a space) is understood as well.
+    // `+` is a plus sign, as in a path: not form encoding's space.
     let r = get(&format!("{admin}/fences?key=%2Fobjects%2Fa+b")).await;
-    assert_eq!(r.json(), json!({ "key": "/objects/a b", "token": 10 }));
-    // The prefix is decoded the same way.
+    assert_eq!(r.json(), json!({ "key": "/objects/a+b", "token": null }));
+    // The prefix is decoded and made canonical the same way.
     let r = get(&format!("{admin}/fences?prefix={}", enc("/objets/é"))).await;
-    assert_eq!(r.json()["fences"], json!([{ "key": "/objets/été/😀", "token": 15 }]));
+    assert_eq!(r.json()["fences"], json!([{ "key": "/objets/%C3%A9t%C3%A9/%F0%9F%98%80", "token": 15 }]));
 
-    // A route key is the request path as sent (here with %20); the API names it alike.
+    // A route key is the canonical request path; the API names it alike,
+    // whichever spelling is typed.
     assert_eq!(put(&proxy.url("/objects/c%20d"), 3, "x").await.status, 200);
-    assert_eq!(fence(&admin, "/objects/c%20d").await, 3);
-    assert_eq!(fence(&admin, "/objects/c d").await, Value::Null);
+    for typed in ["/objects/c%20d", "/objects/c d", "/objects/./c%20d", "/objects//c%20d"] {
+        let r = get(&fences_url(&admin, typed)).await;
+        assert_eq!(r.json(), json!({ "key": "/objects/c%20d", "token": 3 }), "{typed:?}");
+    }
+    // A key no request path can have is refused, as such a path would be.
+    let r = get(&fences_url(&admin, "/../objects/a")).await;
+    assert_eq!(r.problem(400)["type"], "urn:fencegate:problem:bad-path");
+}
+
+/// The raise body must be a JSON object with `token`; anything else changes nothing.
+#[tokio::test]
+async fn the_raise_body_must_be_an_object_with_a_token() {
+    let (_up, proxy) = setup().await;
+    let admin = proxy.admin_url("");
+    let auth = format!("Bearer {SECRET}");
+    for body in ["[45]", "45", "{\"token\": \"45\"}", "{\"token\": 45, \"extra\": 1}", "{}", "null"] {
+        let r = send("PUT", &fences_url(&admin, "/objects/b"), &[("authorization", &auth)], body).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+    }
+    assert_eq!(fence(&admin, "/objects/b").await, Value::Null);
 }
 
 // ---------------------------------------------------------------- raising
@@ -464,7 +488,7 @@ async fn the_fence_cli_sets_gets_and_lists_fences() {
     for i in 0..12u64 {
         let key = format!("/objects/ls/{i:02} with space");
         assert_eq!(set(&admin, &key, 40 + i).await.status, 200);
-        expected.push(format!("{}\t{key}", 40 + i));
+        expected.push(format!("{}\t{}", 40 + i, key.replace(' ', "%20")));
     }
     assert_eq!(set(&admin, "/objects/ls", 1).await.status, 200);
     assert_eq!(set(&admin, "/objects/lt/0", 1).await.status, 200);

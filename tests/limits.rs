@@ -420,9 +420,11 @@ async fn an_oversized_request_head_gets_431_and_reaches_nothing() {
 // --- Request bodies: route max_body -------------------------------------------
 
 const ONE_KIB_ROUTE: &str = "max_body = \"1KiB\"";
+/// Route lines that make POST an unfenced method allowed a body.
+const POST_UNFENCED: &str = "safe_methods = [\"GET\", \"POST\"]\nallow_safe_body = true";
 
 #[tokio::test]
-async fn a_declared_oversized_body_gets_413_before_the_fence() {
+async fn a_declared_oversized_body_gets_413_before_it_is_read() {
     let up = RecordingUpstream::start().await;
     let proxy = start("", &route("objects", "/objects/", &up, ONE_KIB_ROUTE)).await;
 
@@ -430,10 +432,11 @@ async fn a_declared_oversized_body_gets_413_before_the_fence() {
     let _ = conn.stream.write_all(&request("PUT", "/objects/a", &[("X-Fencing-Token", "5")], &pattern(2048))).await;
     conn.response().await.assert_body_too_large();
     assert!(up.seen().is_empty(), "a refused body reached the upstream");
-    // The declared size is checked first, before the token: 413, not 428.
+    // The head decides first: a request it condemns (here, no token) gets its
+    // answer (428) whatever its body, which is never read.
     let mut conn = Conn::open(proxy.addr).await;
     let _ = conn.stream.write_all(&request("PUT", "/objects/a", &[], &pattern(2048))).await;
-    conn.response().await.assert_body_too_large();
+    assert_eq!(conn.response().await.status, 428);
     assert!(up.seen().is_empty(), "a refused body reached the upstream");
 
     // The mark did not move: a lower token still passes.
@@ -495,8 +498,7 @@ async fn a_chunked_fenced_body_under_the_limit_is_forwarded_whole() {
 #[tokio::test]
 async fn an_unfenced_chunked_body_over_the_limit_is_cut_off_with_413() {
     let up = RecordingUpstream::start().await;
-    let proxy =
-        start("", &route("objects", "/objects/", &up, &format!("{ONE_KIB_ROUTE}\nfenced_methods = [\"PUT\"]"))).await;
+    let proxy = start("", &route("objects", "/objects/", &up, &format!("{ONE_KIB_ROUTE}\n{POST_UNFENCED}"))).await;
 
     // Unfenced bodies stream to the upstream as they arrive; past the limit the
     // upstream request is aborted, and the client gets 413 (the response can still

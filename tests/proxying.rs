@@ -396,8 +396,9 @@ async fn upstream_status_and_end_to_end_response_headers_pass_through() {
 }
 
 #[tokio::test]
-async fn unfenced_methods_such_as_options_pass_untouched() {
-    let (up, proxy) = setup("/objects/", "").await;
+async fn safe_methods_such_as_options_pass_untouched() {
+    // PROPFIND only reads, and this route lists it as safe.
+    let (up, proxy) = setup("/objects/", "safe_methods = [\"GET\", \"HEAD\", \"OPTIONS\", \"PROPFIND\"]").await;
     assert_eq!(put(&proxy.url("/objects/o"), 10, "v10").await.status, 200);
 
     let options = send("OPTIONS", &proxy.url("/objects/o"), &[("x-fencing-token", "1")], "").await;

@@ -376,19 +376,19 @@ if [[ -n "${NEEDED[hyper-floor]:-}" ]]; then
 fi
 
 # --- fencegate: one process per store, plus one whose route fences nothing
-start_fencegate() { # name fences-lines fenced-methods
+start_fencegate() { # name fences-lines safe-methods allow-safe-body
     local name=$1 d=$work/$1
     mkdir -p "$d"
     PORT[$name]=$(pick_port)
     ADMIN_PORT[$name]=$(pick_port)
     # workers = 2: two serving threads, the same CPU budget as the other proxies.
     render "$here/fencegate.toml.in" "$d/fencegate.toml" PORT="${PORT[$name]}" ADMIN_PORT="${ADMIN_PORT[$name]}" \
-        UPSTREAM_PORT="$UP" FENCES="$2" FENCED_METHODS="$3" WORKERS="workers = 2"
+        UPSTREAM_PORT="$UP" FENCES="$2" SAFE_METHODS="$3" SAFE_BODY="$4" WORKERS="workers = 2"
     if ! "$BIN" --config "$d/fencegate.toml" --check >"$d/check.log" 2>&1; then
         # A build from before [server] workers (FENCEGATE_BIN, for before/after
         # runs): its multi-thread runtime reads TOKIO_WORKER_THREADS instead.
         render "$here/fencegate.toml.in" "$d/fencegate.toml" PORT="${PORT[$name]}" ADMIN_PORT="${ADMIN_PORT[$name]}" \
-            UPSTREAM_PORT="$UP" FENCES="$2" FENCED_METHODS="$3" WORKERS=""
+            UPSTREAM_PORT="$UP" FENCES="$2" SAFE_METHODS="$3" SAFE_BODY="$4" WORKERS=""
         "$BIN" --config "$d/fencegate.toml" --check >"$d/check.log" 2>&1 || { cat "$d/check.log" >&2; die "$name config rejected"; }
     fi
     # RUST_LOG=warn: no access log (info), no per-request span (debug).
@@ -396,12 +396,12 @@ start_fencegate() { # name fences-lines fenced-methods
         RUST_LOG=warn TOKIO_WORKER_THREADS=2 "$BIN" --config "$d/fencegate.toml"
     wait_ready "$name" "http://127.0.0.1:${ADMIN_PORT[$name]}/readyz" "http://127.0.0.1:${PORT[$name]}/objects/ready"
 }
-DEFAULT_METHODS='["PUT", "POST", "PATCH", "DELETE"]'
-[[ -n "${NEEDED[fencegate-memory]:-}" ]] && start_fencegate fencegate-memory 'store = "memory"' "$DEFAULT_METHODS"
+DEFAULT_METHODS='["GET", "HEAD", "OPTIONS"]'
+[[ -n "${NEEDED[fencegate-memory]:-}" ]] && start_fencegate fencegate-memory 'store = "memory"' "$DEFAULT_METHODS" false
 [[ -n "${NEEDED[fencegate-file]:-}" ]] &&
     start_fencegate fencegate-file "store = \"file\"
-path = \"$work/fencegate-file/fences\"" "$DEFAULT_METHODS"
-[[ -n "${NEEDED[fencegate-unfenced]:-}" ]] && start_fencegate fencegate-unfenced 'store = "memory"' '[]'
+path = \"$work/fencegate-file/fences\"" "$DEFAULT_METHODS" false
+[[ -n "${NEEDED[fencegate-unfenced]:-}" ]] && start_fencegate fencegate-unfenced 'store = "memory"' '["GET", "HEAD", "OPTIONS", "PUT"]' true
 PORT[upstream]=$UP
 
 # Smoke test: one request of each kind through every fencing contender must get 200.

@@ -20,6 +20,7 @@ use serde_json::json;
 use subtle::ConstantTimeEq;
 
 use super::{json_response, problem, problem_with, AdminState};
+use crate::canonical::admin_key;
 use crate::error::CURRENT_TOKEN_HEADER;
 use crate::fence::store::{Advance, FenceStore, MAX_LIST_LIMIT};
 
@@ -37,18 +38,59 @@ struct Query {
     limit: Option<String>,
 }
 
-fn parse_query(query: &str) -> Result<Query, String> {
+/// Why a query string was refused (400 either way).
+#[derive(Debug)]
+enum QueryError {
+    Bad(String),
+    /// A key or prefix that is no canonical path (the `bad-path` problem).
+    Path(String),
+}
+
+impl QueryError {
+    fn into_response(self) -> Response<Full<Bytes>> {
+        match self {
+            QueryError::Bad(detail) => problem(StatusCode::BAD_REQUEST, "Bad query", &detail),
+            QueryError::Path(detail) => problem_with(
+                StatusCode::BAD_REQUEST,
+                "urn:fencegate:problem:bad-path",
+                "Ambiguous request path",
+                &detail,
+                json!({}),
+            ),
+        }
+    }
+}
+
+/// Reads the query string. Values are percent-decoded once, as a path is:
+/// `+` stays a plus sign (form decoding would make it a space, and a key typed
+/// by hand would silently miss the fence a request has). Keys and prefixes
+/// are then made canonical like request paths ([`admin_key`]), so
+/// `/objects/%61` and `/objects/./a` name the fence `/objects/a` has.
+fn parse_query(query: &str) -> Result<Query, QueryError> {
     let mut q = Query::default();
+    let query = query.replace('+', "%2B");
     for (name, value) in form_urlencoded::parse(query.as_bytes()) {
         let slot = match &*name {
             "key" => &mut q.key,
             "prefix" => &mut q.prefix,
             "after" => &mut q.after,
             "limit" => &mut q.limit,
-            other => return Err(format!("unknown query parameter '{other}' (use key, prefix, after, limit)")),
+            other => {
+                return Err(QueryError::Bad(format!(
+                    "unknown query parameter '{other}' (use key, prefix, after, limit)"
+                )))
+            }
         };
         if slot.replace(value.into_owned()).is_some() {
-            return Err(format!("query parameter '{name}' appears more than once"));
+            return Err(QueryError::Bad(format!("query parameter '{name}' appears more than once")));
+        }
+    }
+    for (name, slot) in [("key", &mut q.key), ("prefix", &mut q.prefix)] {
+        if let Some(text) = slot.as_deref() {
+            match admin_key(text) {
+                Ok(canonical) => *slot = Some(canonical.into_owned()),
+                Err(e) => return Err(QueryError::Path(format!("{name} '{text}' cannot be made canonical: {e}"))),
+            }
         }
     }
     Ok(q)
@@ -60,7 +102,7 @@ pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<In
     }
     let query = match parse_query(req.uri().query().unwrap_or("")) {
         Ok(q) => q,
-        Err(detail) => return problem(StatusCode::BAD_REQUEST, "Bad query", &detail),
+        Err(e) => return e.into_response(),
     };
     let store = &state.shared.store;
     if let Some(key) = query.key {
@@ -127,7 +169,7 @@ async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> 
     }
     let query = match parse_query(req.uri().query().unwrap_or("")) {
         Ok(q) => q,
-        Err(detail) => return problem(StatusCode::BAD_REQUEST, "Bad query", &detail),
+        Err(e) => return e.into_response(),
     };
     let (Some(key), None, None, None) = (query.key, query.prefix, query.after, query.limit) else {
         return problem(StatusCode::BAD_REQUEST, "Bad query", "PUT /fences takes exactly one parameter: key");
@@ -147,7 +189,11 @@ async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> 
     struct RaiseBody {
         token: u64,
     }
-    let token = match serde_json::from_slice::<RaiseBody>(&body) {
+    // An object, and only an object: serde would also read `[45]` as a
+    // struct's fields in order.
+    let parsed = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body)
+        .and_then(|object| serde_json::from_value::<RaiseBody>(serde_json::Value::Object(object)));
+    let token = match parsed {
         Ok(b) => b.token,
         Err(e) => {
             return problem(
@@ -194,12 +240,31 @@ fn unavailable(detail: &str) -> Response<Full<Bytes>> {
 mod tests {
     use super::*;
 
+    fn key(query: &str) -> Option<String> {
+        parse_query(query).unwrap().key
+    }
+
     #[test]
     fn query_parameters_are_decoded_and_checked() {
         let q = parse_query("key=%2Fobjects%2Fa%20b&limit=5").unwrap();
-        assert_eq!(q.key.as_deref(), Some("/objects/a b"));
+        assert_eq!(q.key.as_deref(), Some("/objects/a%20b"));
         assert_eq!(q.limit.as_deref(), Some("5"));
-        assert!(parse_query("key=a&key=b").unwrap_err().contains("more than once"));
-        assert!(parse_query("keys=a").unwrap_err().contains("unknown"));
+        assert!(matches!(parse_query("key=a&key=b"), Err(QueryError::Bad(d)) if d.contains("more than once")));
+        assert!(matches!(parse_query("keys=a"), Err(QueryError::Bad(d)) if d.contains("unknown")));
+    }
+
+    #[test]
+    fn keys_are_decoded_and_canonical_like_request_paths() {
+        // `+` is a plus sign, as in a path; a space is what %20 says.
+        assert_eq!(key("key=/objects/a+b").as_deref(), Some("/objects/a+b"));
+        assert_eq!(key("key=/objects/a%20b").as_deref(), Some("/objects/a%20b"));
+        for spelling in
+            ["/objects/a", "/objects/%61", "/objects/./a", "/objects//a", "/objects/x/../a", "%2Fobjects%2F%2561"]
+        {
+            assert_eq!(key(&format!("key={spelling}")).as_deref(), Some("/objects/a"), "{spelling}");
+        }
+        // Keys of other templates are taken as they are.
+        assert_eq!(key("key=tenant:acme+1").as_deref(), Some("tenant:acme+1"));
+        assert!(matches!(parse_query("key=/../a"), Err(QueryError::Path(_))));
     }
 }

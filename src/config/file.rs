@@ -34,6 +34,7 @@ pub struct ServerSection {
     pub max_connections: Option<u64>,
     pub idle_timeout: Option<String>,
     pub workers: Option<u64>,
+    pub max_buffered_bytes: Option<String>,
 }
 
 /// `[admin]`: health, readiness, metrics.
@@ -72,7 +73,14 @@ pub struct RouteSection {
     pub upstream: Option<String>,
     pub pattern: Option<String>,
     pub key: Option<String>,
-    pub fenced_methods: Option<Vec<String>>,
+    /// Replaced by `safe_methods`; still read so the problem can say so.
+    pub fenced_methods: Option<toml::Value>,
+    pub safe_methods: Option<Vec<String>>,
+    pub escaped_slashes: Option<String>,
+    pub merge_slashes: Option<bool>,
+    pub key_case: Option<String>,
+    pub allow_safe_body: Option<bool>,
+    pub stream_body: Option<bool>,
     pub missing_token: Option<String>,
     pub timeout: Option<String>,
     pub queue_timeout: Option<String>,

@@ -26,6 +26,7 @@ use http::{HeaderName, Method};
 
 pub use file::FileConfig;
 
+use crate::canonical::{canonical_path, EscapedSlashes, PathOptions};
 use crate::route::{KeyTemplate, PathPattern, Route, SigningKey, Upstream};
 
 const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
@@ -50,7 +51,11 @@ const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SETTLE: Duration = Duration::from_secs(2);
 const DEFAULT_TOKEN_HEADER: &str = "x-fencing-token";
 const DEFAULT_KEY: &str = "{path}";
-const DEFAULT_FENCED_METHODS: [Method; 4] = [Method::PUT, Method::POST, Method::PATCH, Method::DELETE];
+/// Methods that pass unfenced unless a route lists others; every other method,
+/// whatever its spelling, is fenced.
+const DEFAULT_SAFE_METHODS: [Method; 3] = [Method::GET, Method::HEAD, Method::OPTIONS];
+/// Default `[server] max_buffered_bytes`.
+const DEFAULT_MAX_BUFFERED_BYTES: u64 = 256 * 1024 * 1024;
 
 /// A validated configuration: everything here is known to be usable.
 #[derive(Debug, Clone)]
@@ -79,6 +84,9 @@ pub struct ServerConfig {
     /// Threads serving client connections, each with its own event loop and
     /// upstream connections; a connection stays on the thread that took it.
     pub workers: usize,
+    /// Most bytes of fenced request bodies held in memory at once, over every
+    /// connection, while they are read whole before forwarding (503 past it).
+    pub max_buffered_bytes: u64,
 }
 
 /// The admin listener.
@@ -300,6 +308,11 @@ pub fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
                 default_workers()
             }
         },
+        max_buffered_bytes: p.size(
+            "server.max_buffered_bytes",
+            file.server.max_buffered_bytes.as_deref(),
+            DEFAULT_MAX_BUFFERED_BYTES,
+        ),
     };
 
     let admin = AdminConfig {
@@ -370,6 +383,18 @@ pub fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
     for (i, section) in file.routes.into_iter().enumerate() {
         if let Some(route) = validate_route(i, section, &mut p) {
             routes.push(route);
+        }
+    }
+    for r in &routes {
+        if !r.stream_body && r.max_body > server.max_buffered_bytes {
+            p.add(
+                format!("route '{}'.max_body", r.name),
+                format!(
+                    "{} bytes is more than server.max_buffered_bytes ({}): a fenced body that large could never be \
+                     held whole; raise max_buffered_bytes, lower max_body, or set stream_body = true",
+                    r.max_body, server.max_buffered_bytes
+                ),
+            );
         }
     }
     for (i, a) in routes.iter().enumerate() {
@@ -496,20 +521,55 @@ fn validate_route(i: usize, s: file::RouteSection, p: &mut Problems) -> Option<R
             None
         }
     };
-    let fenced_methods = match s.fenced_methods {
-        None => DEFAULT_FENCED_METHODS.to_vec(),
+    if s.fenced_methods.is_some() {
+        p.add(
+            field("fenced_methods"),
+            "was replaced by safe_methods: list the methods that pass unfenced (default [\"GET\", \"HEAD\", \
+             \"OPTIONS\"]); every other method, in any spelling, is fenced",
+        );
+    }
+    let safe_methods = match s.safe_methods {
+        None => DEFAULT_SAFE_METHODS.to_vec(),
         Some(list) => {
             let mut methods = Vec::with_capacity(list.len());
             for m in list {
-                match Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+                // Exactly as written: a request's method is compared byte for
+                // byte, so "get" here would not make "GET" safe.
+                match Method::from_bytes(m.as_bytes()) {
                     Ok(method) if !methods.contains(&method) => methods.push(method),
-                    Ok(_) => p.add(field("fenced_methods"), format!("'{m}' is listed twice")),
-                    Err(_) => p.add(field("fenced_methods"), format!("'{m}' is not an HTTP method")),
+                    Ok(_) => p.add(field("safe_methods"), format!("'{m}' is listed twice")),
+                    Err(_) => p.add(field("safe_methods"), format!("'{m}' is not an HTTP method")),
                 }
             }
             methods
         }
     };
+    let escaped_slashes = match s.escaped_slashes.as_deref() {
+        None | Some("reject") => EscapedSlashes::Reject,
+        Some("keep") => EscapedSlashes::Keep,
+        Some(other) => {
+            p.add(field("escaped_slashes"), format!("'{other}' is not \"reject\" or \"keep\""));
+            EscapedSlashes::Reject
+        }
+    };
+    let path_options = PathOptions { merge_slashes: s.merge_slashes.unwrap_or(true), escaped_slashes };
+    let fold_key_case = match s.key_case.as_deref() {
+        None | Some("exact") => false,
+        Some("fold") => true,
+        Some(other) => {
+            p.add(field("key_case"), format!("'{other}' is not \"exact\" or \"fold\""));
+            false
+        }
+    };
+    // Requests are routed by their canonical path, so a prefix in any other
+    // spelling could never match.
+    if let Ok(canonical) = canonical_path(&prefix, path_options) {
+        if canonical != prefix && prefix.starts_with('/') {
+            p.add(field("prefix"), format!("'{prefix}' is not in canonical form; write it as '{canonical}'"));
+        }
+    } else if prefix.starts_with('/') {
+        p.add(field("prefix"), format!("'{prefix}' is not a path a request can have"));
+    }
     let allow_missing_token = match s.missing_token.as_deref() {
         None | Some("reject") => false,
         Some("allow") => true,
@@ -553,7 +613,11 @@ fn validate_route(i: usize, s: file::RouteSection, p: &mut Problems) -> Option<R
         upstream: upstream?,
         pattern,
         key: key?,
-        fenced_methods,
+        safe_methods,
+        path_options,
+        fold_key_case,
+        allow_safe_body: s.allow_safe_body.unwrap_or(false),
+        stream_body: s.stream_body.unwrap_or(false),
         allow_missing_token,
         timeout,
         queue_timeout,
@@ -595,7 +659,10 @@ mod tests {
             StoreKind::File { path: "data/fences".into(), require_existing: false, cache_keys: 1_000_000 }
         );
         let r = &c.routes[0];
-        assert_eq!(r.fenced_methods, DEFAULT_FENCED_METHODS.to_vec());
+        assert_eq!(r.safe_methods, DEFAULT_SAFE_METHODS.to_vec());
+        assert_eq!(r.path_options, PathOptions::default());
+        assert!(!r.fold_key_case && !r.allow_safe_body && !r.stream_body);
+        assert_eq!(c.server.max_buffered_bytes, 256 << 20);
         assert!(!r.allow_missing_token);
         assert_eq!(r.timeout, Duration::from_secs(30));
         assert_eq!(r.queue_timeout, Duration::from_secs(10));
@@ -644,7 +711,9 @@ mod tests {
             timeout = "soon"
             queue_timeout = "0s"
             missing_token = "maybe"
-            fenced_methods = ["PUT", "P UT"]
+            safe_methods = ["GET", "P UT", "GET"]
+            escaped_slashes = "decode"
+            key_case = "lower"
             token_header = "bad header"
             key = "{query.}"
             [[route]]
@@ -657,7 +726,10 @@ mod tests {
             "route[0] 'a'.prefix",
             "route[0] 'a'.upstream",
             "route[0] 'a'.key",
-            "route[0] 'a'.fenced_methods",
+            "route[0] 'a'.safe_methods",
+            "route[0] 'a'.safe_methods",
+            "route[0] 'a'.escaped_slashes",
+            "route[0] 'a'.key_case",
             "route[0] 'a'.missing_token",
             "route[0] 'a'.timeout",
             "route[0] 'a'.queue_timeout",
@@ -798,6 +870,45 @@ mod tests {
         let f: Vec<_> = p.0.iter().map(|x| x.field.as_str()).collect();
         assert_eq!(f, ["admin.auth_token_file", "admin.auth_token_file"]);
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn fenced_methods_is_refused_with_a_pointer_to_safe_methods() {
+        let p = problems(&format!("{MINIMAL}fenced_methods = [\"PUT\"]\n"));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].field, "route[0] 'objects'.fenced_methods");
+        assert!(p[0].message.contains("safe_methods"), "{}", p[0].message);
+    }
+
+    #[test]
+    fn safe_methods_are_taken_exactly_as_written() {
+        let c = Config::from_toml_str(&format!("{MINIMAL}safe_methods = [\"GET\", \"get\", \"PROPFIND\"]\n")).unwrap();
+        let names: Vec<_> = c.routes[0].safe_methods.iter().map(Method::as_str).collect();
+        assert_eq!(names, ["GET", "get", "PROPFIND"]);
+        let c = Config::from_toml_str(&format!("{MINIMAL}safe_methods = []\n")).unwrap();
+        assert!(c.routes[0].safe_methods.is_empty());
+    }
+
+    #[test]
+    fn path_switches_are_read_and_prefixes_must_be_canonical() {
+        let text = format!(
+            "{MINIMAL}escaped_slashes = \"keep\"\nmerge_slashes = false\nkey_case = \"fold\"\n\
+             allow_safe_body = true\nstream_body = true\n"
+        );
+        let r = &Config::from_toml_str(&text).unwrap().routes[0];
+        assert_eq!(r.path_options, PathOptions { merge_slashes: false, escaped_slashes: EscapedSlashes::Keep });
+        assert!(r.fold_key_case && r.allow_safe_body && r.stream_body);
+        let text = MINIMAL.replace("\"/objects/\"", "\"/obj%65cts/\"");
+        let p = problems(&text);
+        assert_eq!(p[0].field, "route[0] 'objects'.prefix");
+        assert!(p[0].message.contains("'/objects/'"), "{}", p[0].message);
+    }
+
+    #[test]
+    fn a_route_body_must_fit_the_buffer_budget_unless_it_streams() {
+        let text = format!("[server]\nmax_buffered_bytes = \"1MiB\"\n{MINIMAL}max_body = \"2MiB\"\n");
+        assert_eq!(fields(&text), ["route 'objects'.max_body"]);
+        assert!(Config::from_toml_str(&format!("{text}stream_body = true\n")).is_ok());
     }
 
     #[test]

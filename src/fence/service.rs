@@ -3,21 +3,20 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::Response;
-use tower::Service;
+use tower::{Service, ServiceExt};
 
 use super::gate::Turn;
-use super::signature::verify_headers;
+use super::head::check_jump;
 use super::store::{Advance, FenceStore};
-use super::token::token_from_headers;
-use super::{KeyGate, ResponseFuture};
+use super::{Checked, Fence, KeyGate, ResponseFuture};
 use crate::error::{Decision, Outcome, ProxyBody, ProxyError, Rejection};
-use crate::route::Routed;
+use crate::route::{Route, Routed};
 
-/// The fencing middleware; see the [module docs](super) for what it guarantees.
+/// The fence's turn-taking middleware: steps 5 to 7 of the [module
+/// docs](super).
 ///
-/// It takes [`Routed`] requests: the route says which methods are fenced and
-/// how the key is made, and a stack that does not route before the fence does
-/// not compile.
+/// It takes [`Checked`] requests, so a stack that does not route and check
+/// heads before it does not compile.
 #[derive(Debug)]
 pub struct Fencing<S, St> {
     inner: S,
@@ -37,7 +36,7 @@ impl<S, St> Fencing<S, St> {
     }
 }
 
-impl<S, St, B> Service<Routed<B>> for Fencing<S, St>
+impl<S, St, B> Service<Checked<B>> for Fencing<S, St>
 where
     S: Service<Routed<B>, Response = Response<ProxyBody>, Error = ProxyError> + Clone + Send + 'static,
     S::Future: Send,
@@ -52,188 +51,158 @@ where
         self.inner.poll_ready(cx).map_err(Rejection::from)
     }
 
-    fn call(&mut self, req: Routed<B>) -> Self::Future {
+    fn call(&mut self, req: Checked<B>) -> Self::Future {
         // Take the service that was driven to readiness; leave a fresh clone behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(decide_and_forward(inner, self.store.clone(), self.gate.clone(), req))
+        ResponseFuture::new(take_turn_and_forward(inner, self.store.clone(), self.gate.clone(), req))
     }
 }
 
-async fn decide_and_forward<S, St, B>(
-    mut inner: S,
+async fn take_turn_and_forward<S, St, B>(
+    inner: S,
     store: Arc<St>,
     gate: Arc<KeyGate>,
-    routed: Routed<B>,
+    checked: Checked<B>,
 ) -> Result<Response<ProxyBody>, Rejection>
 where
-    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = ProxyError>,
+    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = ProxyError> + Send + 'static,
+    S::Future: Send,
     St: FenceStore,
+    B: Send + 'static,
 {
-    let Routed { route, request: req } = routed;
-    if !route.is_fenced(req.method()) {
-        return forward_unfenced(inner, Routed { route, request: req }).await;
-    }
-    let header = &route.token_header;
-    let token = match token_from_headers(req.headers(), header) {
-        Ok(Some(token)) => Ok(token),
-        Ok(None) if route.allow_missing_token => return forward_unfenced(inner, Routed { route, request: req }).await,
-        Ok(None) => Err(ProxyError::MissingToken { header: header.clone() }),
-        Err(error) => Err(ProxyError::MalformedToken { header: header.clone(), error }),
+    let Checked { routed, fence } = checked;
+    let Some(fence) = fence else {
+        return forward_unfenced(inner, routed).await;
     };
-    let key = route.key.render(req.uri(), req.headers(), route.pattern.as_ref());
-    // Token problems come first (428 / 400 malformed), with the key when it can be made.
-    let (key, token) = match (key, token) {
-        (Ok(key), Ok(token)) => (key, token),
-        (key, Err(e)) => return Err(Rejection::new(e, key.ok(), None)),
-        (Err(e), Ok(token)) => return Err(Rejection::new(e.into(), None, Some(token))),
-    };
-
-    // Before anything else: a token nobody with the key signed must not read the
-    // mark, queue, or (above all) raise the mark, or any client could fence a key
-    // forever with u64::MAX.
-    if let Some(signing_key) = &route.signing_key {
-        if let Err(e) = verify_headers(signing_key.bytes(), &key, token, req.headers()) {
-            return Err(Rejection::new(ProxyError::BadSignature(e.as_str()), Some(key), Some(token)));
-        }
-    }
-
-    // A token already below the mark can never win, and one too far above it
-    // never will: refuse both without queueing.
-    match store.get(&key).await {
-        Ok(Some(current)) if token < current => {
-            return Err(Rejection::new(ProxyError::StaleToken { token, current }, Some(key), Some(token)))
-        }
-        Ok(Some(current)) => {
-            if let Err(e) = check_jump(route.max_token_jump, token, current) {
-                return Err(Rejection::new(e, Some(key), Some(token)));
-            }
-        }
-        Ok(None) => {}
-        Err(e) => return Err(Rejection::new(e.into(), Some(key), Some(token))),
-    }
+    let route = routed.route.clone();
+    let Fence { token, key, destination } = fence;
+    let reject = |e: ProxyError, key: &str| Rejection::new(e, Some(key.to_string()), Some(token));
 
     // After a restart on a store a previous process wrote to, that process may
     // have died with writes in flight: keys start closed for the settle period.
     if !gate.wait_reopened(route.settle, route.queue_timeout).await {
-        return Err(Rejection::new(ProxyError::QueueTimeout(route.queue_timeout), Some(key), Some(token)));
+        return Err(reject(ProxyError::QueueTimeout(route.queue_timeout), &key));
     }
-    let turn = match gate.acquire(&key, route.queue_timeout).await {
-        Ok(turn) => turn,
-        Err(_) => return Err(Rejection::new(ProxyError::QueueTimeout(route.queue_timeout), Some(key), Some(token))),
-    };
-    // The checks that count happen with the turn held: a newer token may have
-    // won while this request waited. The jump is measured against the mark as it
-    // is now; between this get and the advance only the fence API can move the
-    // mark (fenced requests for this key wait for the turn), and raising it only
-    // makes the jump smaller.
-    if let Some(max_jump) = route.max_token_jump {
-        match store.get(&key).await {
-            Ok(Some(current)) => {
-                if let Err(e) = check_jump(Some(max_jump), token, current) {
-                    return Err(Rejection::new(e, Some(key), Some(token)));
-                }
-            }
+    // Every key the request writes, each with the route whose limits apply to
+    // it, turns taken in key order: two requests that write the same two keys
+    // (a COPY each way) then never hold one each and wait for the other.
+    let mut keys: Vec<(&str, &Route)> = vec![(&key, &route)];
+    if let Some((dest_key, dest_route)) = &destination {
+        if *dest_key != key {
+            keys.push((dest_key, dest_route));
+            keys.sort_by(|a, b| a.0.cmp(b.0));
+        }
+    }
+    // One deadline for all of them: `queue_timeout` bounds the whole wait.
+    let deadline = tokio::time::Instant::now() + route.queue_timeout;
+    let mut turns = Vec::with_capacity(keys.len());
+    for (k, _) in &keys {
+        match gate.acquire(k, deadline.saturating_duration_since(tokio::time::Instant::now())).await {
+            Ok(turn) => turns.push(turn),
+            Err(_) => return Err(reject(ProxyError::QueueTimeout(route.queue_timeout), &key)),
+        }
+    }
+    // The checks that count happen with the turns held: a newer token may have
+    // won while this request waited. Every mark is read first, so a request
+    // refused on one key raises none. The jump is measured against the mark
+    // as it is now; between this read and the advance only the fence API can
+    // move a mark (fenced requests for these keys wait for the turn), and
+    // raising it only makes the jump smaller.
+    for (k, r) in &keys {
+        match store.get(k).await {
+            Ok(Some(current)) if token < current => return Err(reject(ProxyError::StaleToken { token, current }, k)),
+            Ok(Some(current)) => check_jump(r.max_token_jump, token, current).map_err(|e| reject(e, k))?,
             Ok(None) => {}
-            Err(e) => return Err(Rejection::new(e.into(), Some(key), Some(token))),
+            Err(e) => return Err(reject(e.into(), k)),
         }
     }
-    match store.advance(&key, token).await {
-        Ok(Advance::Accepted { .. }) => {}
-        Ok(Advance::Stale { current }) => {
-            return Err(Rejection::new(ProxyError::StaleToken { token, current }, Some(key), Some(token)))
+    for (k, _) in &keys {
+        match store.advance(k, token).await {
+            Ok(Advance::Accepted { .. }) => {}
+            Ok(Advance::Stale { current }) => return Err(reject(ProxyError::StaleToken { token, current }, k)),
+            Err(e) => return Err(reject(e.into(), k)),
         }
-        Err(e) => return Err(Rejection::new(e.into(), Some(key), Some(token))),
     }
-    // If this future is dropped from here on (the client went away), the
-    // request may already be at the upstream: the guard then settles the key.
+
+    // The forward runs on a task of its own: if the client goes away (its
+    // connection closes, its HTTP/2 stream is reset), the request still runs
+    // to its end at the upstream, and only then do the turns pass on. Were it
+    // dropped half-way, the next holder's write could land before this one.
     let settle = route.settle;
-    let turn = SettlingTurn { turn: Some(turn), settle };
-    let result = inner.call(Routed { route, request: req }).await;
-    let turn = turn.disarm();
-    match result {
-        Ok(mut response) => {
-            // The upstream's response head arrived: the next fenced request for
-            // this key may go.
-            drop(turn);
+    let forward = tokio::spawn(async move {
+        let turns = SettlingTurns { turns, settle };
+        let result = inner.oneshot(routed).await;
+        let turns = turns.disarm();
+        match &result {
+            // The upstream may still apply this write. Keep the keys closed for
+            // the settle period, so a newer write cannot land and then be
+            // overwritten by this one (the idea of Chubby's lock-delay).
+            Err(e) if e.is_ambiguous() && !settle.is_zero() => hold_for(turns, settle),
+            // The response head arrived, nothing reached the upstream, or
+            // settling is off: the next fenced request for these keys may go.
+            _ => drop(turns),
+        }
+        result
+    });
+    match forward.await {
+        Ok(Ok(mut response)) => {
             let decision = Decision { outcome: Outcome::Forwarded, key: Some(key), token: Some(token), settled: false };
             response.extensions_mut().insert(decision);
             Ok(response)
         }
-        Err(e) if e.is_ambiguous() && !settle.is_zero() => {
-            // The upstream may still apply this write. Keep the key closed for the
-            // settle period, so a newer write cannot land and then be overwritten
-            // by this one (the idea of Chubby's lock-delay).
-            hold_for(turn, settle);
-            let mut rejection = Rejection::new(e, Some(key), Some(token));
-            rejection.settle = Some(settle);
+        Ok(Err(e)) => {
+            let settled = e.is_ambiguous() && !settle.is_zero();
+            let mut rejection = reject(e, &key);
+            rejection.settle = settled.then_some(settle);
             Err(rejection)
         }
-        Err(e) => {
-            // Nothing reached the upstream, or settling is off: pass the turn on.
-            drop(turn);
-            Err(Rejection::new(e, Some(key), Some(token)))
-        }
+        Err(e) => Err(reject(ProxyError::Internal(format!("the forward task failed: {e}")), &key)),
     }
 }
 
-/// Keeps a key closed for `settle` before passing its turn on.
-fn hold_for(turn: Turn, settle: Duration) {
+/// Keeps keys closed for `settle` before passing their turns on.
+fn hold_for(turns: Vec<Turn>, settle: Duration) {
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
             runtime.spawn(async move {
                 tokio::time::sleep(settle).await;
-                drop(turn);
+                drop(turns);
             });
         }
         // No runtime left (the process is stopping): nothing else will forward.
-        Err(_) => drop(turn),
+        Err(_) => drop(turns),
     }
 }
 
-/// A key's turn while its request is with the upstream. Dropped without
-/// [`disarm`](Self::disarm) (the client disconnected and the request future
-/// was cancelled), the outcome is unknown, so the key settles like after a
-/// timeout.
-struct SettlingTurn {
-    turn: Option<Turn>,
+/// Keys' turns while their request is with the upstream. Dropped without
+/// [`disarm`](Self::disarm) (the forward task was cancelled: the runtime is
+/// stopping), the outcome is unknown, so the keys settle like after a timeout.
+struct SettlingTurns {
+    turns: Vec<Turn>,
     settle: Duration,
 }
 
-impl SettlingTurn {
-    fn disarm(mut self) -> Turn {
-        self.turn.take().expect("armed until disarmed")
+impl SettlingTurns {
+    fn disarm(mut self) -> Vec<Turn> {
+        std::mem::take(&mut self.turns)
     }
 }
 
-impl Drop for SettlingTurn {
+impl Drop for SettlingTurns {
     fn drop(&mut self) {
-        if let Some(turn) = self.turn.take() {
-            if self.settle.is_zero() {
-                drop(turn);
-            } else {
-                hold_for(turn, self.settle);
-            }
+        let turns = std::mem::take(&mut self.turns);
+        if !turns.is_empty() && !self.settle.is_zero() {
+            hold_for(turns, self.settle);
         }
     }
 }
 
-/// Refuses a token more than `max_jump` above the mark `current`. Without a
-/// limit, or when `current + max_jump` passes `u64::MAX`, every token is near enough.
-fn check_jump(max_jump: Option<u64>, token: u64, current: u64) -> Result<(), ProxyError> {
-    match max_jump {
-        Some(max_jump) if token > current.saturating_add(max_jump) => {
-            Err(ProxyError::TokenJump { token, current, max_jump })
-        }
-        _ => Ok(()),
-    }
-}
-
-async fn forward_unfenced<S, B>(mut inner: S, req: Routed<B>) -> Result<Response<ProxyBody>, Rejection>
+async fn forward_unfenced<S, B>(inner: S, req: Routed<B>) -> Result<Response<ProxyBody>, Rejection>
 where
     S: Service<Routed<B>, Response = Response<ProxyBody>, Error = ProxyError>,
 {
-    let mut response = inner.call(req).await?;
+    let mut response = inner.oneshot(req).await?;
     response.extensions_mut().insert(Decision { outcome: Outcome::Unfenced, key: None, token: None, settled: false });
     Ok(response)
 }
@@ -244,7 +213,7 @@ mod tests {
 
     use bytes::Bytes;
     use http::{Method, Request};
-    use http_body_util::{Either, Full};
+    use http_body_util::{Either, Empty, Full};
 
     use super::*;
     use crate::fence::signature::sign;
@@ -300,7 +269,7 @@ mod tests {
     async fn put(route: Arc<Route>, store: Arc<WitnessStore>, headers: &[(&str, &str)]) -> (u16, usize) {
         let forwarded = Arc::new(AtomicUsize::new(0));
         let seen = forwarded.clone();
-        let inner = tower::service_fn(move |_req: Routed<()>| {
+        let inner = tower::service_fn(move |_req: Routed<Empty<Bytes>>| {
             seen.fetch_add(1, Ordering::SeqCst);
             async { Ok::<_, ProxyError>(Response::new(Either::Right(Full::new(Bytes::new())))) }
         });
@@ -308,8 +277,12 @@ mod tests {
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
-        let req = Routed { route, request: req.body(()).unwrap() };
-        let status = match decide_and_forward(inner, store, Arc::new(KeyGate::default()), req).await {
+        let req = Routed { route, request: req.body(Empty::<Bytes>::new()).unwrap(), fenced: true, destination: None };
+        let decided = match super::super::head::check(&*store, req).await {
+            Ok(checked) => take_turn_and_forward(inner, store, Arc::new(KeyGate::default()), checked).await,
+            Err(rejection) => Err(rejection),
+        };
+        let status = match decided {
             Ok(response) => response.status().as_u16(),
             Err(rejection) => rejection.error.status().as_u16(),
         };

@@ -123,7 +123,18 @@ pub fn verify(key: &[u8], fence_key: &str, token: u64, header_value: &[u8]) -> R
 
 /// Checks the request's signature header: exactly one, and right.
 pub fn verify_headers(key: &[u8], fence_key: &str, token: u64, headers: &HeaderMap) -> Result<(), SignatureError> {
-    let mut values = headers.get_all(SIGNATURE_HEADER).iter();
+    verify_header(key, fence_key, token, headers, &SIGNATURE_HEADER)
+}
+
+/// Checks the signature in header `name`: exactly one, and right.
+pub fn verify_header(
+    key: &[u8],
+    fence_key: &str,
+    token: u64,
+    headers: &HeaderMap,
+    name: &HeaderName,
+) -> Result<(), SignatureError> {
+    let mut values = headers.get_all(name).iter();
     let Some(value) = values.next() else {
         return Err(SignatureError::Missing);
     };

@@ -19,9 +19,9 @@ use tower::Service;
 
 pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
 
+use crate::body::RequestBody;
 use crate::error::{ProxyBody, ProxyError};
-use crate::limits::RequestBody;
-use crate::route::{request_host, Routed};
+use crate::route::Routed;
 
 pub use upstream::{CONNECT_TIMEOUT, FIRST_BACKOFF, MAX_RETRIES};
 
@@ -80,19 +80,16 @@ impl Service<Routed<RequestBody>> for Forward {
 }
 
 async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Response<ProxyBody>, ProxyError> {
-    let Routed { route, request: req } = req;
+    let Routed { route, request: req, fenced, destination } = req;
     let (mut parts, body) = req.into_parts();
 
     // Only requests the fence does not cover may switch protocols: a fenced
     // write must end with its response head, or the key's turn would never pass on.
-    let upgrade = wants_upgrade(&parts.headers) && !route.is_fenced(&parts.method);
+    let upgrade = wants_upgrade(&parts.headers) && !fenced;
     let client_upgrade = if upgrade { parts.extensions.remove::<OnUpgrade>() } else { None };
 
-    // The client's Host header as it came (no copy), or the HTTP/2 authority.
-    let original_host = match parts.headers.get(HOST) {
-        Some(host) => host.to_str().is_ok().then(|| host.clone()),
-        None => request_host(&parts.uri, &parts.headers).ok().and_then(|h| HeaderValue::from_str(h).ok()),
-    };
+    // The host the client asked for, made canonical by routing (no copy).
+    let original_host = parts.headers.get(HOST).cloned();
     let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
     // Origin form: the connection already goes to the upstream.
     parts.uri =
@@ -104,6 +101,20 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
         (Some(h), true) => h.clone(),
         _ => route.upstream.host.clone(),
     };
+    if let Some(destination) = destination {
+        // The form that was keyed, on the upstream's terms: its Host and base
+        // path, as a WebDAV server checks a Destination against them.
+        let target = format!(
+            "http://{}{}{}{}{}",
+            host.to_str().unwrap_or_default(),
+            route.upstream.base_path,
+            destination.path,
+            if destination.query.is_some() { "?" } else { "" },
+            destination.query.as_deref().unwrap_or_default()
+        );
+        let value = HeaderValue::try_from(target).map_err(|e| ProxyError::Internal(format!("Destination: {e}")))?;
+        parts.headers.insert(crate::routing::DESTINATION, value);
+    }
     parts.headers.insert(HOST, host);
 
     let mut request = Request::new(body);
@@ -118,7 +129,7 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
         Ok(Err(SendError::Failed(e))) => {
             // A body that overran the route's limit (only an unfenced one can:
             // fenced bodies are checked whole before they are sent).
-            if let Some(limit) = crate::limits::overran_limit(&*e) {
+            if let Some(limit) = crate::body::overran_limit(&*e) {
                 return Err(ProxyError::BodyTooLarge { limit });
             }
             return Err(ProxyError::UpstreamFailed(error_chain(&*e)));

@@ -27,7 +27,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use super::{BoxError, SendError};
-use crate::limits::RequestBody;
+use crate::body::RequestBody;
 
 /// Connection attempts after the first.
 pub const MAX_RETRIES: u32 = 3;

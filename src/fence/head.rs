@@ -1,0 +1,186 @@
+//! The head checks: everything the fence can decide before a body byte is read.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, Response};
+use hyper::body::Body;
+use tower::{Layer, Service, ServiceExt};
+
+use super::signature::verify_header;
+use super::signature::SIGNATURE_HEADER;
+use super::store::FenceStore;
+use super::token::token_from_headers;
+use super::{Checked, Fence};
+use crate::error::{ProxyBody, ProxyError, Rejection};
+use crate::route::{Route, Routed};
+
+/// The header that signs a WebDAV destination's key, on a request whose
+/// `Destination` falls under a route with a `signing_key_file`.
+pub const DESTINATION_SIGNATURE_HEADER: HeaderName = HeaderName::from_static("x-fencing-destination-signature");
+
+/// Applies [`HeadChecks`]; see the [module docs](super).
+#[derive(Debug)]
+pub struct HeadChecksLayer<St> {
+    store: Arc<St>,
+}
+
+impl<St> HeadChecksLayer<St> {
+    pub fn new(store: Arc<St>) -> Self {
+        HeadChecksLayer { store }
+    }
+}
+
+impl<St> Clone for HeadChecksLayer<St> {
+    fn clone(&self) -> Self {
+        HeadChecksLayer { store: self.store.clone() }
+    }
+}
+
+impl<S, St> Layer<S> for HeadChecksLayer<St> {
+    type Service = HeadChecks<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        HeadChecks { inner, store: self.store.clone() }
+    }
+}
+
+/// Refuses, from the head alone, a fenced request that can never pass, and an
+/// unfenced one that carries a body it must not; hands the rest on as
+/// [`Checked`]. See the [module docs](super).
+#[derive(Debug)]
+pub struct HeadChecks<S, St> {
+    inner: S,
+    store: Arc<St>,
+}
+
+impl<S: Clone, St> Clone for HeadChecks<S, St> {
+    fn clone(&self) -> Self {
+        HeadChecks { inner: self.inner.clone(), store: self.store.clone() }
+    }
+}
+
+impl<S, St, B> Service<Routed<B>> for HeadChecks<S, St>
+where
+    S: Service<Checked<B>, Response = Response<ProxyBody>, Error = Rejection> + Clone + Send + 'static,
+    S::Future: Send,
+    St: FenceStore,
+    B: Body + Send + 'static,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Rejection;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Rejection>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, routed: Routed<B>) -> Self::Future {
+        let (inner, store) = (self.inner.clone(), self.store.clone());
+        Box::pin(async move {
+            let checked = check(&*store, routed).await?;
+            inner.oneshot(checked).await
+        })
+    }
+}
+
+/// Steps 1 to 4 of the [module docs](super), and the body rule for unfenced requests.
+pub(super) async fn check<St: FenceStore, B: Body>(store: &St, routed: Routed<B>) -> Result<Checked<B>, Rejection> {
+    let route = &routed.route;
+    if !routed.fenced {
+        // An upstream that expects no body may read this one as the next
+        // request on the connection: a request smuggled past the fence.
+        if !route.allow_safe_body && carries_body(&routed.request) {
+            return Err(ProxyError::BodyNotAllowed(routed.request.method().clone()).into());
+        }
+        return Ok(Checked { routed, fence: None });
+    }
+    let headers = routed.request.headers();
+    let header = &route.token_header;
+    let token = match token_from_headers(headers, header) {
+        Ok(Some(token)) => Ok(token),
+        Ok(None) if route.allow_missing_token => return Ok(Checked { routed, fence: None }),
+        Ok(None) => Err(ProxyError::MissingToken { header: header.clone() }),
+        Err(error) => Err(ProxyError::MalformedToken { header: header.clone(), error }),
+    };
+    let uri = routed.request.uri();
+    let key = route.key_for(uri.path(), uri.query(), headers);
+    // Token problems come first (428 / 400 malformed), with the key when it can be made.
+    let (key, token) = match (key, token) {
+        (Ok(key), Ok(token)) => (key, token),
+        (key, Err(e)) => return Err(Rejection::new(e, key.ok(), None)),
+        (Err(e), Ok(token)) => return Err(Rejection::new(e.into(), None, Some(token))),
+    };
+    let reject = |e: ProxyError, key: &str| Rejection::new(e, Some(key.to_string()), Some(token));
+    let destination = match &routed.destination {
+        Some(d) => {
+            let key = d.route.key_for(&d.path, d.query.as_deref(), headers).map_err(|e| reject(e.into(), &key))?;
+            Some((key, d.route.clone()))
+        }
+        None => None,
+    };
+
+    // Before anything else: a token nobody with the key signed must not read the
+    // mark, queue, or (above all) raise the mark, or any client could fence a key
+    // forever with u64::MAX.
+    check_signature(route, &key, token, headers, &SIGNATURE_HEADER).map_err(|e| reject(e, &key))?;
+    if let Some((dest_key, dest_route)) = &destination {
+        check_signature(dest_route, dest_key, token, headers, &DESTINATION_SIGNATURE_HEADER)
+            .map_err(|e| reject(e, &key))?;
+    }
+
+    // A token already below a mark can never win, and one too far above it
+    // never will: refuse both without queueing, and without reading the body.
+    early_check(store, route, &key, token).await.map_err(|e| reject(e, &key))?;
+    if let Some((dest_key, dest_route)) = &destination {
+        early_check(store, dest_route, dest_key, token).await.map_err(|e| reject(e, dest_key))?;
+    }
+    Ok(Checked { routed, fence: Some(Fence { token, key, destination }) })
+}
+
+fn check_signature(
+    route: &Route,
+    key: &str,
+    token: u64,
+    headers: &HeaderMap,
+    name: &HeaderName,
+) -> Result<(), ProxyError> {
+    match &route.signing_key {
+        Some(signing_key) => verify_header(signing_key.bytes(), key, token, headers, name)
+            .map_err(|e| ProxyError::BadSignature(e.as_str())),
+        None => Ok(()),
+    }
+}
+
+/// Refuses `token` at once when it is below `key`'s mark or jumps too far above it.
+async fn early_check<St: FenceStore>(store: &St, route: &Route, key: &str, token: u64) -> Result<(), ProxyError> {
+    match store.get(key).await? {
+        Some(current) if token < current => Err(ProxyError::StaleToken { token, current }),
+        Some(current) => check_jump(route.max_token_jump, token, current),
+        None => Ok(()),
+    }
+}
+
+/// Refuses a token more than `max_jump` above the mark `current`. Without a
+/// limit, or when `current + max_jump` passes `u64::MAX`, every token is near enough.
+pub(super) fn check_jump(max_jump: Option<u64>, token: u64, current: u64) -> Result<(), ProxyError> {
+    match max_jump {
+        Some(max_jump) if token > current.saturating_add(max_jump) => {
+            Err(ProxyError::TokenJump { token, current, max_jump })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether a request has a body: a declared length above zero, a chunked
+/// one, or (HTTP/2) a stream its head did not end.
+fn carries_body<B: Body>(request: &http::Request<B>) -> bool {
+    let headers = request.headers();
+    match headers.get(CONTENT_LENGTH) {
+        Some(len) => len.as_bytes() != b"0",
+        None => headers.contains_key(TRANSFER_ENCODING) || !request.body().is_end_stream(),
+    }
+}
