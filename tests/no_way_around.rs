@@ -200,24 +200,36 @@ struct Verdicts {
 impl Verdicts {
     /// Records whether `got` is `want` (and names `key`, when given).
     fn judge(&mut self, what: &str, got: Result<Got, String>, want: Want, key: Option<&str>) {
+        self.judge_any(what, got, &[want], key);
+    }
+
+    /// Records whether `got` is one of `wants`.
+    fn judge_any(&mut self, what: &str, got: Result<Got, String>, wants: &[Want], key: Option<&str>) {
         self.tried += 1;
         let got = match got {
             Ok(got) => got,
-            Err(e) => return self.wrong.push(format!("{what}: wanted {want:?}, got no answer: {e}")),
+            Err(e) => return self.wrong.push(format!("{what}: wanted {wants:?}, got no answer: {e}")),
         };
         let ty = got.problem.as_ref().and_then(|p| p["type"].as_str()).unwrap_or("");
-        let type_ok = want.1.is_empty() || want.1.contains(&ty);
         let key_ok = key.is_none_or(|k| got.problem.as_ref().is_some_and(|p| p["key"] == k));
-        if got.status != want.0 || !type_ok || !key_ok {
+        let matches = |want: &Want| got.status == want.0 && (want.1.is_empty() || want.1.contains(&ty));
+        if !wants.iter().any(matches) || !key_ok {
             let key_note = key.map(|k| format!(" with key {k:?}")).unwrap_or_default();
             let text: String = got.text.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(300).collect();
-            self.wrong.push(format!("{what}: wanted {want:?}{key_note}, got {} {text}", got.status));
+            self.wrong.push(format!("{what}: wanted {wants:?}{key_note}, got {} {text}", got.status));
         }
     }
 
     /// Sends `req` over HTTP/1.1 on a fresh connection and judges the answer.
     async fn raw(&mut self, proxy: &Proxy, req: RawRequest, want: Want) {
         self.raw_keyed(proxy, req, want, None).await;
+    }
+
+    /// Like [`raw`](Self::raw), for a request that may be refused in either way.
+    async fn raw_any(&mut self, proxy: &Proxy, req: RawRequest, wants: &[Want]) {
+        let what = format!("HTTP/1.1 {}", req.describe());
+        let got = req.try_send(proxy.addr).await.map(Got::from);
+        self.judge_any(&what, got, wants, None);
     }
 
     /// Like [`raw`](Self::raw); the problem must also name `key`.
@@ -534,7 +546,6 @@ async fn every_spelling_of_a_path_is_one_resource_with_one_key() {
         "/objects/..;/secure/doc",
         "/objects/x%2F..%2Fa",
         "/objects/x%2f..%2fa",
-        "/objects%2Fa",
         "/objects/x%5C..%5Ca",
         "/objects/x%5c..%5ca",
         "/objects/x\\..\\a",
@@ -557,6 +568,13 @@ async fn every_spelling_of_a_path_is_one_resource_with_one_key() {
         let req = RawRequest::new("PUT", target).body("stale-33");
         v.raw(&proxy, req.clone().token(STALE), BAD_PATH).await;
         v.raw(&proxy, req.token(UNSIGNED), BAD_PATH).await;
+    }
+    // An escaped slash that hides the route's prefix: no route matches, so no
+    // route's switches say how to read it. Refused either way.
+    for target in ["/objects%2Fa", "/objects%2fx/..%2Fa", "/objects%5Ca"] {
+        let req = RawRequest::new("PUT", target).body("stale-33");
+        v.raw_any(&proxy, req.clone().token(STALE), &[BAD_PATH, NO_ROUTE_404]).await;
+        v.raw_any(&proxy, req.token(UNSIGNED), &[BAD_PATH, NO_ROUTE_404]).await;
     }
     let h2 = H2::connect(proxy.addr).await;
     for path in ["/objects//a", "/objects/%61", "/objects/x/%2E%2E/a", "/objects/./a"] {
