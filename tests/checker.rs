@@ -3,7 +3,11 @@
 //! Lock holders (writer tasks) take tokens from a per-key counter (the lock
 //! service), pause at random so that some come back with a token that has been
 //! overtaken, and write through the real `fencegate` binary on the durable file
-//! store. The upstream is randomly slow (now and then past the route's
+//! store. They write as buggy legacy clients do: the method in any case (`put`,
+//! `Post`, `dElEtE`: every one a write to the upstream), the path in any
+//! spelling (`/k//3`, `/k/./3`, `/k/%33`), and now and then over a raw
+//! connection that hangs up as soon as the request is sent, or halfway
+//! through its body. The upstream is randomly slow (now and then past the route's
 //! timeout), sometimes answers 500, and sometimes hangs up after reading a
 //! request, having applied it, not applied it, or about to apply it a moment
 //! later (within the route's settle period): it records what it received and
@@ -14,7 +18,7 @@
 //! - per key, the upstream received and applied tokens in non-decreasing order
 //!   (no stale write), and never had two writes to one key in flight;
 //! - nothing fencegate refused reached the upstream, nothing reached it twice,
-//!   and every 200 a client saw was applied;
+//!   no body cut short reached it at all, and every 200 a client saw was applied;
 //! - every 409 was really stale: its `X-Fencing-Token-Current` is above the
 //!   token sent and is a token some request carried past the fence (or raised
 //!   through the fence API) before the 409 came back;
@@ -135,6 +139,8 @@ struct History {
     in_flight: [usize; KEYS],
     overlaps: Vec<String>,
     malformed: Vec<String>,
+    /// Requests whose body ended early, by op id.
+    cut_short: Vec<u64>,
     open_connections: usize,
 }
 
@@ -184,8 +190,10 @@ impl HistoryUpstream {
             self.history.lock().unwrap().malformed.push(what);
             return Ok(answer(StatusCode::BAD_REQUEST));
         };
-        // A request cut short was never read whole: it does not count as received.
+        // A request cut short was never read whole: it does not count as
+        // received, but that it came at all is a violation (see `check`).
         if req.into_body().collect().await.is_err() {
+            self.history.lock().unwrap().cut_short.push(op);
             return Ok(answer(StatusCode::BAD_REQUEST));
         }
         let write = Write { key, token, op };
@@ -256,6 +264,10 @@ enum Kind {
     Fence,
     /// The checker's own write with a token that must be refused.
     Probe,
+    /// A write whose client hangs up once the request is sent, answer unread.
+    HangUp,
+    /// A write whose client hangs up halfway through its body.
+    HalfBody,
 }
 
 #[derive(Debug, Clone)]
@@ -359,16 +371,76 @@ async fn request(
     tokio::time::timeout(Duration::from_secs(20), exchange).await.map_err(|_| "no answer in 20 s".to_string())?
 }
 
+/// Spellings of a write's method: the upstream, like Werkzeug, takes each as a write.
+const METHODS: [&str; 8] = ["PUT", "put", "Put", "pUT", "POST", "post", "PATCH", "dElEtE"];
+
+/// The path of `key` in one of the spellings a server resolves to it.
+fn spelled_path(key: usize, rng: &mut impl Rng) -> String {
+    match rng.gen_range(0..6) {
+        0 => format!("/k//{key}"),
+        1 => format!("/k/./{key}"),
+        2 => format!("/k/x/../{key}"),
+        3 => format!("/k/%{:02X}", b'0' + key as u8),
+        _ => key_path(key),
+    }
+}
+
 /// A fenced write (or probe) of `key` with `token` through the proxy.
 async fn write(client: &Client<HttpConnector, Full<Bytes>>, shared: &Shared, kind: Kind, key: usize, token: u64) -> Op {
     let id = shared.next_op.fetch_add(1, Ordering::Relaxed);
-    let req = Request::put(format!("http://{}{}", shared.target().proxy, key_path(key)))
+    let (method, path) = {
+        let mut rng = rand::thread_rng();
+        (METHODS[rng.gen_range(0..METHODS.len())], spelled_path(key, &mut rng))
+    };
+    let req = Request::builder()
+        .method(method)
+        .uri(format!("http://{}{path}", shared.target().proxy))
         .header("x-fencing-token", token)
         .header("x-op-id", id)
         .body(Full::new(Bytes::from(format!("op {id} token {token}"))))
         .unwrap();
     let sent = Instant::now();
     let result = request(client, req).await;
+    finish(
+        shared,
+        Op { id, kind, key, token, sent, done: Instant::now(), answer: Answer::Failed(String::new()) },
+        result,
+    )
+}
+
+/// A write over a raw connection whose client hangs up without reading the
+/// answer: once the whole request is sent (`HangUp`), or halfway through its
+/// body (`HalfBody`). Its outcome is unknown to the client, as after a crash.
+async fn hang_up(shared: &Shared, kind: Kind, key: usize, token: u64) -> Op {
+    use tokio::io::AsyncWriteExt;
+    let id = shared.next_op.fetch_add(1, Ordering::Relaxed);
+    let body = format!("op {id} token {token}");
+    let (method, path, linger) = {
+        let mut rng = rand::thread_rng();
+        (METHODS[rng.gen_range(0..METHODS.len())], spelled_path(key, &mut rng), rng.gen_range(0..5))
+    };
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: checker\r\nx-fencing-token: {token}\r\nx-op-id: {id}\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    );
+    let sent_body = match kind {
+        Kind::HalfBody => &body[..body.len() / 2],
+        _ => &body[..],
+    };
+    let sent = Instant::now();
+    let result = match tokio::net::TcpStream::connect(shared.target().proxy).await {
+        Ok(mut stream) => {
+            let wrote = stream.write_all(format!("{head}{sent_body}").as_bytes()).await;
+            tokio::time::sleep(Duration::from_millis(linger)).await;
+            drop(stream);
+            Err(match wrote {
+                Ok(()) => "hung up".to_string(),
+                Err(e) => format!("hung up, the request not sent whole: {e}"),
+            })
+        }
+        Err(e) => Err(format!("connect: {e}")),
+    };
     finish(
         shared,
         Op { id, kind, key, token, sent, done: Instant::now(), answer: Answer::Failed(String::new()) },
@@ -410,7 +482,7 @@ async fn writer(shared: Arc<Shared>) -> Vec<Op> {
     let mut ops = Vec::new();
     let mut held: Option<(usize, u64)> = None;
     while !shared.stop.load(Ordering::Relaxed) {
-        let (key, token, acquired, pause, fence_first) = {
+        let (key, token, acquired, pause, fence_first, rude) = {
             let mut rng = rand::thread_rng();
             let (key, token, acquired) = match held {
                 Some((key, token)) if rng.gen_bool(0.6) => (key, token, false),
@@ -421,7 +493,13 @@ async fn writer(shared: Arc<Shared>) -> Vec<Op> {
             };
             // Now and then a long pause (a GC, a network hiccup): the lease runs out.
             let pause = if rng.gen_bool(0.03) { rng.gen_range(20..100) } else { rng.gen_range(0..4) };
-            (key, token, acquired, Duration::from_millis(pause), acquired && rng.gen_bool(0.05))
+            // Now and then a client that hangs up: after sending, or mid-body.
+            let rude = match rng.gen_range(0..100) {
+                0..=3 => Some(Kind::HangUp),
+                4..=5 => Some(Kind::HalfBody),
+                _ => None,
+            };
+            (key, token, acquired, Duration::from_millis(pause), acquired && rng.gen_bool(0.05), rude)
         };
         held = Some((key, token));
         if acquired {
@@ -433,7 +511,10 @@ async fn writer(shared: Arc<Shared>) -> Vec<Op> {
             if !acquired {
                 tokio::time::sleep(pause).await;
             }
-            write(&client, &shared, Kind::Write, key, token).await
+            match rude {
+                Some(kind) => hang_up(&shared, kind, key, token).await,
+                None => write(&client, &shared, Kind::Write, key, token).await,
+            }
         };
         match op.answer {
             // Fenced out: this holder has lost the lock.
@@ -669,6 +750,10 @@ fn check(ops: &[Op], history: &History, marks: &[Option<u64>; KEYS]) -> Vec<Stri
         }
     }
 
+    // A fenced body is forwarded whole or not at all.
+    for op in &history.cut_short {
+        violations.push(format!("half a body forwarded: op {op} reached the upstream with its body cut short"));
+    }
     // Each request reached the upstream at most once, and only if fencegate let it through.
     let by_id: HashMap<u64, &Op> = ops.iter().map(|o| (o.id, o)).collect();
     let mut received = HashSet::new();
@@ -679,6 +764,9 @@ fn check(ops: &[Op], history: &History, marks: &[Option<u64>; KEYS]) -> Vec<Stri
         match by_id.get(&w.op) {
             Some(op) if op.refused() || op.kind == Kind::Fence => {
                 violations.push(format!("refused yet forwarded: {op:?} reached the upstream"))
+            }
+            Some(op) if op.kind == Kind::HalfBody => {
+                violations.push(format!("half a body forwarded: {op:?} reached the upstream"))
             }
             Some(op) if op.key != w.key || op.token != w.token => {
                 violations.push(format!("mismatch: the upstream got {w:?} for {op:?}"))
