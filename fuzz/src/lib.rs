@@ -13,9 +13,13 @@
 //! parser, a brute-force matcher, a reference renderer), so they catch wrong
 //! answers as well as panics.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::sync::OnceLock;
 
+use fencegate::canonical::{
+    admin_key, canonical_host, canonical_path, query_param, EscapedSlashes, PathOptions, QueryError,
+};
 use fencegate::config::{parse_size, Config, FileConfig, StoreKind};
 use fencegate::fence::token::{parse_token, token_from_headers, TokenError};
 use fencegate::route::{KeyTemplate, PathPattern, Route, RouteTable, Upstream};
@@ -664,4 +668,473 @@ pub fn check_journal(data: &[u8]) {
             assert!(outcome.is_err(), "damage at {at} in frame {frame} of {} went unnoticed", batches.len());
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// canonical
+// ---------------------------------------------------------------------------
+
+/// Every combination of the path switches; each input is checked under all four.
+pub const PATH_OPTIONS: [PathOptions; 4] = [
+    PathOptions { merge_slashes: true, escaped_slashes: EscapedSlashes::Reject },
+    PathOptions { merge_slashes: true, escaped_slashes: EscapedSlashes::Keep },
+    PathOptions { merge_slashes: false, escaped_slashes: EscapedSlashes::Reject },
+    PathOptions { merge_slashes: false, escaped_slashes: EscapedSlashes::Keep },
+];
+
+/// One unit of a path after the reference decoding: a byte, or an escape the
+/// reference keeps apart from the raw character.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Byte(u8),
+    Escaped(u8),
+}
+
+/// Characters whose escape the canonical form keeps apart from the raw
+/// character on purpose: sub-delims, ':' and '@' (RFC 3986 §6.2.2.2 only makes
+/// unreserved escapes equivalent), and '/' and '\' when the route keeps
+/// escaped slashes (its upstream does not decode them either). A server that
+/// decodes them (nginx does) sees one resource where fencegate sees two; that
+/// gap is pinned by an ignored test in `tests/fuzz_regressions.rs`.
+fn kept_escaped(b: u8, options: PathOptions) -> bool {
+    matches!(b, b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=' | b':' | b'@')
+        || matches!(b, b'/' | b'\\') && options.escaped_slashes == EscapedSlashes::Keep
+}
+
+/// The resource a server that resolves paths like nginx maps `path` to,
+/// written without the code under test: decode every escape (but the
+/// [`kept_escaped`] ones) to its byte, merge runs of '/' when the options
+/// merge, then remove dot segments by the letter of RFC 3986 §5.2.4, refusing
+/// (`None`) a `..` with nothing left to remove, as nginx does. Also `None`: a
+/// path not starting with '/', and a '%' without two hex digits.
+pub fn ref_resolve(path: &[u8], options: PathOptions) -> Option<Vec<Unit>> {
+    let mut units = Vec::with_capacity(path.len());
+    let mut i = 0;
+    while i < path.len() {
+        if path[i] == b'%' {
+            let hex = path.get(i + 1..i + 3).filter(|h| h.iter().all(u8::is_ascii_hexdigit))?;
+            let value = u8::from_str_radix(std::str::from_utf8(hex).unwrap(), 16).unwrap();
+            units.push(if kept_escaped(value, options) { Unit::Escaped(value) } else { Unit::Byte(value) });
+            i += 3;
+        } else {
+            units.push(Unit::Byte(path[i]));
+            i += 1;
+        }
+    }
+    if units.first() != Some(&Unit::Byte(b'/')) {
+        return None;
+    }
+    if options.merge_slashes {
+        units.dedup_by(|b, a| *a == Unit::Byte(b'/') && *b == Unit::Byte(b'/'));
+    }
+    remove_dot_segments(&units)
+}
+
+/// RFC 3986 §5.2.4, rule by rule on units, with `None` for a `..` above the
+/// root. The input buffer is `path[i..]`; a rule that leaves the input "/"
+/// appends it to the output at once (rule E would).
+fn remove_dot_segments(path: &[Unit]) -> Option<Vec<Unit>> {
+    let slash = Unit::Byte(b'/');
+    let dot = Unit::Byte(b'.');
+    let mut output: Vec<Unit> = Vec::new();
+    let mut i = 0;
+    while i < path.len() {
+        let input = &path[i..];
+        if input.starts_with(&[dot, dot, slash]) {
+            i += 3; // A
+        } else if input.starts_with(&[dot, slash]) {
+            i += 2; // A
+        } else if input.starts_with(&[slash, dot, slash]) {
+            i += 2; // B: "/./" -> "/"
+        } else if input == [slash, dot] {
+            output.push(slash); // B: "/." -> "/"
+            break;
+        } else if input.starts_with(&[slash, dot, dot, slash]) || input == [slash, dot, dot] {
+            // C: "/../" -> "/", or a final "/.." -> "/"; the last output segment goes.
+            let at = output.iter().rposition(|u| *u == slash)?;
+            output.truncate(at);
+            if input.len() == 3 {
+                output.push(slash);
+                break;
+            }
+            i += 3;
+        } else if input == [dot] || input == [dot, dot] {
+            break; // D
+        } else {
+            // E: the first segment, with its leading '/', moves to the output.
+            let end = input.iter().skip(1).position(|u| *u == slash).map_or(input.len(), |p| p + 1);
+            output.extend_from_slice(&input[..end]);
+            i += end;
+        }
+    }
+    Some(output)
+}
+
+/// The units written back as a path: escapes where a raw byte would not do.
+fn render_units(units: &[Unit]) -> String {
+    let mut out = String::new();
+    for unit in units {
+        match *unit {
+            Unit::Byte(b) if b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&b) => out.push(char::from(b)),
+            Unit::Byte(b) | Unit::Escaped(b) => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// What every canonical path is, checked without the code under test.
+fn check_canonical_form(c: &str, options: PathOptions) {
+    let bytes = c.as_bytes();
+    assert!(c.starts_with('/'), "canonical form {c:?} does not start with '/'");
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'%' {
+            let hex = bytes.get(i + 1..i + 3).unwrap_or_else(|| panic!("{c:?}: a cut escape at {i}"));
+            assert!(
+                hex.iter().all(|h| h.is_ascii_digit() || (b'A'..=b'F').contains(h)),
+                "{c:?}: escape at {i} is not upper-case hex"
+            );
+            let value = u8::from_str_radix(std::str::from_utf8(hex).unwrap(), 16).unwrap();
+            assert!(
+                !(value.is_ascii_alphanumeric() || b"-._~".contains(&value)),
+                "{c:?}: an escaped unreserved character at {i}"
+            );
+            assert!(value >= 0x20 && value != 0x7F, "{c:?}: an escaped control byte at {i}");
+            if options.escaped_slashes == EscapedSlashes::Reject {
+                assert!(value != b'/' && value != b'\\', "{c:?}: an escaped slash kept under Reject");
+            }
+            i += 3;
+        } else {
+            assert!(
+                b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&b),
+                "{c:?}: raw byte {b:#04x} at {i} a path cannot hold"
+            );
+            i += 1;
+        }
+    }
+    let segments: Vec<&str> = c[1..].split('/').collect();
+    for (n, segment) in segments.iter().enumerate() {
+        assert!(*segment != "." && *segment != "..", "{c:?} has a dot segment");
+        for dots in [".", ".."] {
+            for parameter in [";", "%3B"] {
+                assert!(!segment.starts_with(&format!("{dots}{parameter}")), "{c:?}: a dot segment with a parameter");
+            }
+        }
+        if options.merge_slashes && n + 1 < segments.len() {
+            assert!(!segment.is_empty(), "{c:?} has '//' although slashes merge");
+        }
+    }
+}
+
+/// A piece of a path being respelled: a raw byte, or an escape in either hex case.
+#[derive(Debug, Clone, Copy)]
+enum Piece {
+    Raw(u8),
+    Escape { value: u8, lower: bool },
+}
+
+fn pieces(path: &str) -> Vec<Piece> {
+    let bytes = path.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes.get(i + 1..i + 3).filter(|h| h.iter().all(u8::is_ascii_hexdigit)) {
+            Some(hex) if bytes[i] == b'%' => {
+                let value = u8::from_str_radix(std::str::from_utf8(hex).unwrap(), 16).unwrap();
+                out.push(Piece::Escape { value, lower: false });
+                i += 3;
+            }
+            _ => {
+                out.push(Piece::Raw(bytes[i]));
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+fn render_pieces(pieces: &[Piece]) -> String {
+    let mut out = String::new();
+    for piece in pieces {
+        match *piece {
+            Piece::Raw(b) => out.push(char::from(b)),
+            Piece::Escape { value, lower: false } => out.push_str(&format!("%{value:02X}")),
+            Piece::Escape { value, lower: true } => out.push_str(&format!("%{value:02x}")),
+        }
+    }
+    out
+}
+
+/// Another spelling of the canonical (ASCII) path `c` for the same resource,
+/// made by the (op, pick) byte pairs of `script`: escape an unreserved
+/// character, flip an escape's hex case, double a slash (only when slashes
+/// merge), insert `./` or `x/../` after a slash, or write an escaped character a
+/// path cannot hold raw (`%20` as a space: it is encoded back).
+fn respell(c: &str, script: &[u8], options: PathOptions) -> String {
+    let mut p = pieces(c);
+    for step in script.chunks(2).take(16) {
+        let (op, pick) = (step[0], usize::from(*step.get(1).unwrap_or(&0)));
+        let candidates: Vec<usize> = (0..p.len())
+            .filter(|&i| match (op % 6, p[i]) {
+                (0, Piece::Raw(b)) => b.is_ascii_alphanumeric() || b"-._~".contains(&b),
+                (1, Piece::Escape { .. }) => true,
+                (2, Piece::Raw(b'/')) => options.merge_slashes,
+                (3 | 4, Piece::Raw(b'/')) => true,
+                (5, Piece::Escape { value, .. }) => b" \"#<>?[]^`{|}".contains(&value),
+                _ => false,
+            })
+            .collect();
+        if candidates.is_empty() {
+            continue;
+        }
+        let at = candidates[pick % candidates.len()];
+        match (op % 6, p[at]) {
+            (0, Piece::Raw(b)) => p[at] = Piece::Escape { value: b, lower: pick & 1 == 1 },
+            (1, Piece::Escape { value, lower }) => p[at] = Piece::Escape { value, lower: !lower },
+            (2, _) => p.insert(at + 1, Piece::Raw(b'/')),
+            (3, _) => p.splice(at + 1..at + 1, [Piece::Raw(b'.'), Piece::Raw(b'/')]).for_each(drop),
+            (4, _) => p.splice(at + 1..at + 1, b"x/../".iter().map(|&b| Piece::Raw(b))).for_each(drop),
+            (5, Piece::Escape { value, .. }) => p[at] = Piece::Raw(value),
+            _ => unreachable!("candidates match their op"),
+        }
+    }
+    render_pieces(&p)
+}
+
+/// The path oracles for one input path under one set of options.
+fn check_path(p: &str, options: PathOptions) -> Option<String> {
+    let got = canonical_path(p, options);
+    let reference = ref_resolve(p.as_bytes(), options);
+    let Ok(c) = &got else {
+        return None;
+    };
+    check_canonical_form(c, options);
+    match c {
+        Cow::Borrowed(b) => assert_eq!(*b, p, "borrowed, yet not the input"),
+        Cow::Owned(o) => assert_ne!(o, p, "{p:?} is canonical, yet it was copied"),
+    }
+    let again = canonical_path(c, options);
+    assert!(matches!(&again, Ok(Cow::Borrowed(a)) if a == c), "not idempotent: {p:?} -> {c:?} -> {again:?}");
+    let reference = reference.unwrap_or_else(|| panic!("{p:?} -> {c:?} accepted, but the reference refuses it"));
+    assert_eq!(
+        ref_resolve(c.as_bytes(), options).as_ref(),
+        Some(&reference),
+        "{p:?} -> {c:?} ({options:?}) names another resource"
+    );
+    Some(c.to_string())
+}
+
+/// `canonical` target. Fields: a request path, an authority, a respelling
+/// script, a query string and a parameter name, a second request path.
+///
+/// Paths, under every combination of [`PATH_OPTIONS`]:
+/// - an accepted path's canonical form is its own (idempotent, and borrowed:
+///   the fast path recognises it), has no `//` (when merging), no dot segment,
+///   no lower-case or unreserved or control escape, no raw byte a path cannot
+///   hold; it is borrowed exactly when it equals the input;
+/// - [`ref_resolve`], an independent nginx-like resolver, maps the input and
+///   its canonical form to the same resource, and refuses nothing that
+///   `canonical_path` accepts;
+/// - inputs the reference maps to one resource (the two paths, the reference's
+///   own rendering of each, and [`respell`]ings of the canonical form) get one
+///   canonical form or a refusal; respellings are never refused.
+///
+/// Hosts: `canonical_host` equals an independent reference, is idempotent,
+/// and gives the same answer for every spelling of the result (case, one
+/// trailing dot, an empty, default or zero-padded port).
+///
+/// Queries: `query_param` equals a reference form decoder, and finds a name
+/// spelled with escapes. `admin_key` is `canonical_path` with the default
+/// options for keys starting with '/', and the key itself otherwise.
+pub fn check_canonical(data: &[u8]) {
+    let f = fields(data);
+    let field = |i: usize| f.get(i).map(|b| text(b)).unwrap_or_default();
+    let (path, authority, script, query, name, second) =
+        (field(0), field(1), f.get(2).copied().unwrap_or_default(), field(3), field(4), field(5));
+
+    for options in PATH_OPTIONS {
+        let canonical = check_path(&path, options);
+        let second_canonical = check_path(&second, options);
+
+        // Same resource by the reference: same canonical form, or a refusal.
+        let mut spellings = vec![(path.clone(), canonical.clone()), (second.clone(), second_canonical)];
+        for p in [&path, &second] {
+            if let Some(units) = ref_resolve(p.as_bytes(), options) {
+                let rendered = render_units(&units);
+                let c = check_path(&rendered, options);
+                spellings.push((rendered, c));
+            }
+        }
+        for (i, (p, c)) in spellings.iter().enumerate() {
+            for (q, d) in &spellings[..i] {
+                if let (Some(c), Some(d)) = (c, d) {
+                    if ref_resolve(p.as_bytes(), options) == ref_resolve(q.as_bytes(), options) {
+                        assert_eq!(c, d, "{p:?} and {q:?} name one resource ({options:?})");
+                    }
+                }
+            }
+        }
+
+        // Respellings of a canonical path: the input's, or a plain one made from it.
+        let base = canonical.unwrap_or_else(|| {
+            let plain: String =
+                path.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '/').take(64).collect::<String>();
+            let plain = format!("/{plain}");
+            canonical_path(&plain, options)
+                .unwrap_or_else(|e| panic!("{plain:?} is only letters, digits and '/', yet refused: {e}"))
+                .into_owned()
+        });
+        let respelled = respell(&base, script, options);
+        assert_eq!(
+            ref_resolve(respelled.as_bytes(), options),
+            ref_resolve(base.as_bytes(), options),
+            "harness: {respelled:?} is not a respelling of {base:?}"
+        );
+        let got = canonical_path(&respelled, options);
+        assert_eq!(got.as_deref(), Ok(base.as_str()), "{respelled:?} respells {base:?} ({options:?})");
+    }
+
+    for p in [&path, &second] {
+        let want = if p.starts_with('/') { canonical_path(p, PathOptions::default()) } else { Ok(Cow::Borrowed(&**p)) };
+        assert_eq!(admin_key(p), want, "admin_key({p:?})");
+    }
+
+    for default_port in [80, 443] {
+        check_host(&authority, default_port);
+    }
+    check_query(&query, &name);
+}
+
+/// Reference host canonicalization: `Some(form)` exactly when `canonical_host`
+/// must accept `authority`.
+pub fn ref_host(authority: &str, default_port: u16) -> Option<String> {
+    let (host, port) = if authority.starts_with('[') {
+        let end = authority.find(']')?;
+        authority.split_at(end + 1)
+    } else {
+        authority.split_at(authority.find(':').unwrap_or(authority.len()))
+    };
+    let port = match port {
+        "" | ":" => None,
+        _ => {
+            let digits = port.strip_prefix(':')?;
+            if !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let n = digits.bytes().fold(0u64, |n, b| (n * 10 + u64::from(b - b'0')).min(1 << 20));
+            if n == 0 || n > 65535 {
+                return None;
+            }
+            (n != u64::from(default_port)).then_some(n)
+        }
+    };
+    let host = if let Some(inside) = host.strip_prefix('[') {
+        let address: std::net::Ipv6Addr = inside.strip_suffix(']')?.parse().ok()?;
+        format!("[{address}]")
+    } else {
+        let lower = host.to_ascii_lowercase();
+        let name = lower.strip_suffix('.').unwrap_or(&lower);
+        let labels_ok = name
+            .split('.')
+            .all(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+        if !labels_ok {
+            return None;
+        }
+        name.to_string()
+    };
+    Some(match port {
+        Some(n) => format!("{host}:{n}"),
+        None => host,
+    })
+}
+
+fn check_host(authority: &str, default_port: u16) {
+    let got = canonical_host(authority, default_port);
+    assert_eq!(
+        got.as_deref().ok(),
+        ref_host(authority, default_port).as_deref(),
+        "canonical_host({authority:?}, {default_port}) = {got:?}"
+    );
+    let Ok(c) = got else { return };
+    match &c {
+        Cow::Borrowed(b) => assert_eq!(*b, authority),
+        Cow::Owned(o) => assert_ne!(o, authority, "{authority:?} is canonical, yet it was copied"),
+    }
+    let again = canonical_host(&c, default_port);
+    assert!(matches!(&again, Ok(Cow::Borrowed(a)) if *a == c), "not idempotent: {authority:?} -> {c:?} -> {again:?}");
+
+    // Every spelling of the result names the same virtual host.
+    let (host, port) = match c.rfind(':') {
+        Some(at) if !c[at..].contains(']') => (&c[..at], Some(&c[at + 1..])),
+        _ => (&*c, None),
+    };
+    assert!(port.is_none_or(|p| !p.starts_with('0') && p != default_port.to_string()), "{c:?}: port not canonical");
+    assert!(!host.ends_with('.') && !host.bytes().any(|b| b.is_ascii_uppercase()), "{c:?}: host not canonical");
+    let ports: Vec<String> = match port {
+        Some(p) => vec![format!(":{p}"), format!(":0{p}"), format!(":000{p}")],
+        None => vec![String::new(), ":".into(), format!(":{default_port}"), format!(":00{default_port}")],
+    };
+    for name in [host.to_string(), host.to_ascii_uppercase()] {
+        let dotted = format!("{name}.");
+        let names: &[&str] = if host.starts_with('[') { &[&name] } else { &[&name, &dotted] };
+        for name in names {
+            for port in &ports {
+                let spelling = format!("{name}{port}");
+                assert_eq!(canonical_host(&spelling, default_port).as_deref(), Ok(&*c), "{spelling:?} spells {c:?}");
+            }
+        }
+    }
+}
+
+/// Reference form decoding of one name or value: '+' is a space, `%XX` a byte
+/// (a '%' without two hex digits is itself), then UTF-8 with replacement.
+fn ref_query_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).filter(|h| h.iter().all(u8::is_ascii_hexdigit));
+        match (bytes[i], hex) {
+            (b'%', Some(h)) => {
+                out.push(u8::from_str_radix(std::str::from_utf8(h).unwrap(), 16).unwrap());
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn ref_query_param(query: &str, name: &str) -> Result<Option<String>, QueryError> {
+    let values: Vec<String> = query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .filter_map(|pair| {
+            let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (ref_query_decode(n) == name).then(|| ref_query_decode(v))
+        })
+        .collect();
+    match values.len() {
+        0 => Ok(None),
+        1 => Ok(values.into_iter().next()),
+        _ => Err(QueryError::Repeated),
+    }
+}
+
+fn check_query(query: &str, name: &str) {
+    let got = query_param(query, name).map(|v| v.map(Cow::into_owned));
+    assert_eq!(got, ref_query_param(query, name), "query_param({query:?}, {name:?})");
+    // The name spelled with escapes, in both hex cases, is the same name.
+    let escaped: String = name.bytes().map(|b| format!("%{b:02X}")).collect();
+    let lower: String = name.bytes().map(|b| format!("%{b:02x}")).collect();
+    assert_eq!(query_param(&format!("{escaped}=v"), name), Ok(Some(Cow::Borrowed("v"))), "{escaped:?}");
+    assert_eq!(query_param(&format!("{escaped}=v&{lower}=w"), name), Err(QueryError::Repeated), "{lower:?}");
 }
