@@ -63,8 +63,9 @@ const TARGET_OPS: usize = 10_500;
 /// Restarts in the default run.
 const KILLS: usize = 2;
 const ADMIN_TOKEN: &str = "checker";
-/// The route's timeout: a few answers come later than this (504).
-const ROUTE_TIMEOUT: Duration = Duration::from_millis(100);
+/// The route's timeout: a few answers come later than this (504), and a few
+/// within it but after the settle period.
+const ROUTE_TIMEOUT: Duration = Duration::from_millis(400);
 /// The route's settle period: longer than any write the upstream applies after
 /// fencegate gave up on it (30 ms after hanging up, 40 ms after the timeout).
 const SETTLE: &str = "200ms";
@@ -89,6 +90,10 @@ enum Fate {
     /// Applied and answered 200, after the route's timeout: fencegate has
     /// answered 504 by then.
     TooSlow,
+    /// Applied and answered 200 within the route's timeout, but after longer
+    /// than its settle period: a client that hung up meanwhile must not let
+    /// the next write go first.
+    Slow,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +108,7 @@ impl Fate {
     /// Applied before answering (or hanging up).
     fn applied_at_once(self) -> bool {
         match self {
-            Fate::Ok | Fate::TooSlow | Fate::HungUp { applied: Applied::BeforeHangingUp } => true,
+            Fate::Ok | Fate::TooSlow | Fate::Slow | Fate::HungUp { applied: Applied::BeforeHangingUp } => true,
             Fate::Error { applied } => applied,
             Fate::HungUp { .. } => false,
         }
@@ -116,6 +121,7 @@ impl Fate {
                 applied: [Applied::Never, Applied::BeforeHangingUp, Applied::AfterHangingUp][rng.gen_range(0..3)],
             },
             10 => Fate::TooSlow,
+            11..=13 => Fate::Slow,
             _ => Fate::Ok,
         }
     }
@@ -215,6 +221,7 @@ impl HistoryUpstream {
                 let fate = Fate::pick(&mut rng);
                 let delay = match fate {
                     Fate::TooSlow => ROUTE_TIMEOUT + Duration::from_millis(rng.gen_range(20..=40)),
+                    Fate::Slow => Duration::from_millis(rng.gen_range(250..=350)),
                     _ => Duration::from_millis(rng.gen_range(0..=20)),
                 };
                 (fate, delay, Duration::from_millis(rng.gen_range(0..=30)))
@@ -240,7 +247,7 @@ impl HistoryUpstream {
             }
         });
         match answer_rx.await {
-            Ok(Fate::Ok | Fate::TooSlow) => Ok(answer(StatusCode::OK)),
+            Ok(Fate::Ok | Fate::TooSlow | Fate::Slow) => Ok(answer(StatusCode::OK)),
             Ok(Fate::Error { .. }) => Ok(answer(StatusCode::INTERNAL_SERVER_ERROR)),
             // An error from the service makes hyper close the connection unanswered.
             Ok(Fate::HungUp { .. }) | Err(_) => Err(std::io::Error::other("hanging up")),
@@ -780,7 +787,7 @@ fn check(ops: &[Op], history: &History, marks: &[Option<u64>; KEYS]) -> Vec<Stri
         let fate = history.fates.get(&op.id);
         match (op.kind, op.code(), fate) {
             (Kind::Fence, ..)
-            | (_, Some(200), Some(Fate::Ok | Fate::TooSlow))
+            | (_, Some(200), Some(Fate::Ok | Fate::TooSlow | Fate::Slow))
             | (_, Some(500), Some(Fate::Error { .. })) => {}
             (_, Some(200 | 500), _) => {
                 violations.push(format!("wrong answer: the client saw {op:?}, the upstream's fate was {fate:?}"))
