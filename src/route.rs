@@ -457,12 +457,10 @@ impl KeyTemplate {
                 KeyPart::Literal(l) => key.push_str(l),
                 KeyPart::Path => key.push_str(path),
                 KeyPart::Host => match headers.get(http::header::HOST) {
-                    Some(host) => key.push_str(
-                        &host
-                            .to_str()
-                            .map_err(|_| KeyError::Missing("readable Host header".into()))?
-                            .to_ascii_lowercase(),
-                    ),
+                    Some(host) => {
+                        let host = host.to_str().map_err(|_| KeyError::Missing("readable Host header".into()))?;
+                        key.push_str(&host_name(host).to_ascii_lowercase());
+                    }
                     None => return Err(KeyError::Missing("Host header".into())),
                 },
                 KeyPart::Header(name) => {
@@ -486,6 +484,16 @@ impl KeyTemplate {
             }
         }
         Ok(key)
+    }
+}
+
+/// The name part of a `Host` value, without its port: servers choose a
+/// virtual host by name (nginx picks `a.example` for `a.example:8080` too), so
+/// the port must not give one resource a second key.
+fn host_name(host: &str) -> &str {
+    match host.strip_prefix('[') {
+        Some(literal) => literal.find(']').map_or(host, |end| &host[..end + 2]),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
     }
 }
 
@@ -558,10 +566,10 @@ mod tests {
     #[test]
     fn key_templates_render_each_placeholder() {
         assert_eq!(render("{path}", None, "/objects/a?v=2", &[]).unwrap(), "/objects/a");
-        assert_eq!(
-            render("{host}{path}", None, "/a", &[("host", "store.example:8080")]).unwrap(),
-            "store.example:8080/a"
-        );
+        // The host's name: a virtual host is chosen by name, whatever the port.
+        assert_eq!(render("{host}{path}", None, "/a", &[("host", "store.example:8080")]).unwrap(), "store.example/a");
+        assert_eq!(render("{host}", None, "/a", &[("host", "store.example")]).unwrap(), "store.example");
+        assert_eq!(render("{host}", None, "/a", &[("host", "[2001:db8::1]:8080")]).unwrap(), "[2001:db8::1]");
         assert_eq!(render("t={header.x-tenant}:{path}", None, "/a", &[("x-tenant", "acme")]).unwrap(), "t=acme:/a");
         assert_eq!(render("{query.id}", None, "/a?x=1&id=42", &[]).unwrap(), "42");
         assert_eq!(render("{query.id}", None, "/a?id", &[]).unwrap(), "");
