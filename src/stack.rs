@@ -205,3 +205,43 @@ impl<B> OnResponse<B> for AccessLog {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    /// A panic below the rescue becomes a 500 problem with its decision, as
+    /// the stack places the two layers; it never unwinds into hyper.
+    #[tokio::test]
+    async fn a_panic_becomes_a_500_problem() {
+        let panicking = tower::service_fn(|_: Request<()>| async move {
+            if true {
+                panic!("a bug");
+            }
+            Ok::<Response<ProxyBody>, Rejection>(Response::new(ProxyBody::Right(Default::default())))
+        });
+        let service =
+            ServiceBuilder::new().layer(CatchPanicLayer::custom(panic_response)).layer(RescueLayer).service(panicking);
+        let response = service.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(response.status(), 500);
+        assert_eq!(response.headers()["content-type"], "application/problem+json");
+        assert_eq!(response.extensions().get::<Decision>().map(|d| d.outcome), Some(Outcome::Internal));
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(problem["type"], "urn:fencegate:problem:internal");
+        assert_eq!(problem["status"], 500);
+    }
+
+    /// The rescue answers every refusal with its problem, never an error.
+    #[tokio::test]
+    async fn the_rescue_answers_refusals() {
+        let refusing = tower::service_fn(|_: Request<()>| async move {
+            Err::<Response<ProxyBody>, _>(Rejection::from(ProxyError::BufferFull(1)))
+        });
+        let response = RescueLayer.layer(refusing).oneshot(Request::new(())).await.unwrap();
+        assert_eq!(response.status(), 503);
+        assert_eq!(response.headers()["retry-after"], "1");
+    }
+}

@@ -451,7 +451,8 @@ async fn a_declared_oversized_body_gets_413_before_it_is_read() {
     let resp = conn.response().await;
     assert_eq!(resp.status, 200, "{resp:?}");
     assert_eq!(up.object("/objects/a").map(|b| b.len()), Some(1024));
-    assert_eq!(proxy.metric(r#"fencegate_requests_total{route="objects",outcome="body_too_large"}"#).await, Some(2.0));
+    assert_eq!(proxy.metric(r#"fencegate_requests_total{route="objects",outcome="body_too_large"}"#).await, Some(1.0));
+    assert_eq!(proxy.metric(r#"fencegate_requests_total{route="objects",outcome="missing_token"}"#).await, Some(1.0));
 }
 
 #[tokio::test]
@@ -683,4 +684,76 @@ async fn an_idle_http2_connection_is_not_dropped_by_the_slow_head_guard() {
         Ok(Ok(Err(e))) => panic!("the idle HTTP/2 connection was dropped: {e:?}"),
         Ok(Err(e)) => panic!("{e}"),
     }
+}
+
+// --- Fenced bodies: max_buffered_bytes and stream_body -------------------------
+
+/// A budget of 8 KiB for every fenced body held at once, and bodies up to it.
+const SMALL_BUDGET: &str = "max_buffered_bytes = \"8KiB\"";
+const EIGHT_KIB_ROUTE: &str = "max_body = \"8KiB\"\ntimeout = \"30s\"";
+
+#[tokio::test]
+async fn fenced_bodies_held_at_once_are_bounded_by_max_buffered_bytes() {
+    let up = RecordingUpstream::start().await;
+    let proxy = start(SMALL_BUDGET, &route("objects", "/objects/", &up, EIGHT_KIB_ROUTE)).await;
+
+    // A declared 6 KiB body takes 6 KiB of the budget as soon as its head
+    // passes; the client sends only part of it, and holds it.
+    let body = pattern(6 * 1024);
+    let mut holder = Conn::open(proxy.addr).await;
+    let whole = request("PUT", "/objects/held", &[("X-Fencing-Token", "1")], &body);
+    holder.stream.write_all(&whole[..whole.len() - 1024]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // Another 4 KiB, declared or chunked, would go over: 503 with Retry-After,
+    // nothing forwarded, and the mark untouched.
+    let mut conn = Conn::open(proxy.addr).await;
+    conn.send(&request("PUT", "/objects/other", &[("X-Fencing-Token", "1")], &pattern(4096))).await;
+    let refused = conn.response().await;
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert_eq!(refused.json()["type"], "urn:fencegate:problem:buffer-full");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    let chunks = pattern(4096);
+    let chunks: Vec<&[u8]> = chunks.chunks(1024).collect();
+    let mut conn = Conn::open(proxy.addr).await;
+    send_parts(&mut conn, &chunked("PUT", "/objects/other", &[("X-Fencing-Token", "1")], &chunks)).await;
+    let refused = conn.response().await;
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert!(up.seen().is_empty(), "{:?}", up.seen());
+    assert_eq!(mark(&proxy, "/objects/other").await, None);
+
+    // The holder finishes: its write goes whole, and its share comes back.
+    holder.stream.write_all(&whole[whole.len() - 1024..]).await.unwrap();
+    let done = holder.response().await;
+    assert_eq!(done.status, 200, "{done:?}");
+    assert_eq!(up.object("/objects/held").as_deref(), Some(&body[..]));
+    let reply = put(&proxy.url("/objects/other"), 1, "now there is room").await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let metric = r#"fencegate_requests_total{route="objects",outcome="buffer_full"}"#;
+    assert_eq!(proxy.metric(metric).await, Some(2.0));
+}
+
+#[tokio::test]
+async fn a_fenced_body_cut_short_reaches_nothing_unless_the_route_streams() {
+    let up = RecordingUpstream::start().await;
+    let routes = format!(
+        "{}{}",
+        route("objects", "/objects/", &up, EIGHT_KIB_ROUTE),
+        route("streamed", "/streamed/", &up, &format!("{EIGHT_KIB_ROUTE}\nstream_body = true"))
+    );
+    let proxy = start("", &routes).await;
+    for path in ["/objects/cut", "/streamed/cut"] {
+        let whole = request("PUT", path, &[("X-Fencing-Token", "1")], &pattern(4096));
+        let mut conn = Conn::open(proxy.addr).await;
+        conn.stream.write_all(&whole[..whole.len() - 2048]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(conn);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Read whole first: the upstream never heard of the cut write.
+    assert!(up.seen().iter().all(|(_, path, _)| path != "/objects/cut"), "{:?}", up.seen());
+    // Streamed: the upstream saw the request start, and never got it whole.
+    assert!(up.seen().iter().any(|(_, path, _)| path == "/streamed/cut"), "{:?}", up.seen());
+    assert!(up.applied().is_empty(), "{:?}", up.applied());
+    assert_eq!(up.object("/streamed/cut"), None);
 }
