@@ -10,8 +10,10 @@
 mod checks;
 
 use checks::{
-    check_config, check_journal, check_key_template, check_route_match, check_token, expected_size, expected_token,
+    check_canonical, check_config, check_journal, check_key_template, check_route_match, check_token, expected_size,
+    expected_token, ref_host, ref_resolve, PATH_OPTIONS,
 };
+use fencegate::canonical::{canonical_host, canonical_path, PathOptions};
 use fencegate::config::{parse_size, Config};
 use fencegate::fence::token::{parse_token, TokenError};
 use fencegate::route::{KeyTemplate, PathPattern};
@@ -273,5 +275,225 @@ fn journal_files_built_cut_and_damaged() {
     ];
     for input in raw {
         check_journal(input);
+    }
+}
+
+/// A `canonical` input from its fields: path, authority, respelling script,
+/// query, parameter name, second path.
+fn canonical_input(fields: &[&[u8]]) -> Vec<u8> {
+    fields.join(&0xFF)
+}
+
+#[test]
+fn canonical_spellings_from_the_issue() {
+    let same = [
+        "/objects/a",
+        "/objects//a",
+        "/objects/./a",
+        "/objects/x/../a",
+        "/objects/%61",
+        "/objects/%2e/a",
+        "/objects/x/%2E%2E/a",
+        "/objects/.%2e/objects/a",
+        "//objects///a",
+    ];
+    for options in [PathOptions::default(), PATH_OPTIONS[1]] {
+        for p in same {
+            assert_eq!(canonical_path(p, options).as_deref(), Ok("/objects/a"), "{p} {options:?}");
+        }
+    }
+    // What the reference (nginx) serves for each, so the pairs below are real aliases.
+    let a = ref_resolve(b"/objects/a", PathOptions::default());
+    for p in same {
+        assert_eq!(ref_resolve(p.as_bytes(), PathOptions::default()), a, "{p}");
+    }
+    for (i, p) in same.iter().enumerate() {
+        let q = same[(i + 1) % same.len()];
+        check_canonical(&canonical_input(&[
+            p.as_bytes(),
+            b"A.Example.:80",
+            b"\x00\x03\x04\x01",
+            b"i%64=7",
+            b"id",
+            q.as_bytes(),
+        ]));
+    }
+    assert_eq!(canonical_path("/objects/../secure/doc", PathOptions::default()).as_deref(), Ok("/secure/doc"));
+    for host in ["a.example.", "a.example:80", "A.Example.:80", "a.example:0080", "a.example:"] {
+        assert_eq!(canonical_host(host, 80).as_deref(), Ok("a.example"), "{host}");
+        assert_eq!(ref_host(host, 80).as_deref(), Some("a.example"), "{host}");
+    }
+}
+
+#[test]
+fn canonical_tricky_paths() {
+    for path in [
+        &b""[..],
+        b"/",
+        b"*",
+        b"//",
+        b"//..",
+        b"/..",
+        b"/../a",
+        b"/a/../../b",
+        b"/a//../b",
+        b"/a/..//b",
+        b"/a/b//..",
+        b"/..;/a",
+        b"/.;x/a",
+        b"/a/%2e%2e;/b",
+        b"/a/..%3b/b",
+        b"/a/...;/b",
+        b"/%2e%2e%2f",
+        b"/a%2Fb/..",
+        b"/x/..%2F..%2Fsecure",
+        b"/a%5c..%5cb",
+        b"/a\\b",
+        b"/a%00",
+        b"/a\x00",
+        b"/a%7f",
+        b"/a%",
+        b"/a%4",
+        b"/a%G1",
+        b"/a%+1",
+        b"/a%%41",
+        b"/%25",
+        b"/%2541",
+        b"/%252e%252e/",
+        b"/%25%32%65",
+        b"/a b?c#d[e]",
+        b"/\xc3\xa9/%C3%A9/%c3%a9",
+        b"/\xe2\x80\xae",
+        b"/%ff%FE",
+        b"/!$&'()*+,;=:@",
+        b"/%21%24%26%27%28%29%2A%2B%2C%3B%3D%3A%40",
+        b"/.../..../.a./",
+        b"/a/.%20/b",
+        b"/a/./../b/./../../c",
+    ] {
+        check_canonical(path);
+        // The same path as the second one, beside a plain first.
+        check_canonical(&canonical_input(&[b"/a", b"", b"", b"", b"", path]));
+    }
+}
+
+#[test]
+fn canonical_respellings() {
+    // Scripts of (op, pick) pairs: escape an unreserved character, flip hex
+    // case, double a slash, insert "./" or "x/../", write an escape raw.
+    let scripts: [&[u8]; 6] = [
+        b"\x00\x00\x00\x01\x00\x02\x01\x00",
+        b"\x02\x00\x02\x01\x02\x05",
+        b"\x03\x00\x04\x01\x03\x02\x04\x00",
+        b"\x04\x00\x00\x07\x00\x08\x01\x01",
+        b"\x05\x00\x05\x01\x01\x00",
+        &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28],
+    ];
+    for path in [&b"/objects/a"[..], b"/", b"/a%20b%3F/c%25/", b"/a//b", b"/x;y/%2F/z", b"not a path"] {
+        for script in scripts {
+            check_canonical(&canonical_input(&[path, b"", script]));
+        }
+    }
+}
+
+#[test]
+fn canonical_hosts() {
+    for authority in [
+        &b""[..],
+        b"a.example",
+        b"A.EXAMPLE.",
+        b"a.example:0080",
+        b"a.example:",
+        b"a.example:08080",
+        b"a.example:443",
+        b"a.example..",
+        b".",
+        b":80",
+        b"user@a.example",
+        b"a%2Eexample",
+        b"a example",
+        b"\xc3\xa9.example",
+        b"a:80:80",
+        b"::1",
+        b"[::1]",
+        b"[::1]:0080",
+        b"[0:0:0:0:0:0:0:1]:",
+        b"[2001:DB8::A]:8080",
+        b"[::ffff:1.2.3.4]",
+        b"[fe80::1%25eth0]",
+        b"[::1",
+        b"[]",
+        b"[::1]x",
+        b"a.example:0",
+        b"a.example:65536",
+        b"a.example:000000000000000000000000080",
+        b"a.example:99999999999999999999",
+        b"a.example:+80",
+    ] {
+        check_canonical(&canonical_input(&[b"/", authority]));
+    }
+}
+
+#[test]
+fn canonical_query_params() {
+    for (query, name) in [
+        (&b"i%64=7&id=fresh"[..], &b"id"[..]),
+        (b"id=%37", b"id"),
+        (b"id=a+b%2Bc&x", b"id"),
+        (b"a+b=1&a%20b=2", b"a b"),
+        (b"&&id&", b"id"),
+        (b"id=%ZZ&id%=1", b"id"),
+        (b"%ff=1&%fe=2", b"\xef\xbf\xbd"),
+        (b"=1&=2", b""),
+        (b"id=1;id=2", b"id"),
+        (b"%26=1", b"&"),
+    ] {
+        check_canonical(&canonical_input(&[b"/", b"h", b"", query, name]));
+    }
+}
+
+#[test]
+fn canonical_inputs_from_the_fuzzer() {
+    // Kept from the corpus of two 300 s runs (no failure): one input for each
+    // of several outcomes across the four switch combinations. Fields: path,
+    // authority, respelling script, query, parameter name, second path.
+    for input in [
+        // '..' takes an empty segment only when slashes do not merge.
+        &b"//.."[..],
+        b"///..%2F",
+        b"/e%2Fb//..;",
+        b"//../\x9e\xcd%5c/.*@\xffu\xff:\xd4r0\xbfes&\x00\x00\x00",
+        b"/.////../\x81dfa%2F/..;.%3B\xffiA",
+        b"/./////////../\x81dfa%2F/@..;//.,;/.%3Bs..//%2Be",
+        b"/objects/x//..a\xffampfres/%61",
+        b"/a25%32%65\xffa.examp8080\xff\x05\x00\x05\x01\x01\x00\xffid=%FF\xffid\xff/a%:0b%3Fc%23d",
+        b"/t\x5c%/a5\xff080\xff\xeb\xebb\xeb\xeb\xeb\xeb\xeb\x01%a.\xeb%m/%61",
+        b"/hbjects/x/.%a\xffA.Example.:004\xff\x04s",
+        b"/\x0a\x00\x09\x00\x80\x00e\xffib",
+        b"/obje/b%6f%4e\xffa.exa\x00\xff\xfa\xfb\xf4\xffi\xffi\xff//\xbba\x89.,b",
+        // Hosts: an IPv6 literal spelled with zeros, a port cut short, a lone ':'.
+        b"/#.\xff[0:0::0]:8080",
+        b"/./sec$\xff[0':0::1]:800\xff\x03/se%",
+        b"/\xff[0::0]:\xff",
+        b"/b%3f%7e\xffa.example:\xff\x00\x05\x04\x03\xffid=%37\xffid\xff//i%6\xff\xff\xff\xff:",
+        b"/!$&*+,;=:@/%2B\x8b%3b\xffA..%3B6EXAMPLE..\xff\x02\x00\x02\x00\xff%26=1\xff&\xff/./../x",
+        // Queries: empty names, '=' names, NUL bytes.
+        b"?\xffAob\xff=\xff=&5\x00%3=\x00\x00A2\x00&=&",
+    ] {
+        check_canonical(input);
+    }
+}
+
+/// A gap, not a crash: `/objects/a+b` and `/objects/a%2Bb` are one file for
+/// nginx, Werkzeug and Python's http.server (they decode the whole path), but
+/// the spec decodes only unreserved escapes (RFC 3986 §6.2.2.2), so the two get
+/// two fence keys. `;` is the hard one: Tomcat reads `a;b` and `a%3Bb` apart.
+#[test]
+#[ignore = "bug: escaped sub-delims, ':' and '@' get their own keys; the spec keeps them encoded (lead's call)"]
+fn escaped_reserved_characters_name_the_raw_ones() {
+    for c in "!$&'()*+,;=:@".chars() {
+        let raw = format!("/objects/a{c}b");
+        let escaped = format!("/objects/a%{:02X}b", u32::from(c));
+        assert_eq!(canonical_path(&raw, PathOptions::default()), canonical_path(&escaped, PathOptions::default()));
     }
 }
