@@ -273,6 +273,27 @@ fn ref_placeholder(inner: &str, pattern: Option<&[RefSegment]>) -> Option<RefPar
         .map(RefPart::Capture)
 }
 
+/// Reference form decoding: `+` is a space, `%XX` with two hex digits a byte,
+/// anything else itself; the bytes read as UTF-8, invalid sequences replaced.
+fn ref_form_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() && hex(bytes[i + 1]).is_some() && hex(bytes[i + 2]).is_some() => {
+                out.push((hex(bytes[i + 1]).unwrap() * 16 + hex(bytes[i + 2]).unwrap()) as u8);
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Reference render: `Some(key)` exactly when `KeyTemplate::render` must succeed.
 fn ref_render(parts: &[RefPart], segs: Option<&[RefSegment]>, uri: &Uri, headers: &HeaderMap) -> Option<String> {
     let captures = match segs {
@@ -285,12 +306,16 @@ fn ref_render(parts: &[RefPart], segs: Option<&[RefSegment]>, uri: &Uri, headers
             RefPart::Literal(l) => key.push_str(l),
             RefPart::Path => key.push_str(uri.path()),
             RefPart::Host => {
-                // The first Host header (a repeated Host is not refused), else the URI authority.
-                let host = match headers.get_all(http::header::HOST).iter().next() {
-                    Some(v) => v.to_str().ok()?.to_string(),
-                    None => uri.authority()?.as_str().to_string(),
+                // The first Host header (a repeated Host is not refused): routing
+                // has made the host canonical and put it there, whatever the
+                // request spelled (an absolute-form target, HTTP/2 :authority).
+                let host = headers.get_all(http::header::HOST).iter().next()?.to_str().ok()?.to_string();
+                // Its name only: a virtual host is chosen by name, not by port.
+                let name = match host.find(']') {
+                    Some(end) if host.starts_with('[') => &host[..=end],
+                    _ => host.rsplit_once(':').map_or(host.as_str(), |(name, _)| name),
                 };
-                key.push_str(&host.to_ascii_lowercase());
+                key.push_str(&name.to_ascii_lowercase());
             }
             RefPart::Header(name) => {
                 let values: Vec<&HeaderValue> = headers.get_all(name).iter().collect();
@@ -298,15 +323,16 @@ fn ref_render(parts: &[RefPart], segs: Option<&[RefSegment]>, uri: &Uri, headers
                 key.push_str(one.to_str().ok()?);
             }
             RefPart::Query(name) => {
+                // Names and values decoded as web frameworks decode them.
                 let query = uri.query().unwrap_or("");
-                let found: Vec<&str> = query
+                let found: Vec<String> = query
                     .split('&')
                     .filter_map(|pair| {
                         let (k, v) = match pair.find('=') {
                             Some(at) => (&pair[..at], &pair[at + 1..]),
                             None => (pair, ""),
                         };
-                        (k == name).then_some(v)
+                        (ref_form_decode(k) == *name).then(|| ref_form_decode(v))
                     })
                     .collect();
                 let [one] = found.as_slice() else { return None };
@@ -567,8 +593,8 @@ fn check_valid_config(c: &Config, text: &str) {
         }
         assert!(r.max_body > 0);
         assert!(!r.timeout.is_zero() && !r.queue_timeout.is_zero());
-        for (j, m) in r.fenced_methods.iter().enumerate() {
-            assert!(!r.fenced_methods[..j].contains(m), "fenced method {m} listed twice: {text:?}");
+        for (j, m) in r.safe_methods.iter().enumerate() {
+            assert!(!r.safe_methods[..j].contains(m), "safe method {m} listed twice: {text:?}");
         }
         if let Some(k) = &r.signing_key {
             assert!(k.bytes().len() >= 16);
