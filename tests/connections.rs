@@ -16,10 +16,10 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::AsyncWriteExt;
 
 use common::process::{start_in_process, MEMORY_STORE};
+use common::raw::Conn;
 use common::*;
 
 /// Longest wait for something that should happen: generous, it only matters
@@ -43,67 +43,6 @@ async fn start(server: &str, routes: &str) -> Proxy {
          {MEMORY_STORE}\n{routes}"
     ))
     .await
-}
-
-/// A client connection over a raw socket, with what it has read but not yet parsed.
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Conn {
-    async fn open(addr: SocketAddr) -> Conn {
-        let stream = tokio::time::timeout(DEADLINE, TcpStream::connect(addr))
-            .await
-            .expect("connect timed out")
-            .expect("connect failed");
-        stream.set_nodelay(true).unwrap();
-        Conn { stream, buf: Vec::new() }
-    }
-
-    async fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).await.expect("write failed");
-    }
-
-    /// Reads more bytes into the buffer: `Ok(0)` at the end of the stream.
-    async fn fill(&mut self) -> std::io::Result<usize> {
-        let mut chunk = [0u8; 16 * 1024];
-        let n = self.stream.read(&mut chunk).await?;
-        self.buf.extend_from_slice(&chunk[..n]);
-        Ok(n)
-    }
-
-    /// Reads until the server closes the connection (end of stream or a
-    /// reset), within [`DEADLINE`]; returns what arrived before.
-    async fn until_closed(&mut self) -> Vec<u8> {
-        let closed = tokio::time::timeout(DEADLINE, async {
-            loop {
-                match self.fill().await {
-                    Ok(0) => return,
-                    Ok(_) => {}
-                    Err(e) => {
-                        assert!(
-                            matches!(
-                                e.kind(),
-                                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
-                            ),
-                            "expected a close, got {e}"
-                        );
-                        return;
-                    }
-                }
-            }
-        })
-        .await;
-        assert!(closed.is_ok(), "the connection was still open after {DEADLINE:?}; read {} bytes", self.buf.len());
-        std::mem::take(&mut self.buf)
-    }
-
-    /// Asserts that the server closes the connection without sending a byte.
-    async fn assert_closed_silently(&mut self) {
-        let got = self.until_closed().await;
-        assert!(got.is_empty(), "expected a silent close, got {:?}", String::from_utf8_lossy(&got));
-    }
 }
 
 // --- HTTP/2 by hand ------------------------------------------------------------

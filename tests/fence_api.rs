@@ -27,17 +27,6 @@ async fn setup() -> (RecordingUpstream, Proxy) {
     (up, proxy)
 }
 
-/// Percent-encodes every byte but the unreserved ones (RFC 3986), as most HTTP
-/// clients do for a query value.
-fn enc(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 fn fences_url(admin: &str, key: &str) -> String {
     format!("{admin}/fences?key={}", enc(key))
 }

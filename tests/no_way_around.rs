@@ -38,8 +38,9 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use common::process::{config_text, start_in_process, toml_string, TempDir, MEMORY_STORE};
-use common::realistic::{Conn, LegacyStore, Nginx, RawReply, RawRequest, Write, H2};
-use common::{send, Proxy, Reply};
+use common::raw::{Conn, RawReply, RawRequest};
+use common::realistic::{LegacyStore, Nginx, Write, H2};
+use common::{enc, send, Proxy, Reply};
 use fencegate::fence::signature::sign;
 
 const SECRET: &str = "no-way-around-signing-secret-0123";
@@ -151,14 +152,17 @@ async fn fresh_signed(proxy: &Proxy, path: &str, token: u64) {
     landed(proxy, req).await;
 }
 
-/// Percent-encodes everything but the unreserved characters, for `?key=`.
-fn enc(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+/// What most classes start from: a store, fencegate in front of it with
+/// [`objects_and_secure`], and the new holder's writes to `/objects/a` and
+/// `/secure/doc` with [`FRESH`]. The dir holds the signing key: keep it as long
+/// as the proxy.
+async fn fresh_objects_and_secure() -> (TempDir, LegacyStore, Proxy) {
+    let dir = TempDir::new();
+    let store = LegacyStore::start();
+    let proxy = start(&objects_and_secure(&store, &dir, "")).await;
+    fresh(&proxy, "/objects/a", FRESH).await;
+    fresh_signed(&proxy, "/secure/doc", FRESH).await;
+    (dir, store, proxy)
 }
 
 /// The mark of `key` from the fence API (`null` when none).
@@ -325,11 +329,7 @@ const UNSIGNED_H: (&str, &[u8]) = ("x-fencing-token", b"18446744073709551615");
 /// as spelled, pass unfenced.
 #[tokio::test]
 async fn every_method_spelling_but_the_safe_ones_is_fenced() {
-    let dir = TempDir::new();
-    let store = LegacyStore::start();
-    let proxy = start(&objects_and_secure(&store, &dir, "")).await;
-    fresh(&proxy, "/objects/a", FRESH).await;
-    fresh_signed(&proxy, "/secure/doc", FRESH).await;
+    let (_dir, store, proxy) = fresh_objects_and_secure().await;
 
     let mut v = Verdicts::default();
     let methods = [
@@ -416,11 +416,7 @@ async fn safe_methods_replace_fenced_methods_and_are_compared_as_sent() {
 /// method it names, and two different overrides are refused.
 #[tokio::test]
 async fn a_method_override_is_fenced_as_the_method_it_names() {
-    let dir = TempDir::new();
-    let store = LegacyStore::start();
-    let proxy = start(&objects_and_secure(&store, &dir, "")).await;
-    fresh(&proxy, "/objects/a", FRESH).await;
-    fresh_signed(&proxy, "/secure/doc", FRESH).await;
+    let (_dir, store, proxy) = fresh_objects_and_secure().await;
 
     let mut v = Verdicts::default();
     let names = ["X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override", "x-http-method-override"];
@@ -480,11 +476,7 @@ async fn a_method_override_is_fenced_as_the_method_it_names() {
 /// forwards the one canonical form, and refuses what it cannot make canonical.
 #[tokio::test]
 async fn every_spelling_of_a_path_is_one_resource_with_one_key() {
-    let dir = TempDir::new();
-    let store = LegacyStore::start();
-    let proxy = start(&objects_and_secure(&store, &dir, "")).await;
-    fresh(&proxy, "/objects/a", FRESH).await;
-    fresh_signed(&proxy, "/secure/doc", FRESH).await;
+    let (_dir, store, proxy) = fresh_objects_and_secure().await;
 
     let mut v = Verdicts::default();
     let aliases = [

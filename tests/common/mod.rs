@@ -370,5 +370,17 @@ pub async fn put(url: &str, token: u64, body: &'static str) -> Reply {
     send("PUT", url, &[("x-fencing-token", &token.to_string())], body).await
 }
 
+/// Percent-encodes every byte but the unreserved ones (RFC 3986), as most HTTP
+/// clients do for a query value (`?key=`).
+pub fn enc(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 pub mod process;
+pub mod raw;
 pub mod realistic;
