@@ -13,10 +13,15 @@
 //! already canonical, so a well-formed request costs one scan and no allocation.
 //!
 //! What stays the upstream's: aliases only it knows (symlinks, hard links,
-//! case-insensitive file systems, virtual hosts it serves under several names),
-//! and escaped reserved characters: `%2B` and `+` are kept apart, as RFC 3986
-//! §6.2.2.2 allows, although servers that decode the whole path (nginx,
-//! Werkzeug, Python's `http.server`) read both as `+`.
+//! case-insensitive file systems, virtual hosts it serves under several names).
+//!
+//! Escapes are decoded further than RFC 3986 §6.2.2.2 requires: not only
+//! unreserved characters but every character a path may hold raw (sub-delims
+//! `!$&'()*+,;=`, `:` and `@`), because the upstreams fencegate stands in front
+//! of (nginx, Werkzeug, Python's `http.server`) decode the whole path, and read
+//! `/a%2Bb` and `/a+b` as one file. Only escapes whose raw form would change
+//! the path's structure or cannot stand raw stay encoded: `%2F`, `%5C`, `%25`,
+//! `%3F`, `%23`, and bytes a path cannot hold.
 
 use std::borrow::Cow;
 use std::net::Ipv6Addr;
@@ -85,10 +90,11 @@ pub enum PathError {
 /// The canonical form of a request path (without its query string).
 ///
 /// The result is the one spelling of the resource the upstream will see:
-/// - escapes of unreserved characters (`A-Z a-z 0-9 - . _ ~`) are decoded;
-///   every other escape stays, its hex upper-cased (`%3f` → `%3F`); `%25` stays
-///   `%25`, so nothing is ever decoded twice; escapes of bytes above 0x7F stay
-///   encoded;
+/// - escapes of characters a path may hold raw are decoded: unreserved
+///   characters (`A-Z a-z 0-9 - . _ ~`), sub-delims (`!$&'()*+,;=`), `:` and
+///   `@` (`%61` → `a`, `%2B` → `+`); every other escape stays, its hex
+///   upper-cased (`%3f` → `%3F`); `%25` stays `%25`, so nothing is ever decoded
+///   twice; escapes of bytes above 0x7F stay encoded;
 /// - raw bytes that a path cannot hold (anything but unreserved characters,
 ///   sub-delims `!$&'()*+,;=`, `:`, `@` and `/`: a space, `"`, `<`, `?`,
 ///   non-ASCII text, ...) are percent-encoded, hex upper-case;
@@ -339,8 +345,8 @@ impl<'a> Output<'a> {
         self.owned().truncate(len);
     }
 
-    /// The escape at `pos`: decoded when it is of an unreserved character,
-    /// else kept with its hex upper-cased, or refused.
+    /// The escape at `pos`: decoded when it is of a character a path may hold
+    /// raw, else kept with its hex upper-cased, or refused.
     fn escape(&mut self, options: PathOptions) -> Result<(), PathError> {
         let bytes = self.input.as_bytes();
         let (hi, lo) = match (bytes.get(self.pos + 1), bytes.get(self.pos + 2)) {
@@ -351,7 +357,12 @@ impl<'a> Output<'a> {
         match value {
             0x00..=0x1F | 0x7F => return Err(PathError::ControlByte),
             b'/' | b'\\' if options.escaped_slashes == EscapedSlashes::Reject => return Err(PathError::EncodedSlash),
-            _ if is_unreserved(value) => self.replace_with_byte(3, value),
+            // Every character a path may hold raw is decoded: servers that
+            // read files or routes (nginx, Werkzeug, Python's http.server)
+            // decode the whole path, so `%2B` and `+` are one resource there.
+            _ if is_unreserved(value) || is_sub_delim(value) || matches!(value, b':' | b'@') => {
+                self.replace_with_byte(3, value)
+            }
             _ if hi.is_ascii_lowercase() || lo.is_ascii_lowercase() => self.replace_with_escape(3, value),
             _ => self.keep(3),
         }
@@ -634,9 +645,12 @@ mod tests {
             // Unreserved characters are decoded, in either hex case.
             ("/%41%5a%61%7A%30%39", "/AZaz09"),
             ("/%2D%2e%5F%7e", "/-._~"),
+            // So are sub-delims, ':' and '@': a path may hold them raw, and
+            // servers that decode the whole path read both spellings as one.
+            ("/%2b+%3a:%40@%3b;%3d=", "/++::@@;;=="),
+            ("/%21%24%26%27%28%29%2A%2C", "/!$&'()*,"),
             // Everything else stays encoded, hex upper-cased.
             ("/%3f%3F%23%5b%5d", "/%3F%3F%23%5B%5D"),
-            ("/%2b+%3a:%40@%3b;%3d=", "/%2B+%3A:%40@%3B;%3D="),
             ("/%c3%a9", "/%C3%A9"),
             ("/%ff%80", "/%FF%80"),
             ("/%20", "/%20"),

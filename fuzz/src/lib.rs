@@ -717,14 +717,11 @@ pub enum Unit {
 }
 
 /// Characters whose escape the canonical form keeps apart from the raw
-/// character on purpose: sub-delims, ':' and '@' (RFC 3986 §6.2.2.2 only makes
-/// unreserved escapes equivalent), and '/' and '\' when the route keeps
-/// escaped slashes (its upstream does not decode them either). A server that
-/// decodes them (nginx does) sees one resource where fencegate sees two; that
-/// gap is pinned by an ignored test in `tests/fuzz_regressions.rs`.
+/// character on purpose: '/' and '\' when the route keeps escaped slashes (its
+/// upstream does not decode them either). Every other escape names the byte
+/// it encodes, as for a server that decodes the whole path (nginx does).
 fn kept_escaped(b: u8, options: PathOptions) -> bool {
-    matches!(b, b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=' | b':' | b'@')
-        || matches!(b, b'/' | b'\\') && options.escaped_slashes == EscapedSlashes::Keep
+    matches!(b, b'/' | b'\\') && options.escaped_slashes == EscapedSlashes::Keep
 }
 
 /// The resource a server that resolves paths like nginx maps `path` to,
