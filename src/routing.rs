@@ -129,7 +129,10 @@ pub fn route_request<B>(
     let host = canonical_request_host(&parts.uri, &mut parts.headers).map_err(untagged)?;
 
     let (index, route, path) = find_route(routes, parts.uri.path()).map_err(untagged)?;
-    if path.is_some() || parts.uri.scheme().is_some() {
+    // Only a changed path is written back: what comes after routing reads the
+    // path and query only, so an absolute-form or HTTP/2 target that is
+    // already canonical needs no new URI.
+    if path.is_some() {
         // The canonical form, in origin form: what is keyed is what is forwarded.
         let path = path.as_deref().unwrap_or(parts.uri.path());
         let target = match parts.uri.query() {
@@ -143,10 +146,19 @@ pub fn route_request<B>(
     let tag = RouteTag { index, name: route.name.clone() };
     let tagged = |e: ProxyError| (e, Some(tag.clone()));
 
-    let fenced = is_fenced(&route, &parts.method, &parts.headers).map_err(tagged)?;
-    let destination = match fenced {
-        true => destination(routes, &route, host.as_ref(), &parts.headers).map_err(tagged)?,
-        false => None,
+    let mut fenced = is_fenced(&route, &parts.method, &parts.headers).map_err(tagged)?;
+    // A COPY or MOVE writes its Destination: the request is fenced when the
+    // destination's route fences its method, whatever the source route says.
+    let destination = match destination(routes, &route, host.as_ref(), &parts.headers) {
+        Ok(Some(d)) => {
+            fenced |= is_fenced(&d.route, &parts.method, &parts.headers).map_err(tagged)?;
+            fenced.then_some(d)
+        }
+        Ok(None) => None,
+        Err(e) if fenced => return Err(tagged(e)),
+        // A request its route does not fence, whose Destination names nothing
+        // fencegate routes: not a write fencegate guards, passed on untouched.
+        Err(_) => None,
     };
     let request = Request::from_parts(parts, body);
     Ok((Routed { route, request, fenced, destination }, tag))
@@ -428,7 +440,21 @@ mod tests {
         }
         // A request that is not fenced carries its Destination through untouched.
         let safe = route("GET", "/objects/a", &[("destination", "/nowhere")]).unwrap();
-        assert!(safe.destination.is_none());
+        assert!(safe.destination.is_none() && !safe.fenced);
+        // A method the source route lets through is still fenced when the
+        // destination's route fences it: the destination is what it writes.
+        let mut lenient = test_route("lenient", "/lenient/");
+        lenient.safe_methods.push(http::Method::from_bytes(b"COPY").unwrap());
+        let table = RouteTable::new([test_route("objects", "/objects/"), lenient]);
+        let copy = |to: &str| {
+            let request = Request::builder().method("COPY").uri("/lenient/a").header("host", "a.example");
+            let request = request.header("destination", to).body(()).unwrap();
+            route_request(&table, request).map(|(r, _)| r).map_err(|(e, _)| e)
+        };
+        let into_fenced = copy("/objects/b").unwrap();
+        assert!(into_fenced.fenced);
+        assert_eq!(into_fenced.destination.unwrap().path, "/objects/b");
+        assert!(!copy("/lenient/b").unwrap().fenced);
     }
 
     #[test]

@@ -102,7 +102,12 @@ pub(super) async fn check<St: FenceStore, B: Body>(store: &St, routed: Routed<B>
     let header = &route.token_header;
     let token = match token_from_headers(headers, header) {
         Ok(Some(token)) => Ok(token),
-        Ok(None) if route.allow_missing_token => return Ok(Checked { routed, fence: None }),
+        // Only when the destination's route allows it too: it is written as well.
+        Ok(None)
+            if route.allow_missing_token && routed.destination.as_ref().is_none_or(|d| d.route.allow_missing_token) =>
+        {
+            return Ok(Checked { routed, fence: None })
+        }
         Ok(None) => Err(ProxyError::MissingToken { header: header.clone() }),
         Err(error) => Err(ProxyError::MalformedToken { header: header.clone(), error }),
     };
@@ -182,5 +187,43 @@ fn carries_body<B: Body>(request: &http::Request<B>) -> bool {
     match headers.get(CONTENT_LENGTH) {
         Some(len) => len.as_bytes() != b"0",
         None => headers.contains_key(TRANSFER_ENCODING) || !request.body().is_end_stream(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use http_body_util::Empty;
+
+    use super::*;
+    use crate::fence::store::MemoryStore;
+    use crate::route::{test_route, Destination};
+
+    /// A tokenless COPY from a route that allows missing tokens into one that
+    /// does not is refused: the destination is written too.
+    #[tokio::test]
+    async fn a_missing_token_passes_only_when_the_destination_allows_it_too() {
+        let mut lenient = test_route("lenient", "/lenient/");
+        lenient.allow_missing_token = true;
+        let lenient = Arc::new(lenient);
+        let copy = |to: Arc<Route>| Routed {
+            route: lenient.clone(),
+            request: http::Request::builder()
+                .method("COPY")
+                .uri("/lenient/a")
+                .body(Empty::<bytes::Bytes>::new())
+                .unwrap(),
+            fenced: true,
+            destination: Some(Destination { route: to, path: "/x/b".into(), query: None }),
+        };
+        let store = MemoryStore::default();
+        let strict = Arc::new(test_route("strict", "/strict/"));
+        match check(&store, copy(strict)).await {
+            Err(rejection) => assert_eq!(rejection.error.status(), 428),
+            Ok(_) => panic!("a tokenless write into a route that needs a token passed"),
+        }
+        let checked = check(&store, copy(lenient.clone())).await.unwrap();
+        assert!(checked.fence.is_none());
     }
 }
