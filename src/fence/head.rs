@@ -139,9 +139,9 @@ pub(super) async fn check<St: FenceStore, B: Body>(store: &St, routed: Routed<B>
 
     // A token already below a mark can never win, and one too far above it
     // never will: refuse both without queueing, and without reading the body.
-    early_check(store, route, &key, token).await.map_err(|e| reject(e, &key))?;
+    check_mark(store, route, &key, token).await.map_err(|e| reject(e, &key))?;
     if let Some((dest_key, dest_route)) = &destination {
-        early_check(store, dest_route, dest_key, token).await.map_err(|e| reject(e, dest_key))?;
+        check_mark(store, dest_route, dest_key, token).await.map_err(|e| reject(e, dest_key))?;
     }
     Ok(Checked { routed, fence: Some(Fence { token, key, destination }) })
 }
@@ -160,8 +160,14 @@ fn check_signature(
     }
 }
 
-/// Refuses `token` at once when it is below `key`'s mark or jumps too far above it.
-async fn early_check<St: FenceStore>(store: &St, route: &Route, key: &str, token: u64) -> Result<(), ProxyError> {
+/// Refuses `token` when it is below `key`'s mark or jumps too far above it:
+/// early from the head, and again with the turn held.
+pub(super) async fn check_mark<St: FenceStore>(
+    store: &St,
+    route: &Route,
+    key: &str,
+    token: u64,
+) -> Result<(), ProxyError> {
     match store.get(key).await? {
         Some(current) if token < current => Err(ProxyError::StaleToken { token, current }),
         Some(current) => check_jump(route.max_token_jump, token, current),

@@ -6,7 +6,7 @@ use http::Response;
 use tower::{Service, ServiceExt};
 
 use super::gate::Turn;
-use super::head::check_jump;
+use super::head::check_mark;
 use super::store::{Advance, FenceStore};
 use super::{Checked, Fence, KeyGate, ResponseFuture};
 use crate::error::{Decision, Outcome, ProxyBody, ProxyError, Rejection};
@@ -110,12 +110,7 @@ where
     // move a mark (fenced requests for these keys wait for the turn), and
     // raising it only makes the jump smaller.
     for (k, r) in &keys {
-        match store.get(k).await {
-            Ok(Some(current)) if token < current => return Err(reject(ProxyError::StaleToken { token, current }, k)),
-            Ok(Some(current)) => check_jump(r.max_token_jump, token, current).map_err(|e| reject(e, k))?,
-            Ok(None) => {}
-            Err(e) => return Err(reject(e.into(), k)),
-        }
+        check_mark(&*store, r, k, token).await.map_err(|e| reject(e, k))?;
     }
     for (k, _) in &keys {
         match store.advance(k, token).await {
@@ -216,6 +211,7 @@ mod tests {
     use http_body_util::{Either, Empty, Full};
 
     use super::*;
+    use crate::fence::head::check_jump;
     use crate::fence::signature::sign;
     use crate::fence::store::{MemoryStore, StoreError};
     use crate::route::{Route, SigningKey};
