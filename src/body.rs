@@ -20,18 +20,21 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http::header::CONTENT_LENGTH;
 use http::Response;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tower::{Layer, Service, ServiceExt};
 
-use crate::error::{ProxyBody, ProxyError, Rejection};
+use crate::error::{ProxyError, Rejection};
 use crate::fence::Checked;
+use crate::proxy::ProxyBody;
 
-/// A request body on its way upstream: streamed with a byte limit, or read in
-/// full already (with the share of the budget it holds).
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A request body on its way upstream: streamed under the route's limit, or
+/// read in full already (with the share of the budget it holds).
 #[derive(Debug)]
 pub enum RequestBody {
-    Streaming { inner: Incoming, limit: u64, seen: u64 },
+    Streaming(Limited<Incoming>),
     Buffered { bytes: Option<Bytes>, _held: Option<Held> },
 }
 
@@ -40,45 +43,28 @@ impl RequestBody {
     pub fn empty() -> Self {
         RequestBody::Buffered { bytes: None, _held: None }
     }
-}
 
-/// Why a request body stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum BodyError {
-    #[error("the request body is larger than the route's limit of {0} bytes")]
-    TooLarge(u64),
-    #[error(transparent)]
-    Client(#[from] hyper::Error),
+    /// `body`, streamed, failing once more than `limit` bytes have come.
+    fn streaming(body: Incoming, limit: u64) -> Self {
+        RequestBody::Streaming(Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)))
+    }
 }
 
 impl Body for RequestBody {
     type Data = Bytes;
-    type Error = BodyError;
+    type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             RequestBody::Buffered { bytes, .. } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            RequestBody::Streaming { inner, limit, seen } => match Pin::new(inner).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Some(data) = frame.data_ref() {
-                        *seen += data.len() as u64;
-                        if *seen > *limit {
-                            return Poll::Ready(Some(Err(BodyError::TooLarge(*limit))));
-                        }
-                    }
-                    Poll::Ready(Some(Ok(frame)))
-                }
-                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-                Poll::Ready(None) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
-            },
+            RequestBody::Streaming(inner) => Pin::new(inner).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             RequestBody::Buffered { bytes, .. } => bytes.is_none(),
-            RequestBody::Streaming { inner, .. } => inner.is_end_stream(),
+            RequestBody::Streaming(inner) => inner.is_end_stream(),
         }
     }
 
@@ -86,21 +72,22 @@ impl Body for RequestBody {
         match self {
             RequestBody::Buffered { bytes: Some(bytes), .. } => SizeHint::with_exact(bytes.len() as u64),
             RequestBody::Buffered { bytes: None, .. } => SizeHint::with_exact(0),
-            RequestBody::Streaming { inner, .. } => inner.size_hint(),
+            RequestBody::Streaming(inner) => inner.size_hint(),
         }
     }
 }
 
-/// The route limit an error chain ran into, if a body overran it.
-pub fn overran_limit(e: &(dyn std::error::Error + 'static)) -> Option<u64> {
+/// Whether an upstream exchange failed because a streamed body overran its
+/// route's limit (the client's fault, not the upstream's).
+pub fn overran_limit(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut current = Some(e);
     while let Some(err) = current {
-        if let Some(BodyError::TooLarge(limit)) = err.downcast_ref::<BodyError>() {
-            return Some(*limit);
+        if err.is::<LengthLimitError>() {
+            return true;
         }
         current = err.source();
     }
-    None
+    false
 }
 
 /// The process-wide budget for buffered fenced bodies, in bytes.
@@ -212,7 +199,7 @@ async fn limit_body(checked: Checked<Incoming>, budget: &Arc<BufferBudget>) -> R
         return Err(checked.rejection(ProxyError::BodyTooLarge { limit }));
     }
     if checked.fence.is_none() || route.stream_body || body.is_end_stream() {
-        return Ok(checked.with_body(RequestBody::Streaming { inner: body, limit, seen: 0 }));
+        return Ok(checked.with_body(RequestBody::streaming(body, limit)));
     }
     let mut held = Held { budget: budget.clone(), bytes: 0 };
     // A declared length is taken from the budget up front: a client cannot
@@ -239,7 +226,7 @@ async fn read(mut body: Incoming, limit: u64, budget: &BufferBudget, held: &mut 
     let mut rest = BytesMut::new();
     let mut seen = 0u64;
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| ProxyError::ClientBody(e.to_string()))?;
+        let frame = frame.map_err(ProxyError::ClientBody)?;
         let Ok(data) = frame.into_data() else { continue };
         seen += data.len() as u64;
         if seen > limit {

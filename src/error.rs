@@ -7,23 +7,17 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::HeaderValue;
 use http::{HeaderName, Response, StatusCode};
-use http_body_util::{Either, Full};
-use serde_json::json;
+use http_body_util::Either;
 
 use crate::canonical::PathError;
 use crate::fence::store::StoreError;
 use crate::fence::token::TokenError;
+use crate::outcome::{Decision, Outcome};
+use crate::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
+use crate::proxy::{ProxyBody, UpstreamError};
 use crate::route::{KeyError, RouteTag};
-
-/// The body of every response fencegate sends: streamed from the upstream, or
-/// made here in one piece.
-pub type ProxyBody = Either<hyper::body::Incoming, Full<Bytes>>;
-
-/// Response header naming the current mark on a 409.
-pub const CURRENT_TOKEN_HEADER: HeaderName = HeaderName::from_static("x-fencing-token-current");
 
 /// Why fencegate answered a request itself instead of the upstream.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +37,7 @@ pub enum ProxyError {
     #[error("the request body is larger than this route's limit of {limit} bytes")]
     BodyTooLarge { limit: u64 },
     #[error("the client's request body failed: {0}")]
-    ClientBody(String),
+    ClientBody(#[source] hyper::Error),
     #[error("the client did not send the whole request body within {}", humantime::format_duration(*.0))]
     BodyTimeout(Duration),
     #[error("no route matches path '{path}'")]
@@ -62,10 +56,8 @@ pub enum ProxyError {
     BadDestination(String),
     #[error("fencegate holds as many request bodies as it may ({0} bytes); try again shortly")]
     BufferFull(u64),
-    #[error("the upstream could not be reached, nothing was sent: {0}")]
-    UpstreamConnect(String),
-    #[error("the upstream connection failed after the request was sent: {0}")]
-    UpstreamFailed(String),
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
     #[error("the upstream did not answer within {}", humantime::format_duration(*.0))]
     UpstreamTimeout(Duration),
     #[error("waited {} for the key's turn; another write to it is in flight", humantime::format_duration(*.0))]
@@ -76,177 +68,63 @@ pub enum ProxyError {
     Internal(String),
 }
 
-/// What happened to a request: the `outcome` label of `fencegate_requests_total`
-/// and the `decision` field of the access log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    /// A fenced request whose token was accepted, forwarded.
-    Forwarded,
-    /// Not subject to the fence (method not fenced, or missing token allowed), forwarded.
-    Unfenced,
-    Stale,
-    MissingToken,
-    MalformedToken,
-    BadKey,
-    BadSignature,
-    TokenJump,
-    BodyTooLarge,
-    ClientError,
-    /// A request refused from its head: path, host, header, method override,
-    /// a body on an unfenced method, or its Destination.
-    BadRequest,
-    NoRoute,
-    UpstreamError,
-    UpstreamTimeout,
-    QueueTimeout,
-    StoreUnavailable,
-    /// The global budget for buffered bodies was spent.
-    BufferFull,
-    Internal,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 18] = [
-        Outcome::Forwarded,
-        Outcome::Unfenced,
-        Outcome::Stale,
-        Outcome::MissingToken,
-        Outcome::MalformedToken,
-        Outcome::BadKey,
-        Outcome::BadSignature,
-        Outcome::TokenJump,
-        Outcome::BodyTooLarge,
-        Outcome::ClientError,
-        Outcome::BadRequest,
-        Outcome::NoRoute,
-        Outcome::UpstreamError,
-        Outcome::UpstreamTimeout,
-        Outcome::QueueTimeout,
-        Outcome::StoreUnavailable,
-        Outcome::BufferFull,
-        Outcome::Internal,
-    ];
-
-    pub fn as_str(self) -> &'static str {
+impl ProxyError {
+    /// How this refusal is answered and counted: the one table of status,
+    /// outcome and problem type per variant.
+    fn answer(&self) -> (StatusCode, Outcome, ProblemType) {
+        use Outcome as O;
+        use ProblemType as P;
+        use ProxyError as E;
+        use StatusCode as S;
         match self {
-            Outcome::Forwarded => "forwarded",
-            Outcome::Unfenced => "unfenced",
-            Outcome::Stale => "stale",
-            Outcome::MissingToken => "missing_token",
-            Outcome::MalformedToken => "malformed_token",
-            Outcome::BadKey => "bad_key",
-            Outcome::BadSignature => "bad_signature",
-            Outcome::TokenJump => "token_jump",
-            Outcome::BodyTooLarge => "body_too_large",
-            Outcome::ClientError => "client_error",
-            Outcome::BadRequest => "bad_request",
-            Outcome::NoRoute => "no_route",
-            Outcome::UpstreamError => "upstream_error",
-            Outcome::UpstreamTimeout => "upstream_timeout",
-            Outcome::QueueTimeout => "queue_timeout",
-            Outcome::StoreUnavailable => "store_unavailable",
-            Outcome::BufferFull => "buffer_full",
-            Outcome::Internal => "internal",
+            E::StaleToken { .. } => (S::CONFLICT, O::Stale, P::STALE_TOKEN),
+            E::MissingToken { .. } => (S::PRECONDITION_REQUIRED, O::MissingToken, P::MISSING_TOKEN),
+            E::MalformedToken { .. } => (S::BAD_REQUEST, O::MalformedToken, P::MALFORMED_TOKEN),
+            E::BadKey(_) => (S::BAD_REQUEST, O::BadKey, P::BAD_KEY),
+            E::BadSignature(_) => (S::FORBIDDEN, O::BadSignature, P::BAD_SIGNATURE),
+            E::TokenJump { .. } => (S::FORBIDDEN, O::TokenJump, P::TOKEN_JUMP),
+            E::BodyTooLarge { .. } => (S::PAYLOAD_TOO_LARGE, O::BodyTooLarge, P::BODY_TOO_LARGE),
+            E::ClientBody(_) => (S::BAD_REQUEST, O::ClientError, P::CLIENT_BODY),
+            E::BodyTimeout(_) => (S::REQUEST_TIMEOUT, O::ClientError, P::BODY_TIMEOUT),
+            E::NoRoute { .. } => (S::NOT_FOUND, O::NoRoute, P::NO_ROUTE),
+            E::BadPath(_) => (S::BAD_REQUEST, O::BadRequest, P::BAD_PATH),
+            E::BadHost(_) => (S::BAD_REQUEST, O::BadRequest, P::BAD_HOST),
+            E::BadHeader(_) => (S::BAD_REQUEST, O::BadRequest, P::BAD_HEADER),
+            E::MethodOverride(..) => (S::BAD_REQUEST, O::BadRequest, P::METHOD_OVERRIDE),
+            E::BodyNotAllowed(_) => (S::BAD_REQUEST, O::BadRequest, P::BODY_NOT_ALLOWED),
+            E::BadDestination(_) => (S::BAD_REQUEST, O::BadRequest, P::BAD_DESTINATION),
+            E::BufferFull(_) => (S::SERVICE_UNAVAILABLE, O::BufferFull, P::BUFFER_FULL),
+            E::Upstream(e) if e.may_have_sent() => (S::BAD_GATEWAY, O::UpstreamError, P::UPSTREAM_FAILED),
+            E::Upstream(_) => (S::BAD_GATEWAY, O::UpstreamError, P::UPSTREAM_UNREACHABLE),
+            E::UpstreamTimeout(_) => (S::GATEWAY_TIMEOUT, O::UpstreamTimeout, P::UPSTREAM_TIMEOUT),
+            E::QueueTimeout(_) => (S::SERVICE_UNAVAILABLE, O::QueueTimeout, P::QUEUE_TIMEOUT),
+            E::StoreUnavailable(_) => (S::SERVICE_UNAVAILABLE, O::StoreUnavailable, P::STORE_UNAVAILABLE),
+            E::Internal(_) => (S::INTERNAL_SERVER_ERROR, O::Internal, P::INTERNAL),
         }
     }
-}
 
-/// The fence decision for one request, carried in the response extensions for
-/// the access log and metrics.
-#[derive(Debug, Clone)]
-pub struct Decision {
-    pub outcome: Outcome,
-    pub key: Option<String>,
-    pub token: Option<u64>,
-    /// The key was held for a settle period after an ambiguous outcome.
-    pub settled: bool,
-}
-
-impl ProxyError {
     pub fn status(&self) -> StatusCode {
-        match self {
-            ProxyError::StaleToken { .. } => StatusCode::CONFLICT,
-            ProxyError::MissingToken { .. } => StatusCode::PRECONDITION_REQUIRED,
-            ProxyError::MalformedToken { .. } | ProxyError::BadKey(_) => StatusCode::BAD_REQUEST,
-            ProxyError::BadSignature(_) | ProxyError::TokenJump { .. } => StatusCode::FORBIDDEN,
-            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
-            ProxyError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            ProxyError::NoRoute { .. } => StatusCode::NOT_FOUND,
-            ProxyError::BadPath(_)
-            | ProxyError::BadHost(_)
-            | ProxyError::BadHeader(_)
-            | ProxyError::MethodOverride(..)
-            | ProxyError::BodyNotAllowed(_)
-            | ProxyError::BadDestination(_) => StatusCode::BAD_REQUEST,
-            ProxyError::BufferFull(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::UpstreamConnect(_) | ProxyError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
-            ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            ProxyError::QueueTimeout(_) | ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        }
+        self.answer().0
     }
 
     pub fn outcome(&self) -> Outcome {
-        match self {
-            ProxyError::StaleToken { .. } => Outcome::Stale,
-            ProxyError::MissingToken { .. } => Outcome::MissingToken,
-            ProxyError::MalformedToken { .. } => Outcome::MalformedToken,
-            ProxyError::BadKey(_) => Outcome::BadKey,
-            ProxyError::BadSignature(_) => Outcome::BadSignature,
-            ProxyError::TokenJump { .. } => Outcome::TokenJump,
-            ProxyError::BodyTooLarge { .. } => Outcome::BodyTooLarge,
-            ProxyError::ClientBody(_) | ProxyError::BodyTimeout(_) => Outcome::ClientError,
-            ProxyError::NoRoute { .. } => Outcome::NoRoute,
-            ProxyError::BadPath(_)
-            | ProxyError::BadHost(_)
-            | ProxyError::BadHeader(_)
-            | ProxyError::MethodOverride(..)
-            | ProxyError::BodyNotAllowed(_)
-            | ProxyError::BadDestination(_) => Outcome::BadRequest,
-            ProxyError::BufferFull(_) => Outcome::BufferFull,
-            ProxyError::UpstreamConnect(_) | ProxyError::UpstreamFailed(_) => Outcome::UpstreamError,
-            ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
-            ProxyError::QueueTimeout(_) => Outcome::QueueTimeout,
-            ProxyError::StoreUnavailable(_) => Outcome::StoreUnavailable,
-            ProxyError::Internal(_) => Outcome::Internal,
-        }
+        self.answer().1
     }
 
     /// Whether the upstream may have received the request, and so may still
     /// apply it: the outcome of the write is unknown.
     pub fn is_ambiguous(&self) -> bool {
-        matches!(self, ProxyError::UpstreamFailed(_) | ProxyError::UpstreamTimeout(_))
+        match self {
+            ProxyError::Upstream(e) => e.may_have_sent(),
+            ProxyError::UpstreamTimeout(_) => true,
+            _ => false,
+        }
     }
 
-    /// `(type, title)` of the problem document. The `type` URNs are stable: clients
-    /// may match on them.
-    fn problem_type(&self) -> (&'static str, &'static str) {
-        match self {
-            ProxyError::StaleToken { .. } => ("urn:fencegate:problem:stale-token", "Stale fencing token"),
-            ProxyError::MissingToken { .. } => ("urn:fencegate:problem:missing-token", "Fencing token required"),
-            ProxyError::MalformedToken { .. } => ("urn:fencegate:problem:malformed-token", "Malformed fencing token"),
-            ProxyError::BadKey(_) => ("urn:fencegate:problem:bad-key", "Cannot determine the fence key"),
-            ProxyError::BadSignature(_) => ("urn:fencegate:problem:bad-signature", "Token signature missing or wrong"),
-            ProxyError::TokenJump { .. } => ("urn:fencegate:problem:token-jump", "Token jumps too far ahead"),
-            ProxyError::BodyTooLarge { .. } => ("urn:fencegate:problem:body-too-large", "Request body too large"),
-            ProxyError::ClientBody(_) => ("urn:fencegate:problem:client-body", "Request body failed"),
-            ProxyError::BodyTimeout(_) => ("urn:fencegate:problem:body-timeout", "Request body too slow"),
-            ProxyError::NoRoute { .. } => ("urn:fencegate:problem:no-route", "No route"),
-            ProxyError::BadPath(_) => ("urn:fencegate:problem:bad-path", "Ambiguous request path"),
-            ProxyError::BadHost(_) => ("urn:fencegate:problem:bad-host", "Malformed host"),
-            ProxyError::BadHeader(_) => ("urn:fencegate:problem:bad-header", "Malformed header value"),
-            ProxyError::MethodOverride(..) => ("urn:fencegate:problem:method-override", "Conflicting method overrides"),
-            ProxyError::BodyNotAllowed(_) => ("urn:fencegate:problem:body-not-allowed", "Body on an unfenced method"),
-            ProxyError::BadDestination(_) => ("urn:fencegate:problem:bad-destination", "Destination cannot be fenced"),
-            ProxyError::BufferFull(_) => ("urn:fencegate:problem:buffer-full", "Too many buffered bodies"),
-            ProxyError::UpstreamConnect(_) => ("urn:fencegate:problem:upstream-error", "Upstream unreachable"),
-            ProxyError::UpstreamFailed(_) => ("urn:fencegate:problem:upstream-error", "Upstream failed"),
-            ProxyError::UpstreamTimeout(_) => ("urn:fencegate:problem:upstream-timeout", "Upstream timeout"),
-            ProxyError::QueueTimeout(_) => ("urn:fencegate:problem:queue-timeout", "Key busy"),
-            ProxyError::StoreUnavailable(_) => ("urn:fencegate:problem:store-unavailable", "Fence store unavailable"),
-            ProxyError::Internal(_) => ("urn:fencegate:problem:internal", "Internal error"),
-        }
+    /// Refusals about load or a passing failure: the same request may succeed
+    /// shortly, so the response says when to try again.
+    fn retry_soon(&self) -> bool {
+        matches!(self, ProxyError::QueueTimeout(_) | ProxyError::StoreUnavailable(_) | ProxyError::BufferFull(_))
     }
 }
 
@@ -275,51 +153,37 @@ impl Rejection {
 
     /// The problem+json response for this rejection, with its [`Decision`].
     pub fn into_response(self) -> Response<ProxyBody> {
-        let status = self.error.status();
-        let (type_uri, title) = self.error.problem_type();
-        let mut body = json!({
-            "type": type_uri,
-            "title": title,
-            "status": status.as_u16(),
-            "detail": self.error.to_string(),
-        });
-        if let Some(settle) = self.settle {
-            body["detail"] = json!(format!(
+        let (status, outcome, kind) = self.error.answer();
+        let detail = match self.settle {
+            None => self.error.to_string(),
+            Some(settle) => format!(
                 "{}. The upstream may still apply this write, so fencegate holds the key for {} before it forwards \
                  the next write to it",
                 self.error,
                 humantime::format_duration(settle)
-            ));
-            body["settle_ms"] = json!(settle.as_millis() as u64);
+            ),
+        };
+        let mut problem = Problem::new(status, kind, detail);
+        if let Some(settle) = self.settle {
+            problem = problem.member("settle_ms", settle.as_millis() as u64);
         }
         if let Some(key) = &self.key {
-            body["key"] = json!(key);
+            problem = problem.member("key", key.as_str());
         }
         if let Some(token) = self.token {
-            body["token"] = json!(token);
+            problem = problem.member("token", token);
         }
         if let ProxyError::StaleToken { current, .. } | ProxyError::TokenJump { current, .. } = &self.error {
-            body["current"] = json!(current);
+            problem = problem.member("current", *current);
         }
-        let mut response = Response::new(Either::Right(Full::new(Bytes::from(body.to_string()))));
-        *response.status_mut() = status;
-        let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-        match &self.error {
-            ProxyError::StaleToken { current, .. } => {
-                headers.insert(CURRENT_TOKEN_HEADER, HeaderValue::from(*current));
-            }
-            ProxyError::QueueTimeout(_) | ProxyError::StoreUnavailable(_) | ProxyError::BufferFull(_) => {
-                headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
-            }
-            _ => {}
+        if let ProxyError::StaleToken { current, .. } = &self.error {
+            problem = problem.header(CURRENT_TOKEN_HEADER, HeaderValue::from(*current));
         }
-        let decision = Decision {
-            outcome: self.error.outcome(),
-            key: self.key,
-            token: self.token,
-            settled: self.settle.is_some(),
-        };
+        if self.error.retry_soon() {
+            problem = problem.retry_soon();
+        }
+        let mut response = problem.into_response().map(Either::Right);
+        let decision = Decision { outcome, key: self.key, token: self.token, settled: self.settle.is_some() };
         response.extensions_mut().insert(decision);
         if let Some(route) = self.route {
             response.extensions_mut().insert(route);

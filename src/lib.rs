@@ -12,16 +12,19 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod body;
 pub mod canonical;
-pub mod cli;
 pub mod config;
 pub mod connection;
 pub mod error;
 pub mod fence;
 pub mod metrics;
+pub mod outcome;
+pub mod problem;
 pub mod proxy;
+pub mod rescue;
 pub mod route;
 pub mod routing;
 mod server;

@@ -12,13 +12,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::error::Outcome;
 use crate::fence::store::CommitStats;
+use crate::outcome::Outcome;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     route: String,
-    outcome: &'static str,
+    outcome: Outcome,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -94,9 +94,7 @@ impl Metrics {
             .map(|name| RouteMetrics {
                 by_outcome: Outcome::ALL
                     .iter()
-                    .map(|o| {
-                        requests.get_or_create(&RequestLabels { route: name.clone(), outcome: o.as_str() }).clone()
-                    })
+                    .map(|o| requests.get_or_create(&RequestLabels { route: name.clone(), outcome: *o }).clone())
                     .collect(),
                 duration: duration.get_or_create(&RouteLabel { route: name.clone() }).clone(),
                 settles: settles.get_or_create(&RouteLabel { route: name.clone() }).clone(),

@@ -30,7 +30,8 @@ use http::{HeaderMap, HeaderName, Request, Response, Uri, Version};
 use tower::{Layer, Service, ServiceExt};
 
 use crate::canonical::{canonical_host, canonical_path, EscapedSlashes, PathOptions};
-use crate::error::{ProxyBody, ProxyError, Rejection};
+use crate::error::{ProxyError, Rejection};
+use crate::proxy::ProxyBody;
 use crate::route::{Destination, Route, RouteTable, RouteTag, Routed};
 
 /// The WebDAV header naming where a COPY or MOVE writes (RFC 4918 §10.3).

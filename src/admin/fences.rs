@@ -19,10 +19,10 @@ use hyper::body::Incoming;
 use serde_json::json;
 use subtle::ConstantTimeEq;
 
-use super::{json_response, problem, problem_with, AdminState};
+use super::{json_response, problem, AdminState};
 use crate::canonical::admin_key;
-use crate::error::CURRENT_TOKEN_HEADER;
 use crate::fence::store::{Advance, FenceStore, MAX_LIST_LIMIT};
+use crate::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
 
 /// Default page size of a listing.
 const DEFAULT_LIMIT: usize = 100;
@@ -49,14 +49,10 @@ enum QueryError {
 impl QueryError {
     fn into_response(self) -> Response<Full<Bytes>> {
         match self {
-            QueryError::Bad(detail) => problem(StatusCode::BAD_REQUEST, "Bad query", &detail),
-            QueryError::Path(detail) => problem_with(
-                StatusCode::BAD_REQUEST,
-                "urn:fencegate:problem:bad-path",
-                "Ambiguous request path",
-                &detail,
-                json!({}),
-            ),
+            QueryError::Bad(detail) => problem(StatusCode::BAD_REQUEST, "Bad query", detail),
+            QueryError::Path(detail) => {
+                Problem::new(StatusCode::BAD_REQUEST, ProblemType::BAD_PATH, detail).into_response()
+            }
         }
     }
 }
@@ -111,7 +107,7 @@ pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<In
         }
         return match store.get(&key).await {
             Ok(token) => json_response(StatusCode::OK, &json!({ "key": key, "token": token })),
-            Err(e) => unavailable(&e.to_string()),
+            Err(e) => unavailable(e.to_string()),
         };
     }
     let limit = match query.limit.as_deref().map(str::parse::<usize>) {
@@ -121,7 +117,7 @@ pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<In
             return problem(
                 StatusCode::BAD_REQUEST,
                 "Bad query",
-                &format!("limit must be a whole number from 1 to {MAX_LIST_LIMIT}"),
+                format!("limit must be a whole number from 1 to {MAX_LIST_LIMIT}"),
             )
         }
     };
@@ -135,7 +131,7 @@ pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<In
             let fences: Vec<_> = fences.into_iter().map(|(key, token)| json!({ "key": key, "token": token })).collect();
             json_response(StatusCode::OK, &json!({ "fences": fences, "next": next }))
         }
-        Err(e) => unavailable(&e.to_string()),
+        Err(e) => unavailable(e.to_string()),
     }
 }
 
@@ -180,7 +176,7 @@ async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> 
             return problem(
                 StatusCode::BAD_REQUEST,
                 "Bad body",
-                &format!("cannot read a body of at most {MAX_BODY} bytes: {e}"),
+                format!("cannot read a body of at most {MAX_BODY} bytes: {e}"),
             )
         }
     };
@@ -199,7 +195,7 @@ async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> 
             return problem(
                 StatusCode::BAD_REQUEST,
                 "Bad body",
-                &format!("expected {{\"token\": N}} with N a whole number from 0 to 18446744073709551615 ({e})"),
+                format!("expected {{\"token\": N}} with N a whole number from 0 to 18446744073709551615 ({e})"),
             )
         }
     };
@@ -210,30 +206,20 @@ async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> 
         }
         Ok(Advance::Stale { current }) => {
             tracing::info!(target: "fencegate::audit", caller = %peer, key, token, current, "fence lowering refused");
-            let mut r = problem_with(
-                StatusCode::CONFLICT,
-                "urn:fencegate:problem:stale-token",
-                "Stale fencing token",
-                &format!("token {token} is lower than the fence {current}; a fence never goes back"),
-                json!({ "key": key, "token": token, "current": current }),
-            );
-            r.headers_mut().insert(CURRENT_TOKEN_HEADER, HeaderValue::from(current));
-            r
+            let detail = format!("token {token} is lower than the fence {current}; a fence never goes back");
+            Problem::new(StatusCode::CONFLICT, ProblemType::STALE_TOKEN, detail)
+                .member("key", key)
+                .member("token", token)
+                .member("current", current)
+                .header(CURRENT_TOKEN_HEADER, HeaderValue::from(current))
+                .into_response()
         }
-        Err(e) => unavailable(&e.to_string()),
+        Err(e) => unavailable(e.to_string()),
     }
 }
 
-fn unavailable(detail: &str) -> Response<Full<Bytes>> {
-    let mut r = problem_with(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "urn:fencegate:problem:store-unavailable",
-        "Fence store unavailable",
-        detail,
-        json!({}),
-    );
-    r.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-    r
+fn unavailable(detail: String) -> Response<Full<Bytes>> {
+    Problem::new(StatusCode::SERVICE_UNAVAILABLE, ProblemType::STORE_UNAVAILABLE, detail).retry_soon().into_response()
 }
 
 #[cfg(test)]

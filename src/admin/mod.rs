@@ -1,8 +1,12 @@
 //! The admin listener: health, readiness, metrics and the fence API.
 //!
+//! The CLI's client of the fence API lives here too ([`client`]), beside the
+//! endpoints it calls.
+//!
 //! It runs on its own address (loopback by default) so that operators and
 //! probes never share a port, a connection limit or a failure mode with traffic.
 
+pub mod client;
 mod fences;
 
 use std::convert::Infallible;
@@ -15,10 +19,10 @@ use http::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use serde_json::json;
 
 use crate::fence::store::FenceStore;
 use crate::metrics::Snapshot;
+use crate::problem::{Problem, ProblemType};
 use crate::stack::Shared;
 
 /// State the admin endpoints read.
@@ -41,14 +45,14 @@ pub async fn handle(
     let allowed: &[Method] = match path {
         "/healthz" | "/readyz" | "/metrics" => &[Method::GET, Method::HEAD],
         "/fences" => &[Method::GET, Method::HEAD, Method::PUT],
-        _ => return Ok(problem(StatusCode::NOT_FOUND, "Not found", &format!("no admin endpoint at '{path}'"))),
+        _ => return Ok(problem(StatusCode::NOT_FOUND, "Not found", format!("no admin endpoint at '{path}'"))),
     };
     if !allowed.contains(req.method()) {
         let names: Vec<&str> = allowed.iter().map(Method::as_str).collect();
         let mut r = problem(
             StatusCode::METHOD_NOT_ALLOWED,
             "Method not allowed",
-            &format!("{path} answers {} only", names.join(", ")),
+            format!("{path} answers {} only", names.join(", ")),
         );
         r.headers_mut().insert(ALLOW, HeaderValue::from_str(&names.join(", ")).expect("method names are ASCII"));
         return Ok(r);
@@ -102,28 +106,7 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<
     r
 }
 
-fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Full<Bytes>> {
-    problem_with(status, "about:blank", title, detail, json!({}))
-}
-
-/// A problem+json response of `type_uri`; members of `extra` (an object) are added.
-fn problem_with(
-    status: StatusCode,
-    type_uri: &str,
-    title: &str,
-    detail: &str,
-    extra: serde_json::Value,
-) -> Response<Full<Bytes>> {
-    let mut body = json!({
-        "type": type_uri,
-        "title": title,
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    if let (Some(body), serde_json::Value::Object(extra)) = (body.as_object_mut(), extra) {
-        body.extend(extra);
-    }
-    let mut r = json_response(status, &body);
-    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-    r
+/// A problem with no type of its own: the status and title say it all.
+fn problem(status: StatusCode, title: &'static str, detail: impl Into<String>) -> Response<Full<Bytes>> {
+    Problem::new(status, ProblemType::blank(title), detail).into_response()
 }

@@ -4,7 +4,8 @@ use std::task::{Context, Poll};
 
 use http::Response;
 
-use crate::error::{ProxyBody, Rejection};
+use crate::error::Rejection;
+use crate::proxy::ProxyBody;
 
 type BoxedDecision = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Rejection>> + Send>>;
 

@@ -15,7 +15,8 @@ use super::signature::SIGNATURE_HEADER;
 use super::store::FenceStore;
 use super::token::token_from_headers;
 use super::{Checked, Fence};
-use crate::error::{ProxyBody, ProxyError, Rejection};
+use crate::error::{ProxyError, Rejection};
+use crate::proxy::ProxyBody;
 use crate::route::{Route, Routed};
 
 /// The header that signs a WebDAV destination's key, on a request whose

@@ -9,7 +9,9 @@ use super::gate::Turn;
 use super::head::check_mark;
 use super::store::{Advance, FenceStore};
 use super::{Checked, Fence, KeyGate, ResponseFuture};
-use crate::error::{Decision, Outcome, ProxyBody, ProxyError, Rejection};
+use crate::error::{ProxyError, Rejection};
+use crate::outcome::{Decision, Outcome};
+use crate::proxy::ProxyBody;
 use crate::route::{Route, Routed};
 
 /// The fence's turn-taking middleware: steps 5 to 7 of the [module

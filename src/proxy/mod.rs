@@ -2,6 +2,7 @@
 //! connections, URI and header rewrite, timeouts, and protocol upgrades. This module knows nothing of tokens: the
 //! fence has decided before a request gets here.
 
+mod error;
 mod headers;
 mod upstream;
 
@@ -10,30 +11,25 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use http::header::{HeaderValue, HOST};
 use http::{Request, Response, StatusCode};
-use http_body_util::Either;
+use http_body_util::{Either, Full};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tower::Service;
 
+pub use error::{UpstreamError, UpstreamStage};
 pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
-
-use crate::body::RequestBody;
-use crate::error::{ProxyBody, ProxyError};
-use crate::route::Routed;
-
 pub use upstream::{CONNECT_TIMEOUT, FIRST_BACKOFF, MAX_RETRIES};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::body::RequestBody;
+use crate::error::ProxyError;
+use crate::route::Routed;
 
-/// How a send ended without a response.
-enum SendError {
-    /// Connecting failed; nothing was sent.
-    Connect(BoxError),
-    /// Failed after the request may have been (partly) sent.
-    Failed(BoxError),
-}
+/// The body of every response fencegate sends: streamed from the upstream, or
+/// made here in one piece (a problem document).
+pub type ProxyBody = Either<hyper::body::Incoming, Full<Bytes>>;
 
 /// The client's address, for `X-Forwarded-For`.
 #[derive(Debug, Clone)]
@@ -125,14 +121,13 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
     // The timeout covers connecting, retries and backoff included.
     let mut response = match tokio::time::timeout(route.timeout, send).await {
         Ok(Ok(response)) => response,
-        Ok(Err(SendError::Connect(e))) => return Err(ProxyError::UpstreamConnect(error_chain(&*e))),
-        Ok(Err(SendError::Failed(e))) => {
+        Ok(Err(e)) => {
             // A body that overran the route's limit (only an unfenced one can:
             // fenced bodies are checked whole before they are sent).
-            if let Some(limit) = crate::body::overran_limit(&*e) {
-                return Err(ProxyError::BodyTooLarge { limit });
+            if crate::body::overran_limit(&e) {
+                return Err(ProxyError::BodyTooLarge { limit: route.max_body });
             }
-            return Err(ProxyError::UpstreamFailed(error_chain(&*e)));
+            return Err(e.into());
         }
         Err(_) => return Err(ProxyError::UpstreamTimeout(route.timeout)),
     };
@@ -162,17 +157,4 @@ async fn splice(client: OnUpgrade, upstream: OnUpgrade) {
     if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
         tracing::debug!(error = %e, "upgraded connection ended with an error");
     }
-}
-
-/// `a: b: c` from an error and its sources: hyper's top-level messages alone
-/// ("client error (Connect)") do not say what went wrong.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }

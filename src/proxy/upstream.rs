@@ -26,7 +26,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::{BoxError, SendError};
+use super::error::{BoxError, UpstreamError};
 use crate::body::RequestBody;
 
 /// Connection attempts after the first.
@@ -60,7 +60,7 @@ impl Upstreams {
         &self,
         authority: &Authority,
         mut req: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, SendError> {
+    ) -> Result<Response<Incoming>, UpstreamError> {
         if let Some(mut sender) = self.take(authority) {
             match sender.try_send_request(req).await {
                 Ok(response) => {
@@ -74,7 +74,7 @@ impl Upstreams {
                         tracing::debug!(error = %e.error(), "kept upstream connection was closed; reconnecting");
                         req = unsent;
                     }
-                    None => return Err(SendError::Failed(e.into_error().into())),
+                    None => return Err(UpstreamError::exchange(e.into_error())),
                 },
             }
         }
@@ -84,7 +84,7 @@ impl Upstreams {
                 self.put_back(authority, sender);
                 Ok(response)
             }
-            Err(e) => Err(SendError::Failed(e.into())),
+            Err(e) => Err(UpstreamError::exchange(e)),
         }
     }
 
@@ -109,13 +109,13 @@ impl Upstreams {
 
 /// Opens a connection to `authority`, retrying failures with backoff: nothing
 /// has been sent yet, so a retry can't apply anything twice.
-async fn connect(authority: &Authority) -> Result<Sender, SendError> {
+async fn connect(authority: &Authority) -> Result<Sender, UpstreamError> {
     let mut backoff = FIRST_BACKOFF;
     let mut attempt = 0;
     loop {
         match try_connect(authority).await {
             Ok(sender) => return Ok(sender),
-            Err(e) if attempt == MAX_RETRIES => return Err(SendError::Connect(e)),
+            Err(e) if attempt == MAX_RETRIES => return Err(UpstreamError::connect(e)),
             Err(e) => {
                 tracing::debug!(attempt, error = %e, "upstream connect failed; retrying");
                 tokio::time::sleep(backoff).await;

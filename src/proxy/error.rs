@@ -1,0 +1,89 @@
+//! How an exchange with the upstream failed: at which stage, and so whether
+//! the upstream may have the request, and why.
+
+use std::error::Error;
+
+pub(crate) type BoxError = Box<dyn Error + Send + Sync>;
+
+/// Where an upstream exchange stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamStage {
+    /// Opening a connection, retries included: not a byte of the request left.
+    Connect,
+    /// Sending the request or awaiting its response head: the upstream may
+    /// have received it, and may still act on it.
+    Exchange,
+}
+
+/// An upstream exchange that ended without a response head.
+#[derive(Debug)]
+pub struct UpstreamError {
+    pub stage: UpstreamStage,
+    pub source: BoxError,
+}
+
+/// The stage, then every cause: this text is the problem's `detail`.
+impl std::fmt::Display for UpstreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.stage_text(), chain(&*self.source))
+    }
+}
+
+impl Error for UpstreamError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+impl UpstreamError {
+    pub fn connect(source: impl Into<BoxError>) -> Self {
+        UpstreamError { stage: UpstreamStage::Connect, source: source.into() }
+    }
+
+    pub fn exchange(source: impl Into<BoxError>) -> Self {
+        UpstreamError { stage: UpstreamStage::Exchange, source: source.into() }
+    }
+
+    /// Whether the upstream may have received the request: if so, its outcome
+    /// is unknown and it must never be sent again.
+    pub fn may_have_sent(&self) -> bool {
+        self.stage == UpstreamStage::Exchange
+    }
+
+    fn stage_text(&self) -> &'static str {
+        match self.stage {
+            UpstreamStage::Connect => "the upstream could not be reached, nothing was sent",
+            UpstreamStage::Exchange => "the upstream connection failed after the request was sent",
+        }
+    }
+}
+
+/// `a: b: c` from an error and its sources: hyper's top-level messages alone
+/// ("client error (Connect)") do not say what went wrong, and the problem's
+/// `detail` is all a client sees.
+fn chain(e: &(dyn Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_detail_names_the_stage_and_every_cause() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let e = UpstreamError::connect(refused);
+        assert!(!e.may_have_sent());
+        assert_eq!(e.to_string(), "the upstream could not be reached, nothing was sent: connection refused");
+        let e = UpstreamError::exchange("connection reset");
+        assert!(e.may_have_sent());
+        assert!(e.to_string().starts_with("the upstream connection failed after the request was sent"));
+    }
+}
