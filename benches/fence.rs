@@ -29,12 +29,24 @@ fn decide(store: &MemoryStore, key: &str, token: &[u8]) -> Advance {
     }
 }
 
+/// The plainest strict parser, to weigh `parse_token` against: a digit check,
+/// then the standard library.
+fn parse_plain(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
+}
+
 fn token_parsing(c: &mut Criterion) {
     let mut g = c.benchmark_group("token");
     g.throughput(Throughput::Elements(1));
-    g.bench_function("parse_20_digits", |b| b.iter(|| parse_token(black_box(b"18446744073709551615"))));
-    g.bench_function("parse_13_digits", |b| b.iter(|| parse_token(black_box(b"1732957200123"))));
-    g.bench_function("parse_3_digits", |b| b.iter(|| parse_token(black_box(b"734"))));
+    for (name, value) in
+        [("20_digits", &b"18446744073709551615"[..]), ("13_digits", b"1732957200123"), ("3_digits", b"734")]
+    {
+        g.bench_function(format!("parse_{name}"), |b| b.iter(|| parse_token(black_box(value))));
+        g.bench_function(format!("plain_{name}"), |b| b.iter(|| parse_plain(black_box(value))));
+    }
     g.finish();
 }
 

@@ -146,7 +146,7 @@ fn main() -> ExitCode {
 
 /// Runs `fencegate fence ...` against the configured admin listener.
 fn fence_command(config: &Config, action: FenceAction) -> ExitCode {
-    use fencegate::cli::{AdminClient, SetOutcome};
+    use fencegate::admin::client::{AdminClient, SetOutcome};
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -179,7 +179,7 @@ fn fence_command(config: &Config, action: FenceAction) -> ExitCode {
             }
         }
     });
-    result.unwrap_or_else(|e: fencegate::cli::CliError| {
+    result.unwrap_or_else(|e: fencegate::admin::client::CliError| {
         eprintln!("{e}");
         ExitCode::from(2)
     })

@@ -1,36 +1,12 @@
 //! The fence: token parsing, mark stores, per-key turns and the tower middleware.
 //!
-//! Two layers, in the order a request meets them, with the body read between
-//! them (see [`crate::stack`]). [`HeadChecksLayer`] decides everything the
-//! request head can decide, before a byte of the body is read. For a request
-//! its route fences ([`Routed::fenced`](crate::route::Routed)):
-//!
-//! 1. a token that is malformed or repeated is refused (400) and a missing one
-//!    is refused (428) unless the route allows it;
-//! 2. the fence key is made (400 when it cannot be), and for a WebDAV request
-//!    with a `Destination`, the destination's key too;
-//! 3. on a route with a `signing_key_file`, a token whose [`signature`] is
-//!    missing, repeated or wrong is refused (403) before anything else
-//!    happens: such a request never reads or raises the mark, and never queues;
-//! 4. a token below a key's mark is refused at once (409), without queueing,
-//!    and on a route with `max_token_jump` so is a token more than that above
-//!    the mark (403; a key with no mark yet has no jump limit).
-//!
-//! A request that is not fenced must not carry a body unless its route allows
-//! it (400): an upstream that expects none may read it as the next request.
-//!
-//! [`FencingLayer`] then, for a fenced request whose body is in:
-//!
-//! 5. waits (at most `queue_timeout`, else 503) for its keys' turns, taken in
-//!    key order so two requests can never deadlock: at most one fenced request
-//!    per key is in flight to the upstream;
-//! 6. with the turns held, checks the jump limit again against the marks as
-//!    they are now, and has the store atomically raise each mark to the token
-//!    or say it is stale (409): the checks that count happen when the turn comes;
-//! 7. forwards the request on a task of its own, so it runs to its end at the
-//!    upstream whether or not its client stays; the turns pass on when the
-//!    upstream's response head has arrived or the forward failed (after the
-//!    route's `settle` when the outcome is unknown).
+//! Two layers, with the body read between them (see [`crate::stack`]):
+//! [`HeadChecksLayer`] decides everything the request head can decide (token,
+//! signature, key, a stale or jumping token) before a byte of the body is
+//! read; [`FencingLayer`] then takes the keys' turns in key order, raises the
+//! marks atomically under them, and forwards on a task of its own. What each
+//! step refuses, and with which status, is the guarantee written down once in
+//! `docs/behaviour.md` ("The guarantee, step by step").
 
 mod future;
 pub mod gate;

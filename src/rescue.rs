@@ -1,0 +1,130 @@
+//! The rescue: every refusal from the layers below becomes its problem+json
+//! response, and a panic becomes a 500 problem, so no error ever reaches
+//! hyper as a reset connection.
+
+use std::any::Any;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::Response;
+use tower::{Layer, Service};
+
+use crate::error::{ProxyError, Rejection};
+use crate::proxy::ProxyBody;
+
+/// Turns every [`Rejection`] into its problem+json response.
+#[derive(Debug, Clone, Copy)]
+pub struct RescueLayer;
+
+impl<S> Layer<S> for RescueLayer {
+    type Service = Rescue<S>;
+
+    fn layer(&self, inner: S) -> Rescue<S> {
+        Rescue { inner }
+    }
+}
+
+/// See [`RescueLayer`].
+#[derive(Debug, Clone)]
+pub struct Rescue<S> {
+    inner: S,
+}
+
+impl<S, R> Service<R> for Rescue<S>
+where
+    S: Service<R, Response = Response<ProxyBody>, Error = Rejection>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = RescueFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The layers below are always ready; were one not, its refusal is
+        // answered with the request's response, not by closing the connection.
+        match self.inner.poll_ready(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(_) => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        RescueFuture { inner: self.inner.call(req) }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`Rescue`]'s response future.
+    pub struct RescueFuture<F> {
+        #[pin]
+        inner: F,
+    }
+}
+
+impl<F> Future for RescueFuture<F>
+where
+    F: Future<Output = Result<Response<ProxyBody>, Rejection>>,
+{
+    type Output = Result<Response<ProxyBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().inner.poll(cx).map(|result| Ok(result.unwrap_or_else(Rejection::into_response)))
+    }
+}
+
+/// The 500 problem for a panic below the rescue layer.
+pub fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<ProxyBody> {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string());
+    tracing::error!(panic = %what, "a request panicked");
+    Rejection::from(ProxyError::Internal("the request could not be completed".into())).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outcome::{Decision, Outcome};
+    use http::Request;
+    use http_body_util::BodyExt;
+    use tower::ServiceBuilder;
+    use tower::ServiceExt;
+    use tower_http::catch_panic::CatchPanicLayer;
+
+    /// A panic below the rescue becomes a 500 problem with its decision, as
+    /// the stack places the two layers; it never unwinds into hyper.
+    #[tokio::test]
+    async fn a_panic_becomes_a_500_problem() {
+        let panicking = tower::service_fn(|_: Request<()>| async move {
+            if true {
+                panic!("a bug");
+            }
+            Ok::<Response<ProxyBody>, Rejection>(Response::new(ProxyBody::Right(Default::default())))
+        });
+        let service =
+            ServiceBuilder::new().layer(CatchPanicLayer::custom(panic_response)).layer(RescueLayer).service(panicking);
+        let response = service.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(response.status(), 500);
+        assert_eq!(response.headers()["content-type"], "application/problem+json");
+        assert_eq!(response.extensions().get::<Decision>().map(|d| d.outcome), Some(Outcome::Internal));
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(problem["type"], "urn:fencegate:problem:internal");
+        assert_eq!(problem["status"], 500);
+    }
+
+    /// The rescue answers every refusal with its problem, never an error.
+    #[tokio::test]
+    async fn the_rescue_answers_refusals() {
+        let refusing = tower::service_fn(|_: Request<()>| async move {
+            Err::<Response<ProxyBody>, _>(Rejection::from(ProxyError::BufferFull(1)))
+        });
+        let response = RescueLayer.layer(refusing).oneshot(Request::new(())).await.unwrap();
+        assert_eq!(response.status(), 503);
+        assert_eq!(response.headers()["retry-after"], "1");
+    }
+}
