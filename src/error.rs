@@ -14,6 +14,7 @@ use http_body_util::{Either, Full};
 use serde_json::json;
 
 use crate::canonical::PathError;
+use crate::fence::signature::SignatureError;
 use crate::fence::store::StoreError;
 use crate::fence::token::TokenError;
 use crate::route::{KeyError, RouteTag};
@@ -37,7 +38,7 @@ pub enum ProxyError {
     #[error("cannot make the fence key: {0}")]
     BadKey(#[from] KeyError),
     #[error("the token signature is {0}")]
-    BadSignature(&'static str),
+    BadSignature(#[from] SignatureError),
     #[error("token {token} is more than {max_jump} above the fence {current} for this key")]
     TokenJump { token: u64, current: u64, max_jump: u64 },
     #[error("the request body is larger than this route's limit of {limit} bytes")]

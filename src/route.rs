@@ -11,6 +11,7 @@ use http::uri::{Authority, Scheme};
 use http::{HeaderMap, HeaderName, Method, Uri};
 
 use crate::canonical::{query_param, PathOptions, QueryError};
+use crate::fence::signature::SigningKey;
 
 /// A request and the route it matched: what the layers below routing take, so
 /// none of them can be reached by a request that was not routed.
@@ -85,26 +86,6 @@ pub struct Route {
     pub signing_key: Option<SigningKey>,
     /// A token more than this above the key's mark is refused (403).
     pub max_token_jump: Option<u64>,
-}
-
-/// A shared secret for token signatures. Its `Debug` never shows the bytes.
-#[derive(Clone)]
-pub struct SigningKey(Arc<[u8]>);
-
-impl SigningKey {
-    pub fn new(bytes: &[u8]) -> Self {
-        SigningKey(bytes.into())
-    }
-
-    pub fn bytes(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for SigningKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SigningKey(..)")
-    }
 }
 
 impl Route {

@@ -154,8 +154,7 @@ fn check_signature(
     name: &HeaderName,
 ) -> Result<(), ProxyError> {
     match &route.signing_key {
-        Some(signing_key) => verify_header(signing_key.bytes(), key, token, headers, name)
-            .map_err(|e| ProxyError::BadSignature(e.as_str())),
+        Some(signing_key) => Ok(verify_header(signing_key.bytes(), key, token, headers, name)?),
         None => Ok(()),
     }
 }

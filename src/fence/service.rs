@@ -213,8 +213,9 @@ mod tests {
     use super::*;
     use crate::fence::head::check_jump;
     use crate::fence::signature::sign;
+    use crate::fence::signature::SigningKey;
     use crate::fence::store::{MemoryStore, StoreError};
-    use crate::route::{Route, SigningKey};
+    use crate::route::Route;
 
     const SECRET: &[u8] = b"service-test-secret-0123";
 
