@@ -16,7 +16,8 @@ use super::store::FenceStore;
 use super::token::token_from_headers;
 use super::{Checked, Fence};
 use crate::error::{ProxyBody, ProxyError, Rejection};
-use crate::route::{Route, Routed};
+use crate::route::Route;
+use crate::routing::Routed;
 
 /// The header that signs a WebDAV destination's key, on a request whose
 /// `Destination` falls under a route with a `signing_key_file`.
@@ -203,7 +204,8 @@ mod tests {
 
     use super::*;
     use crate::fence::store::MemoryStore;
-    use crate::route::{test_route, Destination};
+    use crate::route::test_route;
+    use crate::routing::Destination;
 
     /// A tokenless COPY from a route that allows missing tokens into one that
     /// does not is refused: the destination is written too.

@@ -3,7 +3,7 @@
 //! Two layers, in the order a request meets them, with the body read between
 //! them (see [`crate::stack`]). [`HeadChecksLayer`] decides everything the
 //! request head can decide, before a byte of the body is read. For a request
-//! its route fences ([`Routed::fenced`](crate::route::Routed)):
+//! its route fences ([`Routed::fenced`](crate::routing::Routed)):
 //!
 //! 1. a token that is malformed or repeated is refused (400) and a missing one
 //!    is refused (428) unless the route allows it;
@@ -50,7 +50,8 @@ pub use layer::FencingLayer;
 pub use service::Fencing;
 
 use crate::error::{ProxyError, Rejection};
-use crate::route::{Route, Routed};
+use crate::route::Route;
+use crate::routing::Routed;
 
 /// A concurrent map keyed by fence key, hashed with a per-process random seed
 /// (keys come from clients, so the seed matters as much as the speed).

@@ -10,7 +10,8 @@ use super::head::check_mark;
 use super::store::{Advance, FenceStore};
 use super::{Checked, Fence, KeyGate, ResponseFuture};
 use crate::error::{Decision, Outcome, ProxyBody, ProxyError, Rejection};
-use crate::route::{Route, Routed};
+use crate::route::Route;
+use crate::routing::Routed;
 
 /// The fence's turn-taking middleware: steps 5 to 7 of the [module
 /// docs](super).

@@ -21,7 +21,7 @@ pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
 
 use crate::body::RequestBody;
 use crate::error::{ProxyBody, ProxyError};
-use crate::route::Routed;
+use crate::routing::Routed;
 
 pub use upstream::{CONNECT_TIMEOUT, FIRST_BACKOFF, MAX_RETRIES};
 

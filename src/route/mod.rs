@@ -22,38 +22,11 @@ pub use upstream::Upstream;
 use crate::canonical::PathOptions;
 use crate::fence::signature::SigningKey;
 
-/// A request and the route it matched: what the layers below routing take, so
-/// none of them can be reached by a request that was not routed.
-///
-/// By the time a request is `Routed`, its target is canonical (see
-/// [`crate::canonical`]): the path, the `Host` header and the `Destination`
-/// are the forms it is keyed by and forwarded with.
-#[derive(Debug)]
-pub struct Routed<B> {
-    pub route: Arc<Route>,
-    pub request: http::Request<B>,
-    /// The request may write: its method, or a method-override header, is not
-    /// one of the route's safe methods.
-    pub fenced: bool,
-    /// The WebDAV `Destination` of a fenced request, canonical and routed.
-    pub destination: Option<Destination>,
-}
-
 /// Which route a response belongs to: its index in config order and its name.
 #[derive(Debug, Clone)]
 pub struct RouteTag {
     pub index: usize,
     pub name: Arc<str>,
-}
-
-/// Where a COPY or MOVE writes: the `Destination` header's target, canonical,
-/// with the route that covers it (same upstream as the request's own).
-#[derive(Debug, Clone)]
-pub struct Destination {
-    pub route: Arc<Route>,
-    /// Canonical path.
-    pub path: String,
-    pub query: Option<String>,
 }
 
 /// One configured route, validated.
