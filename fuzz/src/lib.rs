@@ -599,7 +599,7 @@ fn check_valid_config(c: &Config, text: &str) {
         if let Some(k) = &r.signing_key {
             assert!(k.bytes().len() >= 16);
         }
-        if let Some(p) = &r.pattern {
+        if let Some(p) = r.key.pattern() {
             let lp = p.literal_prefix();
             assert!(lp.starts_with(r.prefix.as_str()) || r.prefix.starts_with(lp));
         }

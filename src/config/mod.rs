@@ -612,7 +612,6 @@ fn validate_route(i: usize, s: file::RouteSection, p: &mut Problems) -> Option<R
         name: name.into(),
         prefix,
         upstream: upstream?,
-        pattern,
         key: key?,
         safe_methods,
         path_options,

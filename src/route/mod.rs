@@ -36,7 +36,7 @@ pub struct Route {
     /// Plain string prefix of the request path; the longest matching one wins.
     pub prefix: String,
     pub upstream: Upstream,
-    pub pattern: Option<PathPattern>,
+    /// The fence key template, with the route's `pattern` if it has one.
     pub key: KeyTemplate,
     /// Methods that pass unfenced, compared exactly as sent; every other
     /// method is fenced.
@@ -101,7 +101,6 @@ pub(crate) fn test_route(name: &str, prefix: &str) -> Route {
         name: name.into(),
         prefix: prefix.into(),
         upstream: Upstream::parse("http://127.0.0.1:1").unwrap(),
-        pattern: None,
         key: KeyTemplate::parse("{path}", None).unwrap(),
         safe_methods: vec![Method::GET, Method::HEAD, Method::OPTIONS],
         path_options: PathOptions::default(),
