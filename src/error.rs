@@ -12,6 +12,7 @@ use http::{HeaderName, Response, StatusCode};
 use http_body_util::Either;
 
 use crate::canonical::PathError;
+use crate::fence::signature::SignatureError;
 use crate::fence::store::StoreError;
 use crate::fence::token::TokenError;
 use crate::outcome::{Decision, Outcome};
@@ -31,7 +32,7 @@ pub enum ProxyError {
     #[error("cannot make the fence key: {0}")]
     BadKey(#[from] KeyError),
     #[error("the token signature is {0}")]
-    BadSignature(&'static str),
+    BadSignature(#[from] SignatureError),
     #[error("token {token} is more than {max_jump} above the fence {current} for this key")]
     TokenJump { token: u64, current: u64, max_jump: u64 },
     #[error("the request body is larger than this route's limit of {limit} bytes")]

@@ -27,7 +27,8 @@ use http::{HeaderName, Method};
 pub use file::FileConfig;
 
 use crate::canonical::{canonical_path, EscapedSlashes, PathOptions};
-use crate::route::{KeyTemplate, PathPattern, Route, SigningKey, Upstream};
+use crate::fence::signature::SigningKey;
+use crate::route::{KeyTemplate, PathPattern, Route, Upstream};
 
 const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
 const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9901";
@@ -611,7 +612,6 @@ fn validate_route(i: usize, s: file::RouteSection, p: &mut Problems) -> Option<R
         name: name.into(),
         prefix,
         upstream: upstream?,
-        pattern,
         key: key?,
         safe_methods,
         path_options,

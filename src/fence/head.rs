@@ -17,7 +17,8 @@ use super::token::token_from_headers;
 use super::{Checked, Fence};
 use crate::error::{ProxyError, Rejection};
 use crate::proxy::ProxyBody;
-use crate::route::{Route, Routed};
+use crate::route::Route;
+use crate::routing::Routed;
 
 /// The header that signs a WebDAV destination's key, on a request whose
 /// `Destination` falls under a route with a `signing_key_file`.
@@ -155,8 +156,7 @@ fn check_signature(
     name: &HeaderName,
 ) -> Result<(), ProxyError> {
     match &route.signing_key {
-        Some(signing_key) => verify_header(signing_key.bytes(), key, token, headers, name)
-            .map_err(|e| ProxyError::BadSignature(e.as_str())),
+        Some(signing_key) => Ok(verify_header(signing_key.bytes(), key, token, headers, name)?),
         None => Ok(()),
     }
 }
@@ -205,7 +205,8 @@ mod tests {
 
     use super::*;
     use crate::fence::store::MemoryStore;
-    use crate::route::{test_route, Destination};
+    use crate::route::test_route;
+    use crate::routing::Destination;
 
     /// A tokenless COPY from a route that allows missing tokens into one that
     /// does not is refused: the destination is written too.

@@ -26,7 +26,8 @@ pub use layer::FencingLayer;
 pub use service::Fencing;
 
 use crate::error::{ProxyError, Rejection};
-use crate::route::{Route, Routed};
+use crate::route::Route;
+use crate::routing::Routed;
 
 /// A concurrent map keyed by fence key, hashed with a per-process random seed
 /// (keys come from clients, so the seed matters as much as the speed).

@@ -12,7 +12,8 @@ use super::{Checked, Fence, KeyGate, ResponseFuture};
 use crate::error::{ProxyError, Rejection};
 use crate::outcome::{Decision, Outcome};
 use crate::proxy::ProxyBody;
-use crate::route::{Route, Routed};
+use crate::route::Route;
+use crate::routing::Routed;
 
 /// The fence's turn-taking middleware: steps 5 to 7 of the [module
 /// docs](super).
@@ -215,8 +216,9 @@ mod tests {
     use super::*;
     use crate::fence::head::check_jump;
     use crate::fence::signature::sign;
+    use crate::fence::signature::SigningKey;
     use crate::fence::store::{MemoryStore, StoreError};
-    use crate::route::{Route, SigningKey};
+    use crate::route::Route;
 
     const SECRET: &[u8] = b"service-test-secret-0123";
 

@@ -46,6 +46,8 @@
 //! Verification compares MACs in constant time (`hmac`'s `verify_slice`), so the
 //! time a refusal takes says nothing about how close a forged signature came.
 
+use std::sync::Arc;
+
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
@@ -60,7 +62,31 @@ const MAC_LEN: usize = 32;
 /// Length of the unpadded base64url encoding of the MAC.
 const ENCODED_LEN: usize = 43;
 
+/// A route's shared secret for token signatures, read once from its key file.
+/// Its `Debug` never shows the bytes, so a logged config cannot leak it.
+#[derive(Clone)]
+pub struct SigningKey(Arc<[u8]>);
+
+impl SigningKey {
+    pub fn new(bytes: &[u8]) -> Self {
+        SigningKey(bytes.into())
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SigningKey(..)")
+    }
+}
+
 /// Why a signature was refused (the request gets a 403 `bad-signature`).
+///
+/// Its `Display` is the word the problem document's detail ends with ("the
+/// token signature is missing"), so the variants' texts are part of the contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum SignatureError {
     #[error("missing")]
@@ -70,17 +96,6 @@ pub enum SignatureError {
     /// Undecodable, or a well-formed MAC of some other key, token or secret.
     #[error("wrong")]
     Wrong,
-}
-
-impl SignatureError {
-    /// The word the problem document's detail uses: `missing`, `repeated`, `wrong`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SignatureError::Missing => "missing",
-            SignatureError::Repeated => "repeated",
-            SignatureError::Wrong => "wrong",
-        }
-    }
 }
 
 /// The MAC state over the signed message of `fence_key` and `token`.
@@ -119,11 +134,6 @@ pub fn verify(key: &[u8], fence_key: &str, token: u64, header_value: &[u8]) -> R
         _ => return Err(SignatureError::Wrong),
     }
     mac(key, fence_key, token).verify_slice(&tag).map_err(|_| SignatureError::Wrong)
-}
-
-/// Checks the request's signature header: exactly one, and right.
-pub fn verify_headers(key: &[u8], fence_key: &str, token: u64, headers: &HeaderMap) -> Result<(), SignatureError> {
-    verify_header(key, fence_key, token, headers, &SIGNATURE_HEADER)
 }
 
 /// Checks the signature in header `name`: exactly one, and right.
@@ -222,11 +232,20 @@ mod tests {
     fn reads_exactly_one_header() {
         let sig = sign(KEY, "/objects/a", 42);
         let mut h = HeaderMap::new();
-        assert_eq!(verify_headers(KEY, "/objects/a", 42, &h), Err(SignatureError::Missing));
+        assert_eq!(verify_header(KEY, "/objects/a", 42, &h, &SIGNATURE_HEADER), Err(SignatureError::Missing));
         h.insert(SIGNATURE_HEADER, HeaderValue::from_str(&sig).unwrap());
-        assert_eq!(verify_headers(KEY, "/objects/a", 42, &h), Ok(()));
+        assert_eq!(verify_header(KEY, "/objects/a", 42, &h, &SIGNATURE_HEADER), Ok(()));
         h.append(SIGNATURE_HEADER, HeaderValue::from_str(&sig).unwrap());
-        assert_eq!(verify_headers(KEY, "/objects/a", 42, &h), Err(SignatureError::Repeated));
+        assert_eq!(verify_header(KEY, "/objects/a", 42, &h, &SIGNATURE_HEADER), Err(SignatureError::Repeated));
+    }
+
+    #[test]
+    fn refusals_read_as_the_problem_detail_always_did() {
+        let detail = |e: SignatureError| crate::error::ProxyError::from(e).to_string();
+        assert_eq!(detail(SignatureError::Missing), "the token signature is missing");
+        assert_eq!(detail(SignatureError::Repeated), "the token signature is repeated");
+        assert_eq!(detail(SignatureError::Wrong), "the token signature is wrong");
+        assert_eq!(format!("{:?}", SigningKey::new(KEY)), "SigningKey(..)");
     }
 
     fn hex(bytes: &[u8]) -> String {

@@ -25,7 +25,7 @@ pub use upstream::{CONNECT_TIMEOUT, FIRST_BACKOFF, MAX_RETRIES};
 
 use crate::body::RequestBody;
 use crate::error::ProxyError;
-use crate::route::Routed;
+use crate::routing::Routed;
 
 /// The body of every response fencegate sends: streamed from the upstream, or
 /// made here in one piece (a problem document).

@@ -1,0 +1,120 @@
+//! Routes: where a request goes and the policy it meets on the way.
+//!
+//! A [`Route`] is built once at config time from its parts, each in its own
+//! file: the [`Upstream`] it sends to, the [`PathPattern`] and [`KeyTemplate`]
+//! that make its fence key, and the [`RouteTable`] that finds it by prefix.
+
+mod key;
+mod pattern;
+mod table;
+mod upstream;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, Method};
+
+pub use key::{KeyError, KeyTemplate};
+pub use pattern::PathPattern;
+pub use table::RouteTable;
+pub use upstream::Upstream;
+
+use crate::canonical::PathOptions;
+use crate::fence::signature::SigningKey;
+
+/// Which route a response belongs to: its index in config order and its name.
+#[derive(Debug, Clone)]
+pub struct RouteTag {
+    pub index: usize,
+    pub name: Arc<str>,
+}
+
+/// One configured route, validated.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: Arc<str>,
+    /// Plain string prefix of the request path; the longest matching one wins.
+    pub prefix: String,
+    pub upstream: Upstream,
+    /// The fence key template, with the route's `pattern` if it has one.
+    pub key: KeyTemplate,
+    /// Methods that pass unfenced, compared exactly as sent; every other
+    /// method is fenced.
+    pub safe_methods: Vec<Method>,
+    /// How the request path is canonicalized (escaped slashes, merged slashes).
+    pub path_options: PathOptions,
+    /// `key_case = "fold"`: the key is lower-cased and the prefix matched
+    /// ignoring ASCII case, for upstreams that ignore case.
+    pub fold_key_case: bool,
+    /// A request that is not fenced may carry a body (400 otherwise).
+    pub allow_safe_body: bool,
+    /// Fenced bodies stream to the upstream instead of being read whole first.
+    pub stream_body: bool,
+    /// `missing_token = "allow"`: a fenced method without a token passes unfenced.
+    pub allow_missing_token: bool,
+    /// Upstream timeout, from sending the request to its response head (504 past it).
+    pub timeout: Duration,
+    /// Longest wait for the key's turn (503 past it).
+    pub queue_timeout: Duration,
+    /// How long the key stays closed after a fenced write's outcome became
+    /// unknown (upstream timeout, or connection lost after sending). Zero: off.
+    pub settle: Duration,
+    pub token_header: HeaderName,
+    pub preserve_host: bool,
+    /// Largest request body, in bytes (413 past it).
+    pub max_body: u64,
+    /// Key for signed tokens: when set, a fenced request needs a valid
+    /// `X-Fencing-Signature` (403 otherwise).
+    pub signing_key: Option<SigningKey>,
+    /// A token more than this above the key's mark is refused (403).
+    pub max_token_jump: Option<u64>,
+}
+
+impl Route {
+    /// Whether `method`, exactly as sent, passes unfenced on this route.
+    pub fn is_safe(&self, method: &[u8]) -> bool {
+        self.safe_methods.iter().any(|m| m.as_str().as_bytes() == method)
+    }
+
+    /// Whether this route's prefix covers the canonical `path`.
+    pub(super) fn covers(&self, path: &str) -> bool {
+        if self.fold_key_case {
+            path.len() >= self.prefix.len()
+                && path.as_bytes()[..self.prefix.len()].eq_ignore_ascii_case(self.prefix.as_bytes())
+        } else {
+            path.starts_with(self.prefix.as_str())
+        }
+    }
+
+    /// The fence key of a request for the canonical `path` and `query`, with
+    /// this route's template and key case.
+    pub fn key_for(&self, path: &str, query: Option<&str>, headers: &HeaderMap) -> Result<String, KeyError> {
+        let key = self.key.render_target(path, query, headers)?;
+        Ok(if self.fold_key_case { key.to_ascii_lowercase() } else { key })
+    }
+}
+
+/// A route with small test values, for unit tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) fn test_route(name: &str, prefix: &str) -> Route {
+    Route {
+        name: name.into(),
+        prefix: prefix.into(),
+        upstream: Upstream::parse("http://127.0.0.1:1").unwrap(),
+        key: KeyTemplate::parse("{path}", None).unwrap(),
+        safe_methods: vec![Method::GET, Method::HEAD, Method::OPTIONS],
+        path_options: PathOptions::default(),
+        fold_key_case: false,
+        allow_safe_body: false,
+        stream_body: false,
+        allow_missing_token: false,
+        timeout: Duration::from_secs(1),
+        queue_timeout: Duration::from_secs(1),
+        settle: Duration::ZERO,
+        token_header: HeaderName::from_static("x-fencing-token"),
+        preserve_host: false,
+        max_body: 1 << 20,
+        signing_key: None,
+        max_token_jump: None,
+    }
+}

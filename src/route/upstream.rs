@@ -1,0 +1,79 @@
+//! Where a route sends: the upstream origin and the base path every request
+//! path is put under, parsed once at config time.
+
+use http::uri::{Authority, Scheme};
+use http::Uri;
+
+/// An upstream origin with an optional base path prepended to every request path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    pub scheme: Scheme,
+    pub authority: Authority,
+    /// Empty, or starts with '/' and has no trailing '/'.
+    pub base_path: String,
+    /// `authority` as a `Host` header value, made once.
+    pub host: http::HeaderValue,
+}
+
+impl Upstream {
+    /// Parses `http://host:port[/base]`; the error says what to fix.
+    pub fn parse(text: &str) -> Result<Upstream, String> {
+        let uri: Uri = text.parse().map_err(|e| format!("'{text}' is not a URL ({e})"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some("https") => return Err(format!("'{text}': https upstreams are not supported yet; use http://")),
+            Some(other) => return Err(format!("'{text}' has scheme '{other}'; use http://host:port")),
+            None => return Err(format!("'{text}' has no http:// scheme")),
+        }
+        let authority = match uri.authority() {
+            Some(a) if !a.host().is_empty() => a.clone(),
+            _ => return Err(format!("'{text}' has no host")),
+        };
+        if uri.query().is_some() {
+            return Err(format!("'{text}' has a query string; an upstream may only carry a base path"));
+        }
+        let base_path = uri.path().trim_end_matches('/').to_string();
+        let host = http::HeaderValue::from_str(authority.as_str()).map_err(|e| format!("'{text}': host: {e}"))?;
+        Ok(Upstream { scheme: Scheme::HTTP, authority, base_path, host })
+    }
+
+    /// The upstream URI for a request path and query (`path_and_query` starts with '/').
+    pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(self.under_base(path_and_query))
+            .build()
+    }
+
+    /// The same, in origin form (path and query only), for a connection that
+    /// already goes to this upstream.
+    pub fn origin_form(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        if self.base_path.is_empty() {
+            return Ok(Uri::try_from(path_and_query)?);
+        }
+        Ok(Uri::try_from(self.under_base(path_and_query))?)
+    }
+
+    fn under_base(&self, path_and_query: &str) -> String {
+        let mut pq = String::with_capacity(self.base_path.len() + path_and_query.len());
+        pq.push_str(&self.base_path);
+        pq.push_str(path_and_query);
+        pq
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_base_path_is_prepended() {
+        let u = Upstream::parse("http://10.0.0.5:9000/v1/").unwrap();
+        assert_eq!(u.base_path, "/v1");
+        assert_eq!(u.uri_for("/objects/a?x=1").unwrap().to_string(), "http://10.0.0.5:9000/v1/objects/a?x=1");
+        assert_eq!(u.origin_form("/objects/a?x=1").unwrap().to_string(), "/v1/objects/a?x=1");
+        let u = Upstream::parse("http://10.0.0.5:9000").unwrap();
+        assert_eq!(u.uri_for("/a").unwrap().to_string(), "http://10.0.0.5:9000/a");
+    }
+}

@@ -1,0 +1,114 @@
+//! The WebDAV `Destination` of a COPY or MOVE: where it writes, made canonical
+//! and routed like the request's own target.
+
+use std::sync::Arc;
+
+use http::header::HeaderValue;
+use http::{HeaderMap, HeaderName, Uri};
+
+use super::find_route;
+use crate::canonical::canonical_host;
+use crate::error::ProxyError;
+use crate::route::{Route, RouteTable};
+
+/// The WebDAV header naming where a COPY or MOVE writes (RFC 4918 §10.3).
+pub const DESTINATION: HeaderName = HeaderName::from_static("destination");
+
+/// Where a COPY or MOVE writes: the `Destination` header's target, canonical,
+/// with the route that covers it (same upstream as the request's own).
+#[derive(Debug, Clone)]
+pub struct Destination {
+    pub route: Arc<Route>,
+    /// Canonical path.
+    pub path: String,
+    pub query: Option<String>,
+}
+
+/// The canonical, routed `Destination` of a fenced request, if it has one.
+pub(super) fn destination(
+    routes: &RouteTable,
+    route: &Route,
+    host: Option<&HeaderValue>,
+    headers: &HeaderMap,
+) -> Result<Option<Destination>, ProxyError> {
+    let mut values = headers.get_all(DESTINATION).iter();
+    let Some(value) = values.next() else { return Ok(None) };
+    if values.next().is_some() {
+        return Err(ProxyError::BadDestination("more than one Destination header".into()));
+    }
+    let text = value.to_str().map_err(|_| ProxyError::BadDestination("not ASCII".into()))?;
+    let uri: Uri = text.parse().map_err(|e| ProxyError::BadDestination(format!("'{text}' is not a URI ({e})")))?;
+    if let Some(authority) = uri.authority() {
+        let default_port = match uri.scheme_str() {
+            Some("http") => 80,
+            Some("https") => 443,
+            _ => return Err(ProxyError::BadDestination(format!("'{text}' is not an http URI"))),
+        };
+        let theirs = canonical_host(authority.as_str(), default_port)
+            .map_err(|e| ProxyError::BadDestination(format!("host '{authority}': {e}")))?;
+        if host.map(HeaderValue::as_bytes) != Some(theirs.as_bytes()) {
+            return Err(ProxyError::BadDestination(format!("'{text}' names another host than the request's")));
+        }
+    } else if !text.starts_with('/') {
+        return Err(ProxyError::BadDestination(format!("'{text}' is neither an absolute URI nor an absolute path")));
+    }
+    let (_, to, path) = find_route(routes, uri.path()).map_err(|e| match e {
+        ProxyError::NoRoute { path } => ProxyError::BadDestination(format!("no route covers '{path}'")),
+        other => ProxyError::BadDestination(other.to_string()),
+    })?;
+    if to.upstream != route.upstream {
+        return Err(ProxyError::BadDestination(format!(
+            "'{}' is served by route '{}', which sends to another upstream",
+            uri.path(),
+            to.name
+        )));
+    }
+    let path = path.unwrap_or_else(|| uri.path().to_string());
+    Ok(Some(Destination { route: to, path, query: uri.query().map(str::to_string) }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::route_request;
+    use super::super::tests::route;
+    use super::*;
+    use crate::route::test_route;
+    use http::Request;
+
+    #[test]
+    fn a_destination_is_canonical_on_the_same_host_and_upstream() {
+        let dest = |value: &str| route("COPY", "/objects/a", &[("host", "a.example"), ("destination", value)]);
+        for spelling in ["http://a.example/objects/%62", "http://A.example:80/objects//b", "/objects/x/../b"] {
+            let d = dest(spelling).unwrap().destination.unwrap();
+            assert_eq!((&*d.route.name, d.path.as_str()), ("objects", "/objects/b"), "{spelling}");
+        }
+        assert_eq!(&*dest("/secure/b").unwrap().destination.unwrap().route.name, "secure");
+        for bad in [
+            "http://b.example/objects/b",
+            "/nowhere/b",
+            "/elsewhere/b",
+            "/objects/b%2Fc",
+            "objects/b",
+            "ftp://a.example/objects/b",
+        ] {
+            assert!(matches!(dest(bad), Err(ProxyError::BadDestination(_))), "{bad}: {:?}", dest(bad));
+        }
+        // A request that is not fenced carries its Destination through untouched.
+        let safe = route("GET", "/objects/a", &[("destination", "/nowhere")]).unwrap();
+        assert!(safe.destination.is_none() && !safe.fenced);
+        // A method the source route lets through is still fenced when the
+        // destination's route fences it: the destination is what it writes.
+        let mut lenient = test_route("lenient", "/lenient/");
+        lenient.safe_methods.push(http::Method::from_bytes(b"COPY").unwrap());
+        let table = RouteTable::new([test_route("objects", "/objects/"), lenient]);
+        let copy = |to: &str| {
+            let request = Request::builder().method("COPY").uri("/lenient/a").header("host", "a.example");
+            let request = request.header("destination", to).body(()).unwrap();
+            route_request(&table, request).map(|(r, _)| r).map_err(|(e, _)| e)
+        };
+        let into_fenced = copy("/objects/b").unwrap();
+        assert!(into_fenced.fenced);
+        assert_eq!(into_fenced.destination.unwrap().path, "/objects/b");
+        assert!(!copy("/lenient/b").unwrap().fenced);
+    }
+}

@@ -1,0 +1,63 @@
+//! Whether a request may write: its method, and the method-override headers
+//! common frameworks honour, against the route's safe methods.
+
+use http::header::HeaderValue;
+use http::{HeaderMap, HeaderName};
+
+use crate::error::ProxyError;
+use crate::route::Route;
+
+/// Headers that common middleware (Rails, Express, Werkzeug, Symfony) honour
+/// as the method a request is to be run as.
+const METHOD_OVERRIDE_HEADERS: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
+];
+
+/// Whether the request may write: its method or a method override is not one
+/// of the route's safe methods.
+pub(super) fn is_fenced(route: &Route, method: &http::Method, headers: &HeaderMap) -> Result<bool, ProxyError> {
+    let mut fenced = !route.is_safe(method.as_str().as_bytes());
+    let mut first: Option<&HeaderValue> = None;
+    for header in &METHOD_OVERRIDE_HEADERS {
+        for value in headers.get_all(header) {
+            match first {
+                Some(first) if !first.as_bytes().eq_ignore_ascii_case(value.as_bytes()) => {
+                    let text = |v: &HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned();
+                    return Err(ProxyError::MethodOverride(text(first), text(value)));
+                }
+                Some(_) => {}
+                None => first = Some(value),
+            }
+            // Each value exactly as sent, like the method itself.
+            fenced |= !route.is_safe(value.as_bytes());
+        }
+    }
+    Ok(fenced)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::route;
+    use super::*;
+
+    #[test]
+    fn methods_and_overrides_decide_what_is_fenced() {
+        let fenced = |method: &str, headers: &[(&str, &str)]| route(method, "/objects/a", headers).map(|r| r.fenced);
+        assert!(!fenced("GET", &[]).unwrap());
+        for method in ["PUT", "put", "Put", "MKCOL", "FROB", "get"] {
+            assert!(fenced(method, &[]).unwrap(), "{method}");
+        }
+        assert!(fenced("GET", &[("x-http-method-override", "PUT")]).unwrap());
+        assert!(fenced("POST", &[("x-method-override", "GET")]).unwrap());
+        assert!(!fenced("GET", &[("x-http-method", "GET")]).unwrap());
+        assert!(fenced("GET", &[("x-http-method-override", "put"), ("x-http-method", "PUT")]).unwrap());
+        // Every value counts, exactly as sent: `get` is not a safe method.
+        assert!(fenced("GET", &[("x-http-method-override", "GET"), ("x-http-method", "get")]).unwrap());
+        assert!(matches!(
+            fenced("POST", &[("x-http-method-override", "GET"), ("x-method-override", "DELETE")]),
+            Err(ProxyError::MethodOverride(..))
+        ));
+    }
+}
