@@ -11,7 +11,10 @@
 //!   most lookups miss the CPU caches.
 //! - `decision/contended_one_key/N`: N threads deciding on the same key at once;
 //!   throughput is for all threads together.
-//! - `token/*`: parsing alone; `key_gate/*`: a key's turn (acquire + release).
+//! - `token/parse_*`: parsing alone; `token/plain_*`: the plainest strict parser
+//!   (a digit check, then `u64::from_str`), run beside it to show whether the
+//!   eight-digits-at-a-time parser still pays for its code.
+//! - `key_gate/*`: a key's turn (acquire + release).
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
