@@ -17,7 +17,6 @@ pub mod body;
 pub mod canonical;
 pub mod cli;
 pub mod config;
-pub mod connection;
 pub mod error;
 pub mod fence;
 pub mod metrics;

@@ -21,7 +21,6 @@ use tower_http::trace::{MakeSpan, OnResponse, TraceLayer};
 use tracing::Span;
 
 use crate::body::{BodyLayer, BufferBudget};
-use crate::connection::{Activity, TrackRequestsLayer};
 use crate::error::{Decision, Outcome, ProxyBody, ProxyError, Rejection};
 use crate::fence::store::AnyStore;
 use crate::fence::{FencingLayer, HeadChecksLayer, KeyGate};
@@ -29,6 +28,7 @@ use crate::metrics::Metrics;
 use crate::proxy::Forward;
 use crate::route::{RouteTable, RouteTag};
 use crate::routing::RoutingLayer;
+use crate::server::connection::{Activity, TrackRequestsLayer};
 
 /// What every connection's stack shares.
 #[derive(Debug)]
