@@ -17,7 +17,6 @@ pub mod admin;
 pub mod body;
 pub mod canonical;
 pub mod config;
-pub mod connection;
 pub mod error;
 pub mod fence;
 pub mod metrics;

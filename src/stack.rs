@@ -16,7 +16,6 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::access_log::access_log;
 use crate::body::{BodyLayer, BufferBudget};
-use crate::connection::{Activity, TrackRequestsLayer};
 use crate::fence::store::AnyStore;
 use crate::fence::{FencingLayer, HeadChecksLayer, KeyGate};
 use crate::metrics::Metrics;
@@ -24,6 +23,7 @@ use crate::proxy::Forward;
 use crate::rescue::{panic_response, RescueLayer};
 use crate::route::RouteTable;
 use crate::routing::RoutingLayer;
+use crate::server::connection::{Activity, TrackRequestsLayer};
 
 /// What every connection's stack shares.
 #[derive(Debug)]

@@ -428,3 +428,131 @@ async fn at_shutdown_a_client_that_ignores_goaway_is_closed_once_its_request_is_
         .expect("shutdown still waiting for connections that ignore GOAWAY")
         .unwrap();
 }
+
+#[tokio::test]
+async fn at_shutdown_a_request_that_outlasts_the_grace_is_cut() {
+    let up = RecordingUpstream::start().await;
+    let mut proxy = start("shutdown_grace = \"300ms\"", &route("objects", "/objects/", &up, "")).await;
+
+    // A write the upstream would take a minute over.
+    let mut conn = Conn::open(proxy.addr).await;
+    conn.send(&common::raw::request("PUT", "/objects/slow", &[("x-fencing-token", "1"), ("x-slow-ms", "60000")], b"x"))
+        .await;
+    let wait = tokio::time::timeout(DEADLINE, up.wait_in_flight("/objects/slow")).await;
+    assert!(wait.is_ok(), "the write never reached the upstream");
+
+    let stopped = proxy.shutdown();
+    conn.assert_closed_silently().await;
+    tokio::time::timeout(DEADLINE, stopped).await.expect("shutdown waited past its grace").unwrap();
+}
+
+// --- The admin listener: the same bounds and drain -------------------------------
+
+const ADMIN_TOKEN: &str = "admin-token-for-the-drain-test";
+
+/// Like [`start`], with `[admin] auth_token` set to [`ADMIN_TOKEN`].
+async fn start_with_admin_token(server: &str) -> Proxy {
+    start_in_process(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n{server}\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\nauth_token = \"{ADMIN_TOKEN}\"\n\
+         {MEMORY_STORE}\n[[route]]\nname = \"objects\"\nprefix = \"/objects/\"\nupstream = \"http://127.0.0.1:9\"\n"
+    ))
+    .await
+}
+
+#[tokio::test]
+async fn the_admin_listener_closes_slow_heads_and_idle_connections() {
+    let up = RecordingUpstream::start().await;
+    let proxy = start(SHORT_IDLE, &route("objects", "/objects/", &up, "")).await;
+
+    // A head that stops halfway: closed after header_read_timeout.
+    let mut slow = Conn::open(proxy.admin).await;
+    slow.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await;
+    // A connection that never sends a byte: closed after idle_timeout.
+    let mut silent = Conn::open(proxy.admin).await;
+    // One kept alive after a request: closed after idle_timeout too.
+    let mut kept = Conn::open(proxy.admin).await;
+    kept.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert_eq!(kept.response().await.status, 200);
+
+    slow.assert_closed_silently().await;
+    silent.assert_closed_silently().await;
+    kept.assert_closed_silently().await;
+}
+
+#[tokio::test]
+async fn the_admin_listener_refuses_an_oversized_head_with_431() {
+    let up = RecordingUpstream::start().await;
+    let proxy = start("max_header_bytes = \"8KiB\"", &route("objects", "/objects/", &up, "")).await;
+    let mut conn = Conn::open(proxy.admin).await;
+    conn.send(format!("GET /healthz HTTP/1.1\r\nHost: x\r\nx-padding: {}\r\n\r\n", "p".repeat(10_000)).as_bytes())
+        .await;
+    assert_eq!(conn.response().await.status, 431);
+}
+
+#[tokio::test]
+async fn the_admin_listener_has_a_connection_limit_of_its_own() {
+    let up = RecordingUpstream::start().await;
+    // idle_timeout far beyond the deadline: silent connections keep their slots.
+    let proxy = start(&format!("max_connections = 2\n{SLOW_HEAD}"), &route("objects", "/objects/", &up, "")).await;
+    let healthz = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+
+    // The proxy's slots taken: the admin listener still answers.
+    let proxy_held = [Conn::open(proxy.addr).await, Conn::open(proxy.addr).await];
+    let mut probe = Conn::open(proxy.admin).await;
+    probe.send(healthz).await;
+    assert_eq!(probe.response().await.status, 200);
+    drop(probe);
+    drop(proxy_held);
+
+    // The admin listener's slots taken: the next admin connection waits in
+    // the backlog, unanswered, and is served once a slot frees.
+    let mut admin_held = vec![Conn::open(proxy.admin).await, Conn::open(proxy.admin).await];
+    let mut waiting = Conn::open(proxy.admin).await;
+    waiting.send(healthz).await;
+    waiting.assert_silent_for(Duration::from_millis(500)).await;
+    // Meanwhile the proxy listener has slots of its own.
+    let mut conn = Conn::open(proxy.addr).await;
+    conn.send(b"GET /objects/none HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert_eq!(conn.response().await.status, 404);
+
+    admin_held.pop();
+    assert_eq!(waiting.response().await.status, 200);
+}
+
+#[tokio::test]
+async fn at_shutdown_an_admin_request_in_flight_finishes() {
+    let mut proxy = start_with_admin_token("").await;
+
+    // A fence change whose body is still on its way; the 100 Continue says
+    // the admin API has started reading it.
+    let mut conn = Conn::open(proxy.admin).await;
+    conn.send(
+        format!(
+            "PUT /fences?key=/objects/a HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\
+             Content-Type: application/json\r\nContent-Length: 13\r\nExpect: 100-continue\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await;
+    let continued = conn.fill_until(b"\r\n\r\n").await.expect("no 100 Continue");
+    assert!(conn.take(continued).starts_with(b"HTTP/1.1 100"));
+    conn.send(b"{\"token\": ").await;
+
+    let mut stopped = proxy.shutdown();
+    // The admin listener closes once the proxy has drained...
+    let started = std::time::Instant::now();
+    while tokio::net::TcpStream::connect(proxy.admin).await.is_ok() {
+        assert!(started.elapsed() < DEADLINE, "the admin listener still accepts after shutdown");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...and shutdown waits for the request in flight.
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut stopped).await;
+    assert!(early.is_err(), "shutdown ended with an admin request in flight");
+
+    conn.send(b"42}").await;
+    let reply = conn.response().await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    conn.until_closed().await;
+    tokio::time::timeout(DEADLINE, stopped).await.expect("shutdown did not end after the admin request").unwrap();
+}

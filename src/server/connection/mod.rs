@@ -1,0 +1,123 @@
+//! Serving one client connection, from its first byte to its close, with the
+//! guards against clients that hold a slot without making progress: a request
+//! head that never completes (slowloris), a keep-alive connection that sits
+//! idle, and a client that does not let an idle connection close.
+//!
+//! [`Activity`] is fed from two sides: [`ActivityIo`] (io.rs) sees bytes
+//! arrive, and [`TrackRequestsLayer`] (requests.rs) sees requests start and
+//! finish. [`Activity::expired`] resolves when either guard trips; [`serve`]
+//! then closes the connection (at once for a stuck head, gracefully for an
+//! idle one), and [`Activity::overstayed`] tells it when a graceful close has
+//! taken too long.
+//!
+//! # What must arrive in time
+//!
+//! Every connection, whatever it starts with, is timed from its first byte:
+//! until what is arriving is complete, `header_read_timeout` runs. On an HTTP/1
+//! connection that is the request head (its end is the request starting). A
+//! connection whose first bytes are a prefix of the HTTP/2 connection preface
+//! is timed the same way, and turns into an HTTP/1 connection, clock running,
+//! at the first byte that departs from it. After the full preface,
+//! [`ActivityIo`] follows the HTTP/2 frame boundaries (frames.rs) and times,
+//! while no request is in flight, each *unit* from its first byte to its last:
+//!
+//! - a **head**: the preface with the client's first frame (its SETTINGS), or
+//!   a header block (HEADERS or PUSH_PROMISE up to the frame with END_HEADERS).
+//!   Like an HTTP/1 head it is the start of work: while it arrives the
+//!   connection is not idle, and its end restarts the idle clock;
+//! - any other **frame** (PING, WINDOW_UPDATE, SETTINGS, ...): it must arrive
+//!   whole within `header_read_timeout` too, but it is not work: the idle
+//!   clock keeps running, so a client that trickles frames is still closed
+//!   after `idle_timeout`. Complete frames between requests cost nothing.
+//!
+//! With a request in flight nothing is timed here (the route's timeouts
+//! govern), and a unit left incomplete when the last request finishes is timed
+//! from that moment. How one timer keeps every deadline without being touched
+//! per request is in activity.rs.
+//!
+//! # Closing
+//!
+//! An idle HTTP/1 connection closes at once. An idle HTTP/2 connection gets
+//! GOAWAY and a PING, and closes once the client has answered the PING; a
+//! client that never answers would keep it open for ever. So a connection
+//! asked to close gracefully (idle, or at shutdown) that has not ended
+//! [`Activity::close_grace`] after that, with no request in flight, is closed
+//! at once. A request in flight is never cut by this: it finishes first, and
+//! only the end of the shutdown grace cuts it.
+
+mod activity;
+mod frames;
+mod io;
+mod requests;
+#[cfg(test)]
+mod testing;
+
+use std::fmt::Display;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper_util::server::graceful::GracefulConnection;
+use tokio::time::Instant;
+use tracing::debug;
+
+pub(crate) use activity::Activity;
+use activity::Expiry;
+pub(crate) use io::ActivityIo;
+pub(crate) use requests::TrackRequestsLayer;
+
+use super::guard::Admission;
+
+/// Serves one client connection until it ends, closing it when a guard trips
+/// (a stuck request head at once, an idle connection gracefully) or when
+/// shutdown begins (gracefully: the request in flight finishes first). A
+/// graceful close the client does not let happen (an HTTP/2 client that never
+/// answers the closing PING) becomes an abrupt one once the connection has no
+/// request in flight and its close grace has passed; requests in flight are
+/// cut only when the shutdown grace runs out. The connection's slot is given
+/// back when this returns.
+pub(crate) async fn serve<C>(conn: C, activity: Arc<Activity>, admission: Admission, peer: SocketAddr)
+where
+    C: GracefulConnection,
+    C::Error: Display,
+{
+    tokio::pin!(conn);
+    // When the graceful close began.
+    let mut closing: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            // The connection first: it is what wakes this task on every request.
+            biased;
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    debug!(%peer, error = %e, "client connection ended with an error");
+                }
+                break;
+            }
+            expiry = activity.expired(), if closing.is_none() => match expiry {
+                Expiry::SlowHead => {
+                    debug!(%peer, "closing a connection whose request head did not arrive in time");
+                    break;
+                }
+                Expiry::Idle => {
+                    conn.as_mut().graceful_shutdown();
+                    closing = Some(Instant::now());
+                }
+            },
+            () = admission.closing(), if closing.is_none() => {
+                conn.as_mut().graceful_shutdown();
+                closing = Some(Instant::now());
+            }
+            // Shutdown always asks for a graceful close first, so only a
+            // closing connection needs to listen for the cut.
+            () = admission.cut(), if closing.is_some() => {
+                debug!(%peer, "closing a connection still busy when the shutdown grace ran out");
+                break;
+            }
+            () = activity.overstayed(closing.unwrap_or_else(Instant::now)), if closing.is_some() => {
+                debug!(%peer, "closing a connection whose client did not let it close gracefully");
+                break;
+            }
+        }
+    }
+    drop(admission);
+}

@@ -1,0 +1,179 @@
+//! A listener's connections, from accept to drain: at most `max_connections`
+//! open at once, each one tracked, so that shutdown can ask them all to close,
+//! wait for them, and cut the ones that outlast the grace. The proxy and the
+//! admin listener each have one, so a full proxy never locks operators out.
+//!
+//! The drain is tokio-util's `TaskTracker` and `CancellationToken`: both work
+//! across the worker runtimes, and the cut after the grace is one more token.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::warn;
+
+/// One listener's open connections.
+#[derive(Debug, Clone)]
+pub(crate) struct Connections {
+    /// One permit per open connection.
+    slots: Arc<Semaphore>,
+    tasks: TaskTracker,
+    /// Shutdown began: close gracefully.
+    closing: CancellationToken,
+    /// The shutdown grace ran out: close at once.
+    cut: CancellationToken,
+}
+
+/// What an accepted connection holds until it ends: a slot of its listener's
+/// limit, and an ear for shutdown.
+#[derive(Debug)]
+pub(crate) struct Admission {
+    _slot: OwnedSemaphorePermit,
+    closing: CancellationToken,
+    cut: CancellationToken,
+}
+
+impl Connections {
+    /// At most `max` connections open at once.
+    pub(crate) fn new(max: usize) -> Connections {
+        Connections {
+            slots: Arc::new(Semaphore::new(max.clamp(1, Semaphore::MAX_PERMITS))),
+            tasks: TaskTracker::new(),
+            closing: CancellationToken::new(),
+            cut: CancellationToken::new(),
+        }
+    }
+
+    /// Waits for a free slot, then accepts the next connection on `listener`.
+    /// At the limit, accepting pauses and new connections wait in the kernel's
+    /// listen backlog, to be served in order as slots free.
+    pub(crate) async fn accept(&self, listener: &TcpListener) -> (TcpStream, SocketAddr, Admission) {
+        let Ok(slot) = self.slots.clone().acquire_owned().await else {
+            // The semaphore is never closed; were it, there would be nothing to accept for.
+            return std::future::pending().await;
+        };
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    let admission = Admission { _slot: slot, closing: self.closing.clone(), cut: self.cut.clone() };
+                    return (stream, peer, admission);
+                }
+                Err(e) => {
+                    // Usually out of file descriptors: back off instead of spinning.
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    /// Runs a connection's task on `runtime` (this one if `None`), tracked so
+    /// that [`drain`](Self::drain) waits for it.
+    pub(crate) fn spawn<F>(&self, task: F, runtime: Option<&Handle>)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        match runtime {
+            Some(runtime) => drop(self.tasks.spawn_on(task, runtime)),
+            None => drop(self.tasks.spawn(task)),
+        }
+    }
+
+    /// Asks every connection to close gracefully (each finishes its request in
+    /// flight first) and waits for them until `deadline`; those still open
+    /// then are cut. Returns whether all of them closed in time. Accepting
+    /// must have stopped.
+    pub(crate) async fn drain(&self, deadline: Instant) -> bool {
+        self.tasks.close();
+        self.closing.cancel();
+        if tokio::time::timeout_at(deadline, self.tasks.wait()).await.is_ok() {
+            return true;
+        }
+        self.cut.cancel();
+        self.tasks.wait().await;
+        false
+    }
+}
+
+impl Admission {
+    /// Resolves once shutdown asks the connection to close gracefully.
+    pub(crate) async fn closing(&self) {
+        self.closing.cancelled().await;
+    }
+
+    /// Resolves once the shutdown grace has run out: the connection closes at
+    /// once, request in flight or not.
+    pub(crate) async fn cut(&self) {
+        self.cut.cancelled().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn listener() -> (TcpListener, SocketAddr) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        (listener, addr)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_the_limit_the_next_connection_waits_for_a_slot() {
+        let (listener, addr) = listener().await;
+        let connections = Connections::new(1);
+        let _first = TcpStream::connect(addr).await.unwrap();
+        let (_, _, held) = connections.accept(&listener).await;
+        let _second = TcpStream::connect(addr).await.unwrap();
+        let waited = tokio::time::timeout(Duration::from_secs(60), connections.accept(&listener)).await;
+        assert!(waited.is_err(), "accepted past the limit");
+        drop(held);
+        connections.accept(&listener).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_waits_for_graceful_closes() {
+        let connections = Connections::new(4);
+        let (listener, addr) = listener().await;
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let (_, _, admission) = connections.accept(&listener).await;
+        // A connection that takes a second to close once asked.
+        connections.spawn(
+            async move {
+                admission.closing().await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            },
+            None,
+        );
+        let started = Instant::now();
+        assert!(connections.drain(started + Duration::from_secs(5)).await);
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_cuts_what_outlasts_the_grace() {
+        let connections = Connections::new(4);
+        let (listener, addr) = listener().await;
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let (_, _, admission) = connections.accept(&listener).await;
+        // A request in flight that would take ten minutes.
+        connections.spawn(
+            async move {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(600)) => {}
+                    () = admission.cut() => {}
+                }
+            },
+            None,
+        );
+        let started = Instant::now();
+        assert!(!connections.drain(started + Duration::from_secs(5)).await);
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,173 @@
+//! Listeners, connections and graceful shutdown, in the order a connection
+//! meets them: accepted within its listener's limit (guard.rs), dealt to a
+//! worker thread (workers.rs, proxy.rs; the admin listener in admin.rs serves
+//! on this runtime), served under the slow-head and idle guards until it
+//! closes (connection/), and, at shutdown, drained (guard.rs) in the order
+//! [`Fencegate::run`] spells out.
+
+mod admin;
+pub(crate) mod connection;
+mod guard;
+mod proxy;
+mod workers;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::admin::AdminState;
+use crate::body::BufferBudget;
+use crate::config::{Config, StoreKind};
+use crate::fence::store::FenceStore;
+use crate::fence::store::{AnyStore, FileStore, MemoryStore, OpenError};
+use crate::fence::KeyGate;
+use crate::metrics::Metrics;
+use crate::route::RouteTable;
+use crate::stack::Shared;
+use guard::Connections;
+use workers::Workers;
+
+pub use workers::MAX_BLOCKING_THREADS;
+
+/// Why fencegate could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Store(#[from] OpenError),
+}
+
+/// A bound, not yet running fencegate. Binding first lets callers (tests,
+/// `main`) learn the real addresses when the config asks for port 0.
+pub struct Fencegate {
+    config: Config,
+    proxy: TcpListener,
+    admin: TcpListener,
+    state: Arc<AdminState>,
+}
+
+impl Fencegate {
+    /// Builds the store, the route table and both listeners.
+    pub async fn bind(config: Config) -> Result<Fencegate, StartError> {
+        let store = match &config.fences.store {
+            StoreKind::Memory => {
+                warn!(
+                    "fence store is \"memory\": every fence is lost when fencegate stops, and a stale lock \
+                     holder can write again after a restart. Use it for tests and demos only."
+                );
+                AnyStore::Memory(MemoryStore::default())
+            }
+            StoreKind::File { path, require_existing, cache_keys } => {
+                AnyStore::File(FileStore::open(path, *require_existing, *cache_keys)?)
+            }
+        };
+        // A restart on fences a previous process left: it may have died with
+        // writes in flight, so keys start closed for their settle period.
+        let gate = match &store {
+            AnyStore::File(file) if file.reopened() => {
+                info!("fences recovered: fenced writes wait for their route's settle period before the first goes out");
+                KeyGate::reopened()
+            }
+            _ => KeyGate::default(),
+        };
+        let routes = RouteTable::new(config.routes.iter().cloned());
+        let names = routes.names();
+        let shared = Arc::new(Shared {
+            metrics: Arc::new(Metrics::new(names.iter().map(|n| &**n), store.stats())),
+            routes: Arc::new(routes),
+            buffers: BufferBudget::new(config.server.max_buffered_bytes),
+            store: Arc::new(store),
+            gate: Arc::new(gate),
+        });
+        let proxy = bind("proxy", config.server.listen).await?;
+        let admin = bind("admin", config.admin.listen).await?;
+        let state = Arc::new(AdminState {
+            shared,
+            draining: AtomicBool::new(false),
+            auth_token: config.admin.auth_token.clone(),
+        });
+        Ok(Fencegate { config, proxy, admin, state })
+    }
+
+    /// The proxy listener's address.
+    pub fn proxy_addr(&self) -> SocketAddr {
+        self.proxy.local_addr().expect("bound listener has an address")
+    }
+
+    /// The admin listener's address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.local_addr().expect("bound listener has an address")
+    }
+
+    /// Serves until `shutdown` resolves, then drains: readiness turns 503, the
+    /// proxy listener closes, and in-flight requests get `server.shutdown_grace`
+    /// to finish; the admin listener answers until the proxy has drained, and
+    /// is then drained within the same grace.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
+        let Fencegate { config, proxy, admin, state } = self;
+        let server = &config.server;
+        info!(proxy = %proxy.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+              admin = %admin.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+              routes = config.routes.len(), "fencegate listening");
+
+        let mut workers = Workers::start_or_inline(server.workers);
+        info!(workers = workers.len(), "serving client connections");
+        // Each listener has a limit of its own: a full proxy listener leaves
+        // `/healthz`, `/readyz` and `/metrics` answering.
+        let proxy_connections = Connections::new(server.max_connections);
+        let admin_connections = Connections::new(server.max_connections);
+
+        let admin_accepting = admin::accept(&admin, &admin_connections, &state, server);
+        let proxy_serving = async {
+            tokio::select! {
+                never = proxy::accept(&proxy, &proxy_connections, &mut workers, &state.shared, server) => match never {},
+                () = shutdown => {}
+            }
+            // 1. Not ready: load balancers stop sending.
+            state.draining.store(true, Ordering::Release);
+            // 2. The proxy listener closes: new connections are refused.
+            drop(proxy);
+            // 3. Every proxy connection finishes its request in flight and
+            //    closes, until the grace runs out; then the rest are cut.
+            let grace = server.shutdown_grace;
+            info!(grace = %humantime::format_duration(grace), "shutting down: draining in-flight requests");
+            let deadline = Instant::now() + grace;
+            (proxy_connections.drain(deadline).await, deadline)
+        };
+        // The admin listener answers throughout (`/readyz` says 503 once
+        // draining).
+        let (proxy_drained, deadline) = tokio::select! {
+            never = admin_accepting => match never {},
+            drained = proxy_serving => drained,
+        };
+        // 4. The admin listener closes and drains, within the same grace.
+        drop(admin);
+        let admin_drained = admin_connections.drain(deadline).await;
+        if proxy_drained && admin_drained {
+            info!("all connections drained");
+        } else {
+            warn!("shutdown grace period elapsed; closing the remaining connections");
+        }
+        workers.stop().await;
+
+        // 5. No connection is left to use the fence store: it closes here,
+        //    and nowhere else while fencegate runs.
+        drop(state);
+    }
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr).await.map_err(|source| StartError::Bind { what, addr, source })
+}
+
+/// Binds and serves `config` until `shutdown` resolves.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), StartError> {
+    Fencegate::bind(config).await?.run(shutdown).await;
+    Ok(())
+}

@@ -1,0 +1,70 @@
+//! The proxy listener: accept a client connection within the limit, deal it to
+//! a worker, and serve it there through the proxy stack, HTTP/1.1 or h2c.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+
+use super::connection::{self, Activity, ActivityIo};
+use super::guard::{Admission, Connections};
+use super::workers::Workers;
+use crate::config::ServerConfig;
+use crate::proxy::Forward;
+use crate::stack::{proxy_service, Shared};
+
+/// Accepts and serves proxy connections until the future is dropped:
+/// it never ends on its own.
+pub(super) async fn accept(
+    listener: &TcpListener,
+    connections: &Connections,
+    workers: &mut Workers,
+    shared: &Arc<Shared>,
+    server: &ServerConfig,
+) -> Infallible {
+    let builder = Arc::new(builder(server));
+    loop {
+        let (stream, peer, admission) = connections.accept(listener).await;
+        let (shared, builder) = (shared.clone(), builder.clone());
+        let (header_read_timeout, idle_timeout) = (server.header_read_timeout, server.idle_timeout);
+        workers.serve(stream, peer, connections, move |stream| async move {
+            let activity = Activity::new(header_read_timeout, idle_timeout);
+            serve(stream, peer, admission, activity, &shared, &builder).await;
+        });
+    }
+}
+
+/// Serves one proxy connection on the worker it was dealt to.
+async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    admission: Admission,
+    activity: Arc<Activity>,
+    shared: &Arc<Shared>,
+    builder: &auto::Builder<TokioExecutor>,
+) {
+    let _ = stream.set_nodelay(true);
+    let io = TokioIo::new(ActivityIo::new(stream, activity.clone()));
+    let service = TowerToHyperService::new(proxy_service(shared, &Forward::new(peer), activity.clone()));
+    let conn = builder.serve_connection_with_upgrades(io, service);
+    connection::serve(conn, activity, admission, peer).await;
+}
+
+/// HTTP/1.1 and h2c, with the head limits from `[server]`.
+fn builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        // Our own guards (connection/) time request heads and idleness:
+        // hyper's head timer would also close idle keep-alive connections.
+        .header_read_timeout(None)
+        // A head larger than this gets 431.
+        .max_buf_size(server.max_header_bytes);
+    builder.http2().timer(TokioTimer::new()).max_header_list_size(server.max_header_bytes as u32);
+    builder
+}
