@@ -6,9 +6,7 @@
 //! never goes back.
 
 mod file;
-pub mod journal;
 mod memory;
-mod relay;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
-pub use file::{FileStore, OpenError};
+pub use file::{journal, FileStore, OpenError};
 pub use memory::MemoryStore;
 
 /// The result of an [`FenceStore::advance`].

@@ -1,7 +1,7 @@
 //! The durable store: marks in a redb file on local disk, a journal in front of
 //! it, a bounded cache in front of both, and group commit.
 //!
-//! - A raise is on disk (appended to the [journal](super::journal) and fsync'd)
+//! - A raise is on disk (appended to the [journal](journal) and fsync'd)
 //!   before `advance` returns `Accepted`, so a request is never forwarded on a
 //!   mark that a crash could forget.
 //! - A token equal to a durable mark touches no disk: the common case of one
@@ -32,9 +32,12 @@ use dashmap::mapref::entry::Entry;
 use redb::{Database, DatabaseError, ReadableTable, ReadableTableMetadata, StorageError, TableDefinition};
 use tokio::sync::Notify;
 
-use super::journal::{self, Journal, JournalFile, Marks};
-use super::relay::Relay;
 use super::{Advance, CommitStats, FenceStore, StoreError};
+use journal::{Journal, JournalFile, Marks};
+use relay::Relay;
+
+pub mod journal;
+mod relay;
 
 const FENCES: TableDefinition<&str, u64> = TableDefinition::new("fences");
 /// The store's own facts: [`CLEAN`].
