@@ -180,6 +180,7 @@ impl Fencegate {
         let _ = admin_stop.send(());
         let _ = admin_task.await;
         workers.stop().await;
+        state.shared.store.close().await;
     }
 }
 
