@@ -481,6 +481,7 @@ async fn direct(s: &Settings, dir: &Path) {
             (cpu1.1 - cpu0.1) as f64 / 1e3 / n.max(1) as f64,
         );
     }
+    file.close().await;
 }
 
 /// `tasks` tasks raising their own keys' tokens through `advance` for `length`.

@@ -157,7 +157,9 @@ impl Fencegate {
         workers.stop().await;
 
         // 5. No connection is left to use the fence store: it closes here,
-        //    and nowhere else while fencegate runs.
+        //    and nowhere else while fencegate runs, writing what is queued
+        //    and folding its journal before the process exits.
+        state.shared.store.close().await;
         drop(state);
     }
 }

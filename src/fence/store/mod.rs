@@ -6,17 +6,16 @@
 //! never goes back.
 
 mod file;
-pub mod journal;
 mod memory;
-mod relay;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
-pub use file::{FileStore, OpenError};
+pub use file::{journal, FileStore, OpenError};
 pub use memory::MemoryStore;
 
 /// The result of an [`FenceStore::advance`].
@@ -28,10 +27,53 @@ pub enum Advance {
     Stale { current: u64 },
 }
 
-/// The store could not answer; the fence fails closed (503).
+/// Why the store could not answer; the fence fails closed (503
+/// `store-unavailable`, with this text as the problem's `detail`).
+///
+/// Cloneable because one commit's outcome answers every raise in it; the
+/// sources are shared for that.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("fence store unavailable: {0}")]
-pub struct StoreError(pub String);
+pub enum StoreError {
+    /// fencegate is shutting down: the store takes no more raises.
+    #[error("fence store unavailable: the store is closing")]
+    Closing,
+    /// The disk under the journal has no room for the raise.
+    #[error("fence store unavailable: the disk holding the fence journal is full; raises fail until space is freed")]
+    DiskFull(#[source] Arc<std::io::Error>),
+    /// The journal is full and the fold that empties it is not finishing.
+    #[error(
+        "fence store unavailable: the journal is full and folding it into the fence store is not finishing \
+         (is the disk slow or failing?)"
+    )]
+    FoldStuck,
+    /// The journal is full and the thread that folds it has stopped.
+    #[error("fence store unavailable: the journal is full and the fold thread has stopped")]
+    FoldStopped,
+    /// The thread that makes raises durable has stopped.
+    #[error("fence store unavailable: the commit thread has stopped")]
+    CommitterStopped,
+    /// Reading or writing a store file failed.
+    #[error("fence store unavailable: {context}: {source}")]
+    Io {
+        context: &'static str,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The B-tree file could not be read.
+    #[error("fence store unavailable: {context}: {source}")]
+    Database {
+        context: &'static str,
+        #[source]
+        source: Arc<redb::Error>,
+    },
+    /// A blocking read of the store panicked or was cancelled.
+    #[error("fence store unavailable: {context} failed: {source}")]
+    Task {
+        context: &'static str,
+        #[source]
+        source: Arc<tokio::task::JoinError>,
+    },
+}
 
 /// Largest page [`FenceStore::list`] returns.
 pub const MAX_LIST_LIMIT: usize = 1000;
@@ -119,6 +161,16 @@ impl CommitStats {
 pub enum AnyStore {
     Memory(MemoryStore),
     File(FileStore),
+}
+
+impl AnyStore {
+    /// Stops the store's threads once their work is on disk; see [`FileStore::close`].
+    pub async fn close(&self) {
+        match self {
+            AnyStore::Memory(_) => {}
+            AnyStore::File(s) => s.close().await,
+        }
+    }
 }
 
 impl FenceStore for AnyStore {

@@ -17,13 +17,13 @@
 //! a CRC-32 of the epoch and the payload (u32 LE), then the payload: records of
 //! token (u64 LE), key length (u32 LE) and key (UTF-8). The header's own checksum
 //! lets a search for frames past the end reject stray bytes without reading the
-//! payload they claim: such a search costs one pass, whatever the bytes are. Emptying a file is writing a new epoch: frames from before no
-//! longer check out, so the file keeps its blocks and an append overwrites them
+//! payload they claim: such a search costs one pass, whatever the bytes are.
+//! Emptying a file is writing a new epoch: frames from before no longer check
+//! out, so the file keeps its blocks and an append overwrites them
 //! in place, and an fsync has no file size to record.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::hash::BuildHasher;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -46,7 +46,7 @@ const RECORD_HEADER: usize = 12;
 pub type Marks = BTreeMap<Box<str>, u64>;
 
 /// Raises `key`'s mark in `marks` to at least `token`; allocates only for a new key.
-pub fn raise(marks: &mut Marks, key: &str, token: u64) {
+pub(crate) fn raise(marks: &mut Marks, key: &str, token: u64) {
     match marks.get_mut(key) {
         Some(mark) => *mark = (*mark).max(token),
         None => {
@@ -59,7 +59,7 @@ pub fn raise(marks: &mut Marks, key: &str, token: u64) {
 /// commit thread seals and writes it. Its buffer is reused, so a raise costs no
 /// allocation on its way to disk.
 #[derive(Debug)]
-pub struct Frame {
+pub(crate) struct Frame {
     bytes: Vec<u8>,
     records: u64,
 }
@@ -200,7 +200,7 @@ fn decode(payload: &[u8], marks: &mut Marks) -> Result<u64, String> {
 }
 
 /// The records of a frame's payload, each as key and token.
-pub struct Records<'a>(&'a [u8]);
+pub(crate) struct Records<'a>(&'a [u8]);
 
 impl<'a> Iterator for Records<'a> {
     type Item = Result<(&'a str, u64), String>;
@@ -233,7 +233,7 @@ impl<'a> Iterator for Records<'a> {
 
 /// One journal file and its epoch.
 #[derive(Debug)]
-pub struct JournalFile {
+pub(crate) struct JournalFile {
     file: File,
     epoch: AtomicU64,
 }
@@ -251,7 +251,7 @@ impl JournalFile {
             let fresh = dir.join(format!("{name}.new"));
             let file = OpenOptions::new().write(true).create(true).truncate(true).open(&fresh)?;
             let mut block = vec![0; (HEADER_BYTES + size) as usize];
-            block[..16].copy_from_slice(&header(new_epoch()));
+            block[..16].copy_from_slice(&header(new_epoch()?));
             file.write_all_at(&block, 0)?;
             file.sync_all()?;
             std::fs::rename(&fresh, &path)?;
@@ -265,7 +265,7 @@ impl JournalFile {
 
     /// Forgets every frame: writes a new epoch to the header, durably.
     pub fn empty(&self) -> io::Result<()> {
-        let epoch = new_epoch();
+        let epoch = new_epoch()?;
         self.file.write_all_at(&header(epoch), 0)?;
         self.file.sync_data()?;
         self.epoch.store(epoch, Ordering::SeqCst);
@@ -277,16 +277,16 @@ impl JournalFile {
     }
 }
 
-/// A random epoch: hashing with a fresh randomly keyed hasher, so nobody outside
-/// can predict it and write a key that reads as a frame of it.
-fn new_epoch() -> u64 {
-    std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now())
+/// A random epoch from the OS, so nobody outside can predict it and write a key
+/// that reads as a frame of it.
+fn new_epoch() -> io::Result<u64> {
+    Ok(getrandom::u64()?)
 }
 
 /// The commit thread's end of the journal: the two files and which one is taking
 /// appends.
 #[derive(Debug)]
-pub struct Journal {
+pub(crate) struct Journal {
     files: [Arc<JournalFile>; 2],
     active: usize,
     /// Bytes of whole, durable frames in the active file.
@@ -472,10 +472,9 @@ pub(super) mod tests {
 
     #[test]
     fn appends_go_to_one_file_until_rotated_and_emptying_forgets_them() {
-        let dir = std::env::temp_dir().join(format!("fencegate-journal-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut journal = Journal::open(&dir, 1 << 16).map_err(|(_, e)| e).unwrap();
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
+        let mut journal = Journal::open(dir, 1 << 16).map_err(|(_, e)| e).unwrap();
         journal.append(&mut frame(&[("a", 1)])).unwrap();
         journal.append(&mut frame(&[("a", 2), ("b", 5)])).unwrap();
         let full = journal.rotate();
@@ -495,10 +494,9 @@ pub(super) mod tests {
         assert_eq!(read(FILES[0]), Marks::default());
         // Reopening empties both, keeping their blocks.
         drop(journal);
-        let journal = Journal::open(&dir, 1 << 16).map_err(|(_, e)| e).unwrap();
+        let journal = Journal::open(dir, 1 << 16).map_err(|(_, e)| e).unwrap();
         assert_eq!(read(FILES[1]), Marks::default());
         assert_eq!(std::fs::metadata(dir.join(FILES[1])).unwrap().len(), size);
         drop(journal);
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -1,0 +1,199 @@
+//! The mark cache in front of the disk: misses read the mark back (journal
+//! first, then B-tree), and a sweep thread keeps the cache near `cache_keys`.
+//!
+//! The cache is what the fence enforces, so an entry leaves it only when its
+//! mark is on disk and a later miss can read it back.
+
+// redb's error type is large; these results travel between blocking threads,
+// never through the request hot path.
+#![allow(clippy::result_large_err)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::Duration;
+
+use dashmap::mapref::entry::Entry;
+use redb::Database;
+
+use super::fold::Unfolded;
+use super::{lock, FileStore, Inner, FENCES};
+use crate::fence::store::StoreError;
+
+/// Most cache misses reading the disk at once (each on a blocking thread).
+pub(super) const MAX_READERS: usize = 16;
+/// Sweeps leave the cache this far below `cache_keys`, so they don't run on every miss.
+const SWEEP_TARGET_PERCENT: usize = 90;
+/// The sweep thread looks at the cache at least this often.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Debug)]
+pub(super) struct Cached {
+    /// The mark fencegate enforces. Never below `durable`.
+    pub(super) mark: Option<u64>,
+    /// The highest mark known to be on disk.
+    pub(super) durable: Option<u64>,
+    /// Used since the last sweep (second-chance eviction).
+    pub(super) referenced: AtomicBool,
+}
+
+impl Cached {
+    fn evictable(&mut self) -> bool {
+        self.mark == self.durable && !self.referenced.swap(false, Ordering::Relaxed)
+    }
+}
+
+impl FileStore {
+    /// Reads `key` from disk into the cache unless it is there already.
+    pub(super) async fn load(&self, key: &str) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        loop {
+            let seen_evictions = inner.evictions.load(Ordering::SeqCst);
+            let disk = {
+                let _reader = inner.readers.acquire().await.map_err(|_| StoreError::Closing)?;
+                read_mark(inner.db.clone(), inner.unfolded.clone(), key.into()).await?
+            };
+            match inner.cache.entry(key.into()) {
+                Entry::Occupied(_) => return Ok(()),
+                Entry::Vacant(slot) => {
+                    // Under the shard lock: an eviction since the read may have
+                    // removed a newer mark than the one read; read again.
+                    if inner.evictions.load(Ordering::SeqCst) != seen_evictions {
+                        continue;
+                    }
+                    slot.insert(Cached { mark: disk, durable: disk, referenced: AtomicBool::new(true) });
+                }
+            }
+            if inner.cache.len() > inner.capacity {
+                inner.sweeper.wake();
+            }
+            return Ok(());
+        }
+    }
+}
+
+async fn read_mark(
+    db: Arc<Database>,
+    unfolded: Arc<Mutex<Unfolded>>,
+    key: Box<str>,
+) -> Result<Option<u64>, StoreError> {
+    tokio::task::spawn_blocking(move || -> Result<Option<u64>, redb::Error> {
+        // The journal's marks first: one whose fold ends after this look is in
+        // the B-tree before the read below begins.
+        let journaled = lock(&unfolded).mark(&key);
+        let txn = db.begin_read()?;
+        let table = txn.open_table(FENCES)?;
+        Ok(table.get(&*key)?.map(|v| v.value()).max(journaled))
+    })
+    .await
+    .map_err(|e| StoreError::Task { context: "reading the fence store", source: Arc::new(e) })?
+    .map_err(|e| StoreError::Database { context: "reading the fence store", source: Arc::new(e) })
+}
+
+/// Up to `limit` marks in the B-tree whose keys start with `prefix` and sort
+/// after `after`, in key order.
+pub(super) fn list_marks(
+    db: &Database,
+    prefix: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(String, u64)>, StoreError> {
+    let read = || -> Result<Vec<(String, u64)>, redb::Error> {
+        let txn = db.begin_read()?;
+        let table = txn.open_table(FENCES)?;
+        let start = match after {
+            Some(a) if a > prefix => a,
+            _ => prefix,
+        };
+        let mut out = Vec::new();
+        for item in table.range::<&str>(start..)? {
+            let (k, v) = item?;
+            let key = k.value();
+            if !key.starts_with(prefix) || out.len() == limit {
+                break;
+            }
+            if Some(key) != after {
+                out.push((key.to_string(), v.value()));
+            }
+        }
+        Ok(out)
+    };
+    read().map_err(|e| StoreError::Database { context: "listing the fence store", source: Arc::new(e) })
+}
+
+/// How the store talks to its sweep thread: wake it when a miss pushes the
+/// cache over capacity, stop it when the store closes.
+#[derive(Debug, Default)]
+pub(super) struct Sweeper {
+    state: Mutex<SweepState>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct SweepState {
+    woken: bool,
+    stopped: bool,
+}
+
+impl Sweeper {
+    pub(super) fn wake(&self) {
+        lock(&self.state).woken = true;
+        self.changed.notify_one();
+    }
+
+    pub(super) fn stop(&self) {
+        lock(&self.state).stopped = true;
+        self.changed.notify_one();
+    }
+
+    /// Waits until woken or `SWEEP_EVERY` has passed; `false` once stopped.
+    fn wait(&self) -> bool {
+        let state = lock(&self.state);
+        let (mut state, _) = self
+            .changed
+            .wait_timeout_while(state, SWEEP_EVERY, |s| !s.woken && !s.stopped)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.woken = false;
+        !state.stopped
+    }
+
+    /// The sweep thread: keeps the cache near its capacity until stopped. It
+    /// holds the store only while sweeping, so it also ends soon after the
+    /// store is dropped.
+    pub(super) fn run(&self, inner: Weak<Inner>) {
+        loop {
+            {
+                let Some(store) = inner.upgrade() else { return };
+                if store.cache.len() > store.capacity {
+                    sweep(&store);
+                }
+            }
+            if !self.wait() {
+                return;
+            }
+        }
+    }
+}
+
+/// Second-chance eviction: marks that are on disk and were not used since the
+/// previous pass leave the cache until it is under the target. A mark still on
+/// its way to disk never leaves.
+pub(super) fn sweep(store: &Inner) {
+    let target = store.capacity / 100 * SWEEP_TARGET_PERCENT;
+    let excess = store.cache.len().saturating_sub(target);
+    let mut evicted = 0;
+    for _pass in 0..2 {
+        store.cache.retain(|_, cached| {
+            if evicted >= excess || !cached.evictable() {
+                return true;
+            }
+            evicted += 1;
+            // Under the shard lock, before the entry is gone (see `load`).
+            store.evictions.fetch_add(1, Ordering::SeqCst);
+            false
+        });
+        if evicted >= excess {
+            break;
+        }
+    }
+    tracing::debug!(evicted, cached = store.cache.len(), "fence cache swept");
+}
