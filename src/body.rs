@@ -39,11 +39,6 @@ pub enum RequestBody {
 }
 
 impl RequestBody {
-    /// An empty body, buffered (nothing to hold).
-    pub fn empty() -> Self {
-        RequestBody::Buffered { bytes: None, _held: None }
-    }
-
     /// `body`, streamed, failing once more than `limit` bytes have come.
     fn streaming(body: Incoming, limit: u64) -> Self {
         RequestBody::Streaming(Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)))

@@ -104,12 +104,10 @@ impl ProxyError {
         }
     }
 
+    /// The status this refusal is answered with.
+    #[cfg(test)]
     pub fn status(&self) -> StatusCode {
         self.answer().0
-    }
-
-    pub fn outcome(&self) -> Outcome {
-        self.answer().1
     }
 
     /// Whether the upstream may have received the request, and so may still

@@ -12,22 +12,22 @@
 
 #![forbid(unsafe_code)]
 
-pub mod access_log;
+mod access_log;
 pub mod admin;
-pub mod body;
+mod body;
 pub mod canonical;
 pub mod config;
-pub mod error;
+mod error;
 pub mod fence;
-pub mod metrics;
-pub mod outcome;
-pub mod problem;
-pub mod proxy;
-pub mod rescue;
+mod metrics;
+mod outcome;
+mod problem;
+mod proxy;
+mod rescue;
 pub mod route;
-pub mod routing;
+mod routing;
 mod server;
-pub mod stack;
+mod stack;
 pub mod telemetry;
 
 pub use config::Config;

@@ -1,16 +1,6 @@
 //! `application/problem+json` (RFC 9457): the one builder behind every
 //! response fencegate writes itself, from the proxy and from the admin API,
 //! and the catalogue of problem types clients may match on.
-//!
-//! ```
-//! use fencegate::problem::{Problem, ProblemType};
-//! use http::StatusCode;
-//!
-//! let response = Problem::new(StatusCode::CONFLICT, ProblemType::STALE_TOKEN, "token 4 is lower than the fence 5")
-//!     .member("current", 5)
-//!     .into_response();
-//! assert_eq!(response.headers()["content-type"], "application/problem+json");
-//! ```
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};

@@ -2,8 +2,9 @@ use std::sync::Arc;
 
 use tower::Layer;
 
+use super::service::Fencing;
 use super::store::FenceStore;
-use super::{Fencing, KeyGate};
+use super::KeyGate;
 
 /// Applies [`Fencing`] to a service that forwards requests upstream.
 ///

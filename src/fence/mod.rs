@@ -19,11 +19,9 @@ pub mod token;
 
 use std::sync::Arc;
 
-pub use future::ResponseFuture;
 pub use gate::KeyGate;
-pub use head::{HeadChecks, HeadChecksLayer, DESTINATION_SIGNATURE_HEADER};
-pub use layer::FencingLayer;
-pub use service::Fencing;
+pub(crate) use head::HeadChecksLayer;
+pub(crate) use layer::FencingLayer;
 
 use crate::error::{ProxyError, Rejection};
 use crate::route::Route;
@@ -35,7 +33,7 @@ pub(crate) type KeyMap<V> = dashmap::DashMap<Box<str>, V, ahash::RandomState>;
 
 /// A routed request after the head checks, with what they decided.
 #[derive(Debug)]
-pub struct Checked<B> {
+pub(crate) struct Checked<B> {
     pub routed: Routed<B>,
     /// `None`: the request passes unfenced (safe method, or a missing token
     /// the route allows).

@@ -5,10 +5,11 @@ use std::time::Duration;
 use http::Response;
 use tower::{Service, ServiceExt};
 
+use super::future::ResponseFuture;
 use super::gate::Turn;
 use super::head::check_mark;
 use super::store::{Advance, FenceStore};
-use super::{Checked, Fence, KeyGate, ResponseFuture};
+use super::{Checked, Fence, KeyGate};
 use crate::error::{ProxyError, Rejection};
 use crate::outcome::{Decision, Outcome};
 use crate::proxy::ProxyBody;

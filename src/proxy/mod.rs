@@ -19,9 +19,8 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tower::Service;
 
-pub use error::{UpstreamError, UpstreamStage};
+pub use error::UpstreamError;
 pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
-pub use upstream::{CONNECT_TIMEOUT, FIRST_BACKOFF, MAX_RETRIES};
 
 use crate::body::RequestBody;
 use crate::error::ProxyError;
@@ -34,7 +33,6 @@ pub type ProxyBody = Either<hyper::body::Incoming, Full<Bytes>>;
 /// The client's address, for `X-Forwarded-For`.
 #[derive(Debug, Clone)]
 pub struct ClientAddr {
-    pub addr: SocketAddr,
     /// The IP as a header value, formatted once per connection.
     ip: HeaderValue,
 }
@@ -42,7 +40,7 @@ pub struct ClientAddr {
 impl ClientAddr {
     pub fn new(addr: SocketAddr) -> ClientAddr {
         let ip = HeaderValue::try_from(addr.ip().to_string()).expect("an IP address is a valid header value");
-        ClientAddr { addr, ip }
+        ClientAddr { ip }
     }
 }
 
