@@ -407,7 +407,9 @@ async fn start_fencegate(name: &'static str, fences: &str, upstream: SocketAddr,
         "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"2s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
          [fences]\n{fences}\n[[route]]\nname = \"objects\"\nprefix = \"/objects/\"\nupstream = \"http://{upstream}\"\n"
     );
-    let config = fencegate::Config::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}\n---\n{text}"));
+    let config = fencegate::Config::from_toml_str(&text)
+        .and_then(|c| c.read_secrets())
+        .unwrap_or_else(|e| panic!("{e}\n---\n{text}"));
     let server = fencegate::Fencegate::bind(config).await.unwrap_or_else(|e| panic!("{name}: {e}"));
     let (addr, admin) = (server.proxy_addr(), server.admin_addr());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -417,7 +417,7 @@ fn base_route() -> &'static Route {
     static BASE: OnceLock<Route> = OnceLock::new();
     BASE.get_or_init(|| {
         let text = "[fences]\nstore = \"memory\"\n[[route]]\nname = \"base\"\nprefix = \"/\"\nupstream = \"http://127.0.0.1:1\"\n";
-        Config::from_toml_str(text).expect("the base config is valid").routes.remove(0)
+        Config::from_toml_str(text).expect("the base config is valid").routes[0].clone()
     })
 }
 

@@ -2,10 +2,12 @@
 //!
 //! Every struct denies unknown fields, so a typo fails loudly and names the field
 //! instead of silently falling back to a default. Values stay close to their text
-//! form here (durations and addresses are strings); [`super::validate`] turns them
-//! into typed values and reports every problem at once.
+//! form here (durations and addresses are strings, sizes a [`Size`] as written);
+//! validation turns them into typed values and reports every problem at once.
 
 use serde::Deserialize;
+
+use super::size::Size;
 
 /// The whole file.
 #[derive(Debug, Default, Deserialize)]
@@ -30,11 +32,11 @@ pub struct ServerSection {
     pub listen: Option<String>,
     pub shutdown_grace: Option<String>,
     pub header_read_timeout: Option<String>,
-    pub max_header_bytes: Option<String>,
+    pub max_header_bytes: Option<Size>,
     pub max_connections: Option<u64>,
     pub idle_timeout: Option<String>,
     pub workers: Option<u64>,
-    pub max_buffered_bytes: Option<String>,
+    pub max_buffered_bytes: Option<Size>,
 }
 
 /// `[admin]`: health, readiness, metrics.
@@ -87,7 +89,7 @@ pub struct RouteSection {
     pub settle: Option<String>,
     pub token_header: Option<String>,
     pub preserve_host: Option<bool>,
-    pub max_body: Option<String>,
+    pub max_body: Option<Size>,
     pub signing_key_file: Option<String>,
     pub max_token_jump: Option<u64>,
 }

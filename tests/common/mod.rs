@@ -250,7 +250,9 @@ impl Proxy {
         let text = format!(
             "{extra}\n[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[fences]\nstore = \"memory\"\n{routes}"
         );
-        let config = fencegate::Config::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}\n---\n{text}"));
+        let config = fencegate::Config::from_toml_str(&text)
+            .and_then(|c| c.read_secrets())
+            .unwrap_or_else(|e| panic!("{e}\n---\n{text}"));
         let server = fencegate::Fencegate::bind(config).await.unwrap();
         let (addr, admin) = (server.proxy_addr(), server.admin_addr());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

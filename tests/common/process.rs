@@ -91,7 +91,9 @@ pub fn toml_string(text: &str) -> String {
 /// Starts fencegate in this process from a complete config text (unlike
 /// [`Proxy::start_with`], which fixes `[admin]` and `[fences]`).
 pub async fn start_in_process(config: &str) -> Proxy {
-    let parsed = fencegate::Config::from_toml_str(config).unwrap_or_else(|e| panic!("{e}\n---\n{config}"));
+    let parsed = fencegate::Config::from_toml_str(config)
+        .and_then(|c| c.read_secrets())
+        .unwrap_or_else(|e| panic!("{e}\n---\n{config}"));
     let server = fencegate::Fencegate::bind(parsed).await.unwrap_or_else(|e| panic!("{e}"));
     let (addr, admin) = (server.proxy_addr(), server.admin_addr());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

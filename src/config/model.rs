@@ -1,0 +1,82 @@
+//! The validated configuration: the types the rest of fencegate is built from.
+//!
+//! Every value here has passed validation, so the server never re-checks a
+//! field; secrets (the admin token, signing keys) are filled in by
+//! [`super::secrets`] after validation.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::route::Route;
+
+/// A validated configuration: everything here is known to be usable.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub admin: AdminConfig,
+    pub fences: FencesConfig,
+    pub log: LogConfig,
+    pub routes: Vec<Route>,
+}
+
+/// The proxy listener.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// How long in-flight requests may take to finish after SIGTERM/SIGINT.
+    pub shutdown_grace: Duration,
+    /// Longest a client may take to send a request head (slowloris guard).
+    pub header_read_timeout: Duration,
+    /// Largest request head accepted (431 past it).
+    pub max_header_bytes: usize,
+    /// Most client connections open at once; further ones wait in the backlog.
+    pub max_connections: usize,
+    /// A keep-alive connection with no request in flight for this long is closed.
+    pub idle_timeout: Duration,
+    /// Threads serving client connections, each with its own event loop and
+    /// upstream connections; a connection stays on the thread that took it.
+    pub workers: usize,
+    /// Most bytes of fenced request bodies held in memory at once, over every
+    /// connection, while they are read whole before forwarding (503 past it).
+    pub max_buffered_bytes: u64,
+}
+
+/// The admin listener.
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    /// Bearer token for mutating admin calls (the fence API).
+    pub auth_token: Option<String>,
+}
+
+/// Where fence marks live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FencesConfig {
+    pub store: StoreKind,
+}
+
+/// The fence store backends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreKind {
+    /// In-process map: fast, and every fence dies with the process.
+    Memory,
+    /// Durable marks on local disk, with an in-memory cache of at most
+    /// `cache_keys` marks in front of them.
+    File { path: PathBuf, require_existing: bool, cache_keys: usize },
+}
+
+/// Log output.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// A `tracing_subscriber::EnvFilter` directive, e.g. `info` or `fencegate=debug`.
+    pub level: String,
+}
+
+/// Human-readable lines or one JSON object per event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Human,
+    Json,
+}

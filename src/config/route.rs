@@ -1,0 +1,263 @@
+//! Validating one `[[route]]` table into a [`Route`], through route.rs's own
+//! parsers, with every problem named by the route's index and name.
+//!
+//! The route's `signing_key_file` is only named here; reading it is
+//! [`super::secrets`]' job, so validation never touches the disk.
+
+use http::{HeaderName, Method};
+
+use super::defaults::*;
+use super::file::RouteSection;
+use super::problems::Problems;
+use crate::canonical::{canonical_path, EscapedSlashes, PathOptions};
+use crate::route::{KeyTemplate, PathPattern, Route, Upstream};
+
+/// How problems of the route at index `i` are labelled: `route[1] 'objects'`,
+/// or `route[1]` when it has no name.
+pub(super) fn route_label(i: usize, name: Option<&str>) -> String {
+    match name {
+        Some(name) => format!("route[{i}] '{name}'"),
+        None => format!("route[{i}]"),
+    }
+}
+
+/// The route at index `i`, or `None` after recording why it is unusable.
+pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Option<Route> {
+    let label = route_label(i, s.name.as_deref());
+    let field = |f: &str| format!("{label}.{f}");
+    let before = p.count();
+
+    let name = match s.name {
+        Some(n) if !n.trim().is_empty() => n,
+        _ => {
+            p.add(field("name"), "is required (it labels metrics and logs)");
+            String::new()
+        }
+    };
+    let prefix = match s.prefix {
+        Some(pre) if pre.starts_with('/') => pre,
+        Some(pre) => {
+            p.add(field("prefix"), format!("'{pre}' must start with '/'"));
+            pre
+        }
+        None => {
+            p.add(field("prefix"), "is required, e.g. \"/objects/\"");
+            String::new()
+        }
+    };
+    let upstream = match s.upstream.as_deref().map(Upstream::parse) {
+        Some(Ok(u)) => Some(u),
+        Some(Err(msg)) => {
+            p.add(field("upstream"), msg);
+            None
+        }
+        None => {
+            p.add(field("upstream"), "is required, e.g. \"http://10.0.0.5:9000\"");
+            None
+        }
+    };
+    let pattern = match s.pattern.as_deref().map(PathPattern::parse) {
+        Some(Ok(pat)) => {
+            if !pat.literal_prefix().starts_with(prefix.as_str()) && !prefix.starts_with(pat.literal_prefix()) {
+                p.add(field("pattern"), format!("'{}' can never match a path under prefix '{prefix}'", pat.source()));
+            }
+            Some(pat)
+        }
+        Some(Err(msg)) => {
+            p.add(field("pattern"), msg);
+            None
+        }
+        None => None,
+    };
+    let key_text = s.key.as_deref().unwrap_or(DEFAULT_KEY);
+    let key = match KeyTemplate::parse(key_text, pattern.as_ref()) {
+        Ok(k) => Some(k),
+        Err(msg) => {
+            p.add(field("key"), msg);
+            None
+        }
+    };
+    if s.fenced_methods.is_some() {
+        p.add(
+            field("fenced_methods"),
+            "was replaced by safe_methods: list the methods that pass unfenced (default [\"GET\", \"HEAD\", \
+             \"OPTIONS\"]); every other method, in any spelling, is fenced",
+        );
+    }
+    let safe_methods = match s.safe_methods {
+        None => DEFAULT_SAFE_METHODS.to_vec(),
+        Some(list) => {
+            let mut methods = Vec::with_capacity(list.len());
+            for m in list {
+                // Exactly as written: a request's method is compared byte for
+                // byte, so "get" here would not make "GET" safe.
+                match Method::from_bytes(m.as_bytes()) {
+                    Ok(method) if !methods.contains(&method) => methods.push(method),
+                    Ok(_) => p.add(field("safe_methods"), format!("'{m}' is listed twice")),
+                    Err(_) => p.add(field("safe_methods"), format!("'{m}' is not an HTTP method")),
+                }
+            }
+            methods
+        }
+    };
+    let escaped_slashes = match s.escaped_slashes.as_deref() {
+        None | Some("reject") => EscapedSlashes::Reject,
+        Some("keep") => EscapedSlashes::Keep,
+        Some(other) => {
+            p.add(field("escaped_slashes"), format!("'{other}' is not \"reject\" or \"keep\""));
+            EscapedSlashes::Reject
+        }
+    };
+    let path_options = PathOptions { merge_slashes: s.merge_slashes.unwrap_or(true), escaped_slashes };
+    let fold_key_case = match s.key_case.as_deref() {
+        None | Some("exact") => false,
+        Some("fold") => true,
+        Some(other) => {
+            p.add(field("key_case"), format!("'{other}' is not \"exact\" or \"fold\""));
+            false
+        }
+    };
+    // Requests are routed by their canonical path, so a prefix in any other
+    // spelling could never match.
+    if let Ok(canonical) = canonical_path(&prefix, path_options) {
+        if canonical != prefix && prefix.starts_with('/') {
+            p.add(field("prefix"), format!("'{prefix}' is not in canonical form; write it as '{canonical}'"));
+        }
+    } else if prefix.starts_with('/') {
+        p.add(field("prefix"), format!("'{prefix}' is not a path a request can have"));
+    }
+    let allow_missing_token = match s.missing_token.as_deref() {
+        None | Some("reject") => false,
+        Some("allow") => true,
+        Some(other) => {
+            p.add(field("missing_token"), format!("'{other}' is not \"reject\" or \"allow\""));
+            false
+        }
+    };
+    let timeout = p.duration(&field("timeout"), s.timeout.as_deref(), DEFAULT_TIMEOUT);
+    let queue_timeout = p.duration(&field("queue_timeout"), s.queue_timeout.as_deref(), DEFAULT_QUEUE_TIMEOUT);
+    // "0s" turns settling off.
+    let settle = p.duration_from(&field("settle"), s.settle.as_deref(), DEFAULT_SETTLE, true);
+    let token_header_text = s.token_header.as_deref().unwrap_or(DEFAULT_TOKEN_HEADER);
+    let token_header = match HeaderName::from_bytes(token_header_text.as_bytes()) {
+        Ok(h) => Some(h),
+        Err(_) => {
+            p.add(field("token_header"), format!("'{token_header_text}' is not a valid header name"));
+            None
+        }
+    };
+    let max_body = p.size(&field("max_body"), s.max_body.as_ref(), DEFAULT_MAX_BODY);
+
+    if p.count() != before {
+        return None;
+    }
+    Some(Route {
+        name: name.into(),
+        prefix,
+        upstream: upstream?,
+        key: key?,
+        safe_methods,
+        path_options,
+        fold_key_case,
+        allow_safe_body: s.allow_safe_body.unwrap_or(false),
+        stream_body: s.stream_body.unwrap_or(false),
+        allow_missing_token,
+        timeout,
+        queue_timeout,
+        settle,
+        token_header: token_header?,
+        preserve_host: s.preserve_host.unwrap_or(false),
+        max_body,
+        // Read after validation, from `signing_key_file`, by the secrets step.
+        signing_key: None,
+        max_token_jump: s.max_token_jump,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use http::Method;
+
+    use crate::canonical::{EscapedSlashes, PathOptions};
+    use crate::config::tests::{problems, MINIMAL};
+    use crate::config::Config;
+
+    #[test]
+    fn upstream_messages_say_what_is_wrong() {
+        let msg = |u: &str| {
+            problems(&format!("[[route]]\nname=\"a\"\nprefix=\"/\"\nupstream=\"{u}\"\n"))
+                .into_iter()
+                .find(|p| p.field.ends_with(".upstream"))
+                .unwrap()
+                .message
+        };
+        assert!(msg("htp://x").contains("http://"), "{}", msg("htp://x"));
+        assert!(msg("https://x").contains("https"), "{}", msg("https://x"));
+        assert!(msg("http://").contains("not a URL"), "{}", msg("http://"));
+        assert!(msg("http:///x").contains("not a URL") || msg("http:///x").contains("host"), "{}", msg("http:///x"));
+        assert!(msg("http://x/base?q=1").contains("query"), "{}", msg("http://x/base?q=1"));
+    }
+
+    #[test]
+    fn key_segments_must_come_from_the_pattern() {
+        let p = problems(
+            r#"
+            [[route]]
+            name = "b"
+            prefix = "/buckets/"
+            upstream = "http://127.0.0.1:1"
+            key = "{bucket}/{object}"
+            pattern = "/buckets/{bucket}/objects/{obj*}"
+        "#,
+        );
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].field, "route[0] 'b'.key");
+        assert!(p[0].message.contains("{object}"), "{}", p[0].message);
+    }
+
+    #[test]
+    fn a_pattern_outside_the_prefix_is_rejected() {
+        let p = problems(
+            r#"
+            [[route]]
+            name = "b"
+            prefix = "/buckets/"
+            upstream = "http://127.0.0.1:1"
+            pattern = "/other/{x}"
+        "#,
+        );
+        assert_eq!(p[0].field, "route[0] 'b'.pattern");
+    }
+
+    #[test]
+    fn fenced_methods_is_refused_with_a_pointer_to_safe_methods() {
+        let p = problems(&format!("{MINIMAL}fenced_methods = [\"PUT\"]\n"));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].field, "route[0] 'objects'.fenced_methods");
+        assert!(p[0].message.contains("safe_methods"), "{}", p[0].message);
+    }
+
+    #[test]
+    fn safe_methods_are_taken_exactly_as_written() {
+        let c = Config::from_toml_str(&format!("{MINIMAL}safe_methods = [\"GET\", \"get\", \"PROPFIND\"]\n")).unwrap();
+        let names: Vec<_> = c.routes[0].safe_methods.iter().map(Method::as_str).collect();
+        assert_eq!(names, ["GET", "get", "PROPFIND"]);
+        let c = Config::from_toml_str(&format!("{MINIMAL}safe_methods = []\n")).unwrap();
+        assert!(c.routes[0].safe_methods.is_empty());
+    }
+
+    #[test]
+    fn path_switches_are_read_and_prefixes_must_be_canonical() {
+        let text = format!(
+            "{MINIMAL}escaped_slashes = \"keep\"\nmerge_slashes = false\nkey_case = \"fold\"\n\
+             allow_safe_body = true\nstream_body = true\n"
+        );
+        let r = &Config::from_toml_str(&text).unwrap().routes[0];
+        assert_eq!(r.path_options, PathOptions { merge_slashes: false, escaped_slashes: EscapedSlashes::Keep });
+        assert!(r.fold_key_case && r.allow_safe_body && r.stream_body);
+        let text = MINIMAL.replace("\"/objects/\"", "\"/obj%65cts/\"");
+        let p = problems(&text);
+        assert_eq!(p[0].field, "route[0] 'objects'.prefix");
+        assert!(p[0].message.contains("'/objects/'"), "{}", p[0].message);
+    }
+}

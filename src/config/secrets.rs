@@ -1,0 +1,201 @@
+//! The step after validation that reads what a config only names: the admin
+//! token (`FENCEGATE_ADMIN_TOKEN`, else `auth_token_file`, else `auth_token`)
+//! and each route's `signing_key_file`.
+//!
+//! Kept apart so validation stays pure; its problems still name the field, as
+//! validation's do.
+
+use std::path::Path;
+
+use super::file::FileConfig;
+use super::model::Config;
+use super::problems::{ConfigProblem, Problems};
+use super::route::route_label;
+use crate::fence::signature::SigningKey;
+
+/// Environment variable that overrides `[admin] auth_token` and `auth_token_file`.
+pub const ADMIN_TOKEN_ENV: &str = "FENCEGATE_ADMIN_TOKEN";
+
+/// Shortest signing key accepted, in bytes.
+pub const MIN_SIGNING_KEY_BYTES: usize = 16;
+
+/// The secrets a config file names, taken from it before validation so they
+/// can be read (and their problems reported) even when validation fails.
+#[derive(Debug, Clone, Default)]
+pub(super) struct SecretSources {
+    admin_token: Option<String>,
+    admin_token_file: Option<String>,
+    /// Route index, the route's problem label, and its key file.
+    signing_key_files: Vec<(usize, String, String)>,
+}
+
+/// The secrets, read.
+pub(super) struct Secrets {
+    admin_token: Option<String>,
+    signing_keys: Vec<(usize, SigningKey)>,
+}
+
+impl SecretSources {
+    pub(super) fn named_in(file: &FileConfig) -> SecretSources {
+        SecretSources {
+            admin_token: file.admin.auth_token.clone(),
+            admin_token_file: file.admin.auth_token_file.clone(),
+            signing_key_files: file
+                .routes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| {
+                    let path = r.signing_key_file.clone()?;
+                    Some((i, route_label(i, r.name.as_deref()), path))
+                })
+                .collect(),
+        }
+    }
+
+    /// Reads every secret; `env_token` is the value of [`ADMIN_TOKEN_ENV`].
+    pub(super) fn read(&self, env_token: Option<String>) -> Result<Secrets, Vec<ConfigProblem>> {
+        let mut p = Problems::default();
+        let admin_token = self.admin_token(env_token, &mut p);
+        let mut signing_keys = Vec::with_capacity(self.signing_key_files.len());
+        for (i, label, path) in &self.signing_key_files {
+            match load_signing_key(Path::new(path)) {
+                Ok(key) => signing_keys.push((*i, key)),
+                Err(msg) => p.add(format!("{label}.signing_key_file"), msg),
+            }
+        }
+        p.or(Secrets { admin_token, signing_keys })
+    }
+
+    /// An empty value anywhere means unset.
+    fn admin_token(&self, env_token: Option<String>, p: &mut Problems) -> Option<String> {
+        if let Some(token) = env_token.filter(|t| !t.is_empty()) {
+            return Some(token);
+        }
+        if let Some(path) = &self.admin_token_file {
+            return match std::fs::read_to_string(path) {
+                Ok(text) if text.trim().is_empty() => {
+                    p.add("admin.auth_token_file", format!("'{path}' is empty"));
+                    None
+                }
+                Ok(text) => Some(text.trim().to_string()),
+                Err(e) => {
+                    p.add("admin.auth_token_file", format!("cannot read '{path}': {e}"));
+                    None
+                }
+            };
+        }
+        self.admin_token.clone().filter(|t| !t.is_empty())
+    }
+}
+
+impl Secrets {
+    /// `config` with its secrets in place. `config` must be the validation of
+    /// the file these secrets were named in, so route indexes line up.
+    pub(super) fn apply(self, mut config: Config) -> Config {
+        config.admin.auth_token = self.admin_token;
+        for (i, key) in self.signing_keys {
+            if let Some(route) = config.routes.get_mut(i) {
+                route.signing_key = Some(key);
+            }
+        }
+        config
+    }
+}
+
+/// Reads a route's `signing_key_file`: the file's bytes with trailing ASCII
+/// whitespace removed, at least [`MIN_SIGNING_KEY_BYTES`] of them. The server and
+/// `fencegate sign` both load keys here, so they always agree on the key.
+pub fn load_signing_key(path: &Path) -> Result<SigningKey, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
+    // Trailing whitespace is a file-editing accident, not key material.
+    let key = bytes.trim_ascii_end();
+    if key.len() < MIN_SIGNING_KEY_BYTES {
+        return Err(format!(
+            "'{}' holds {} bytes; use a key of at least {MIN_SIGNING_KEY_BYTES}",
+            path.display(),
+            key.len()
+        ));
+    }
+    Ok(SigningKey::new(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::tests::{fields, MINIMAL};
+    use crate::config::Config;
+
+    fn temp_dir(what: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("fencegate-{what}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn admin_token_comes_from_env_then_file_then_config() {
+        let dir = temp_dir("token");
+        let file_path = dir.join("token");
+        std::fs::write(&file_path, "from-file\n").unwrap();
+        let sources = |token: Option<&str>, file: Option<&Path>| SecretSources {
+            admin_token: token.map(str::to_string),
+            admin_token_file: file.map(|f| f.display().to_string()),
+            signing_key_files: Vec::new(),
+        };
+        let mut p = Problems::default();
+        assert_eq!(sources(Some("inline"), None).admin_token(None, &mut p).as_deref(), Some("inline"));
+        assert_eq!(sources(None, Some(&file_path)).admin_token(None, &mut p).as_deref(), Some("from-file"));
+        let env = Some("env".to_string());
+        assert_eq!(sources(None, Some(&file_path)).admin_token(env.clone(), &mut p).as_deref(), Some("env"));
+        assert_eq!(sources(Some("inline"), None).admin_token(env, &mut p).as_deref(), Some("env"));
+        assert_eq!(sources(Some("inline"), None).admin_token(Some(String::new()), &mut p).as_deref(), Some("inline"));
+        assert_eq!(sources(Some(""), None).admin_token(None, &mut p), None);
+        assert_eq!(p.count(), 0);
+        std::fs::write(dir.join("empty"), " \n").unwrap();
+        sources(None, Some(&dir.join("empty"))).admin_token(None, &mut p);
+        sources(None, Some(&dir.join("missing"))).admin_token(None, &mut p);
+        let f: Vec<_> = p.into_vec().into_iter().map(|x| x.field).collect();
+        assert_eq!(f, ["admin.auth_token_file", "admin.auth_token_file"]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn signing_keys_lose_trailing_whitespace_and_must_be_long_enough() {
+        let dir = temp_dir("signing-key");
+        let good = dir.join("good");
+        std::fs::write(&good, b" 0123456789abcdef\r\n\t ").unwrap();
+        assert_eq!(load_signing_key(&good).unwrap().bytes(), b" 0123456789abcdef");
+        let short = dir.join("short");
+        std::fs::write(&short, b"0123456789abcde\n").unwrap();
+        assert!(load_signing_key(&short).unwrap_err().contains("holds 15 bytes"));
+        assert!(load_signing_key(&dir.join("missing")).unwrap_err().contains("cannot read"));
+
+        let route = |path: &Path| format!("{MINIMAL}signing_key_file = '{}'\nmax_token_jump = 1000\n", path.display());
+        let c = Config::from_toml_str(&route(&good)).unwrap().read_secrets_with(None).unwrap();
+        assert_eq!(c.routes[0].signing_key.as_ref().unwrap().bytes(), b" 0123456789abcdef");
+        assert_eq!(c.routes[0].max_token_jump, Some(1000));
+        let err = Config::from_toml_str(&route(&short)).unwrap().read_secrets_with(None).unwrap_err();
+        let f: Vec<_> = err.problems.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(f, ["route[0] 'objects'.signing_key_file"]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn each_key_goes_to_the_route_that_names_it() {
+        let dir = temp_dir("two-keys");
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        std::fs::write(&a, "aaaaaaaaaaaaaaaa").unwrap();
+        std::fs::write(&b, "bbbbbbbbbbbbbbbb").unwrap();
+        let text = format!(
+            "{MINIMAL}signing_key_file = '{}'\n[[route]]\nname = \"open\"\nprefix = \"/open/\"\n\
+             upstream = \"http://127.0.0.1:9000\"\n[[route]]\nname = \"b\"\nprefix = \"/b/\"\n\
+             upstream = \"http://127.0.0.1:9000\"\nsigning_key_file = '{}'\n",
+            a.display(),
+            b.display()
+        );
+        let c = Config::from_toml_str(&text).unwrap().read_secrets_with(None).unwrap();
+        let keys: Vec<_> = c.routes.iter().map(|r| r.signing_key.as_ref().map(|k| k.bytes()[0])).collect();
+        assert_eq!(keys, [Some(b'a'), None, Some(b'b')]);
+        assert!(fields(&format!("{text}[fences]\nstore = \"x\"\n")).contains(&"fences.store".to_string()));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,177 @@
+//! Byte sizes as a config file writes them: a whole number of bytes
+//! (`max_header_bytes = 16384`) or a string with a unit (`"64KiB"`, `"16MB"`).
+//!
+//! The unit arithmetic is byte-unit's, so `KB` means 1000 and `KiB` 1024 as
+//! everywhere else, and a size too large for 64 bits is an error, not a wrap.
+//! The units accepted are the ones fencegate has always read, written exactly.
+
+use std::fmt;
+
+use byte_unit::Byte;
+use serde::de::{self, Deserializer, Visitor};
+use serde::Deserialize;
+
+/// A size field as written, before validation reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Size {
+    /// A TOML integer: that many bytes.
+    Bytes(u64),
+    /// A TOML integer below zero, kept so validation can name the field.
+    Negative(i64),
+    /// A TOML string: a number with an optional unit.
+    Text(String),
+}
+
+impl Size {
+    /// The number of bytes, or a message saying what is wrong (the caller
+    /// adds the field).
+    pub(super) fn bytes(&self) -> Result<u64, String> {
+        match self {
+            Size::Bytes(n) => Ok(*n),
+            Size::Negative(n) => Err(format!("{n} is negative; a size is a number of bytes (e.g. 65536 or \"64KiB\")")),
+            Size::Text(text) => parse_size(text)
+                .ok_or_else(|| format!("'{text}' is not a size like \"16MiB\", \"512KiB\" or \"1048576\"")),
+        }
+    }
+}
+
+/// Parses a byte size: a whole number with an optional unit `B`, `KB`/`KiB`,
+/// `MB`/`MiB` or `GB`/`GiB`, written exactly so, whitespace between allowed.
+/// `None` for anything else, or a size past `u64::MAX`.
+///
+/// ```
+/// use fencegate::config::parse_size;
+/// assert_eq!(parse_size("64KiB"), Some(65_536));
+/// assert_eq!(parse_size("10 MB"), Some(10_000_000));
+/// assert_eq!(parse_size("16mb"), None);
+/// assert_eq!(parse_size("lots"), None);
+/// ```
+pub fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let unit = unit.trim();
+    // The units fencegate has always read, case and all: byte-unit would also
+    // take `16mb`, `1.5MiB` or `16Mbit`, and in a limit a guess at what a
+    // typo meant is worse than an error naming the field.
+    if digits.is_empty() || !matches!(unit, "" | "B" | "KB" | "KiB" | "MB" | "MiB" | "GB" | "GiB") {
+        return None;
+    }
+    let bytes = Byte::parse_str(format!("{digits}{unit}"), false).ok()?;
+    bytes.as_u64_checked()
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Size, D::Error> {
+        struct SizeVisitor;
+
+        impl Visitor<'_> for SizeVisitor {
+            type Value = Size;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a size: a whole number of bytes like 65536 or a string like \"64KiB\"")
+            }
+
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Size, E> {
+                Ok(u64::try_from(n).map_or(Size::Negative(n), Size::Bytes))
+            }
+
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Size, E> {
+                Ok(Size::Bytes(n))
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Size, E> {
+                Ok(Size::Text(text.to_string()))
+            }
+        }
+
+        deserializer.deserialize_any(SizeVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn size(toml_value: &str) -> Size {
+        #[derive(Deserialize)]
+        struct One {
+            size: Size,
+        }
+        toml::from_str::<One>(&format!("size = {toml_value}")).unwrap().size
+    }
+
+    #[test]
+    fn an_integer_is_that_many_bytes() {
+        assert_eq!(size("16384").bytes(), Ok(16_384));
+        assert_eq!(size("0").bytes(), Ok(0));
+        assert_eq!(size("9223372036854775807").bytes(), Ok(i64::MAX as u64));
+    }
+
+    #[test]
+    fn a_negative_integer_is_refused() {
+        let msg = size("-1").bytes().unwrap_err();
+        assert!(msg.contains("-1 is negative"), "{msg}");
+    }
+
+    #[test]
+    fn a_string_takes_every_unit_spelling_accepted_before() {
+        for (text, want) in [
+            ("1048576", 1 << 20),
+            ("5B", 5),
+            ("1KB", 1000),
+            ("1KiB", 1 << 10),
+            ("16MB", 16_000_000),
+            ("16MiB", 16 << 20),
+            ("2GB", 2_000_000_000),
+            ("2GiB", 2 << 30),
+            ("10 MB", 10_000_000),
+            (" 64KiB ", 64 << 10),
+            ("10\tKB", 10_000),
+            ("10\u{3000}KB", 10_000),
+            ("18446744073709551615", u64::MAX),
+            ("18446744073709551615B", u64::MAX),
+            ("17179869183GiB", 17_179_869_183 << 30),
+        ] {
+            assert_eq!(parse_size(text), Some(want), "{text:?}");
+            assert_eq!(size(&toml::Value::String(text.into()).to_string()).bytes(), Ok(want), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_bad_string_is_refused() {
+        for bad in [
+            "",
+            "MiB",
+            "-1",
+            "+5",
+            "16XB",
+            "5BB",
+            "5 iB",
+            "5\u{0661}",
+            "1.5MiB",
+            "16mib",
+            "64kb",
+            "16Mbit",
+            "5b",
+            "18446744073709551616",
+            "17179869184GiB",
+            "99999999999999999999GiB",
+        ] {
+            assert_eq!(parse_size(bad), None, "{bad:?}");
+        }
+        let msg = size("\"lots\"").bytes().unwrap_err();
+        assert!(msg.contains("'lots' is not a size"), "{msg}");
+    }
+
+    #[test]
+    fn a_value_of_another_type_is_a_parse_error_that_says_what_fits() {
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct One {
+            size: Size,
+        }
+        let msg = toml::from_str::<One>("size = 1.5").unwrap_err().to_string();
+        assert!(msg.contains("a whole number of bytes"), "{msg}");
+    }
+}

@@ -1,0 +1,271 @@
+//! `FileConfig -> Config`: the `[server]`, `[admin]`, `[fences]` and `[log]`
+//! sections, every `[[route]]` (through [`super::route`]) and the checks that
+//! span routes.
+//!
+//! Pure: it reads nothing but its input, so `--check`, tests and the fuzzer see
+//! exactly what the server would. Secrets are read afterwards by
+//! [`super::secrets`].
+
+use std::path::PathBuf;
+
+use super::defaults::*;
+use super::file::{AdminSection, FencesSection, FileConfig, LogSection, ServerSection};
+use super::model::{AdminConfig, Config, FencesConfig, LogConfig, LogFormat, ServerConfig, StoreKind};
+use super::problems::{ConfigProblem, Problems};
+use super::route::validate_route;
+use crate::route::Route;
+
+/// Turns a parsed file into a typed [`Config`], or lists every problem.
+///
+/// The admin token is the inline `auth_token` and no route has a signing key
+/// yet: those come from the secrets step.
+pub(crate) fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
+    let mut p = Problems::default();
+    let server = server(&file.server, &mut p);
+    let admin = admin(&file.admin, &mut p);
+    let fences = FencesConfig { store: store(&file.fences, &mut p) };
+    let log = log(file.log, &mut p);
+
+    if file.routes.is_empty() {
+        p.add("route", "no [[route]] is configured; fencegate would answer 404 to everything");
+    }
+    let routes: Vec<Route> =
+        file.routes.into_iter().enumerate().filter_map(|(i, section)| validate_route(i, section, &mut p)).collect();
+    across_routes(&routes, &server, &mut p);
+
+    p.or(Config { server, admin, fences, log, routes })
+}
+
+fn server(s: &ServerSection, p: &mut Problems) -> ServerConfig {
+    ServerConfig {
+        listen: p.addr("server.listen", s.listen.as_deref(), DEFAULT_LISTEN),
+        shutdown_grace: p.duration("server.shutdown_grace", s.shutdown_grace.as_deref(), DEFAULT_SHUTDOWN_GRACE),
+        header_read_timeout: p.duration(
+            "server.header_read_timeout",
+            s.header_read_timeout.as_deref(),
+            DEFAULT_HEADER_READ_TIMEOUT,
+        ),
+        max_header_bytes: match p.size("server.max_header_bytes", s.max_header_bytes.as_ref(), DEFAULT_MAX_HEADER_BYTES)
+        {
+            n if n < MIN_HEADER_BYTES => {
+                p.add("server.max_header_bytes", format!("must be at least {MIN_HEADER_BYTES} bytes (8KiB)"));
+                DEFAULT_MAX_HEADER_BYTES as usize
+            }
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        },
+        max_connections: match s.max_connections {
+            None => DEFAULT_MAX_CONNECTIONS,
+            Some(0) => {
+                p.add("server.max_connections", "must be at least 1");
+                DEFAULT_MAX_CONNECTIONS
+            }
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        },
+        idle_timeout: p.duration("server.idle_timeout", s.idle_timeout.as_deref(), DEFAULT_IDLE_TIMEOUT),
+        workers: match s.workers {
+            None => default_workers(),
+            Some(n @ 1..=MAX_WORKERS) => n as usize,
+            Some(_) => {
+                p.add("server.workers", format!("must be between 1 and {MAX_WORKERS}"));
+                default_workers()
+            }
+        },
+        max_buffered_bytes: p.size(
+            "server.max_buffered_bytes",
+            s.max_buffered_bytes.as_ref(),
+            DEFAULT_MAX_BUFFERED_BYTES,
+        ),
+    }
+}
+
+fn admin(s: &AdminSection, p: &mut Problems) -> AdminConfig {
+    if s.auth_token.is_some() && s.auth_token_file.is_some() {
+        p.add("admin.auth_token_file", "set either auth_token or auth_token_file, not both");
+    }
+    AdminConfig {
+        listen: p.addr("admin.listen", s.listen.as_deref(), DEFAULT_ADMIN_LISTEN),
+        // An empty token means unset.
+        auth_token: s.auth_token.clone().filter(|t| !t.is_empty()),
+    }
+}
+
+fn store(f: &FencesSection, p: &mut Problems) -> StoreKind {
+    let store = match f.store.as_deref() {
+        None | Some("file") => StoreKind::File {
+            path: PathBuf::from(f.path.as_deref().unwrap_or(DEFAULT_FENCES_PATH)),
+            require_existing: f.require_existing.unwrap_or(false),
+            cache_keys: match f.cache_keys {
+                None => DEFAULT_CACHE_KEYS,
+                Some(0) => {
+                    p.add("fences.cache_keys", "must be at least 1");
+                    DEFAULT_CACHE_KEYS
+                }
+                Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            },
+        },
+        Some("memory") => {
+            for (field, set) in [
+                ("path", f.path.is_some()),
+                ("require_existing", f.require_existing.is_some()),
+                ("cache_keys", f.cache_keys.is_some()),
+            ] {
+                if set {
+                    p.add(
+                        format!("fences.{field}"),
+                        "applies to store = \"file\" only; the memory store keeps nothing",
+                    );
+                }
+            }
+            StoreKind::Memory
+        }
+        Some(other) => {
+            p.add("fences.store", format!("'{other}' is not a store this build has; use \"file\" or \"memory\""));
+            StoreKind::Memory
+        }
+    };
+    if let StoreKind::File { path, .. } = &store {
+        if path.as_os_str().is_empty() {
+            p.add("fences.path", "must not be empty");
+        }
+    }
+    store
+}
+
+fn log(s: LogSection, p: &mut Problems) -> LogConfig {
+    let log = LogConfig {
+        format: match s.format.as_deref() {
+            None | Some("human") => LogFormat::Human,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                p.add("log.format", format!("'{other}' is not \"human\" or \"json\""));
+                LogFormat::Human
+            }
+        },
+        level: s.level.unwrap_or_else(|| DEFAULT_LOG_LEVEL.to_string()),
+    };
+    if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log.level) {
+        p.add("log.level", format!("'{}' is not a log filter ({e})", log.level));
+    }
+    log
+}
+
+/// What only shows with every route in view: unique names and prefixes, and
+/// bodies that fit the buffer budget.
+fn across_routes(routes: &[Route], server: &ServerConfig, p: &mut Problems) {
+    for r in routes {
+        if !r.stream_body && r.max_body > server.max_buffered_bytes {
+            p.add(
+                format!("route '{}'.max_body", r.name),
+                format!(
+                    "{} bytes is more than server.max_buffered_bytes ({}): a fenced body that large could never be \
+                     held whole; raise max_buffered_bytes, lower max_body, or set stream_body = true",
+                    r.max_body, server.max_buffered_bytes
+                ),
+            );
+        }
+    }
+    for (i, a) in routes.iter().enumerate() {
+        for b in &routes[..i] {
+            if a.name == b.name {
+                p.add(format!("route '{}'.name", a.name), "two routes have this name; names must be unique");
+            }
+            if a.prefix == b.prefix {
+                p.add(
+                    format!("route '{}'.prefix", a.name),
+                    format!("route '{}' has the same prefix '{}'; the match would be ambiguous", b.name, a.prefix),
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::tests::{fields, problems, MINIMAL};
+    use crate::config::{Config, StoreKind};
+
+    #[test]
+    fn sizes_are_integers_or_strings_and_bad_ones_name_their_field() {
+        let text =
+            format!("[server]\nmax_header_bytes = 16384\nmax_buffered_bytes = \"1GB\"\n{MINIMAL}max_body = 1048576\n");
+        let c = Config::from_toml_str(&text).unwrap();
+        assert_eq!(c.server.max_header_bytes, 16_384);
+        assert_eq!(c.server.max_buffered_bytes, 1_000_000_000);
+        assert_eq!(c.routes[0].max_body, 1 << 20);
+
+        let text = format!(
+            "[server]\nmax_header_bytes = \"1KiB\"\nidle_timeout = \"x\"\nmax_connections = 0\nworkers = 0\n{MINIMAL}max_body = \"lots\"\n"
+        );
+        assert_eq!(
+            fields(&text),
+            [
+                "server.max_header_bytes",
+                "server.max_connections",
+                "server.idle_timeout",
+                "server.workers",
+                "route[0] 'objects'.max_body"
+            ]
+        );
+        let p = problems(&format!("[server]\nmax_buffered_bytes = -1\n{MINIMAL}max_body = 0\n"));
+        let f: Vec<_> = p.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(f, ["server.max_buffered_bytes", "route[0] 'objects'.max_body"]);
+        assert!(p[0].message.contains("-1 is negative"), "{}", p[0].message);
+        assert_eq!(p[1].message, "must be greater than zero");
+        assert_eq!(fields("[server]\nmax_header_bytes = 8191\n"), ["server.max_header_bytes", "route"]);
+    }
+
+    #[test]
+    fn file_store_options_are_read_and_refused_for_memory() {
+        let text = format!(
+            "[fences]\nstore = \"file\"\npath = \"/var/lib/f\"\nrequire_existing = true\ncache_keys = 5\n{MINIMAL}"
+        );
+        let c = Config::from_toml_str(&text).unwrap();
+        assert_eq!(
+            c.fences.store,
+            StoreKind::File { path: "/var/lib/f".into(), require_existing: true, cache_keys: 5 }
+        );
+        let text = format!("[fences]\nstore = \"memory\"\npath = \"x\"\n{MINIMAL}");
+        assert_eq!(fields(&text), ["fences.path"]);
+        let text = format!("[fences]\ncache_keys = 0\n{MINIMAL}");
+        assert_eq!(fields(&text), ["fences.cache_keys"]);
+    }
+
+    #[test]
+    fn an_unknown_store_names_the_field() {
+        let text = format!("[fences]\nstore = \"etcd\"\n{MINIMAL}");
+        let p = problems(&text);
+        assert_eq!(p[0].field, "fences.store");
+    }
+
+    #[test]
+    fn an_inline_admin_token_and_a_token_file_are_not_both_allowed() {
+        let text = format!("[admin]\nauth_token = \"a\"\nauth_token_file = \"/x\"\n{MINIMAL}");
+        assert_eq!(fields(&text), ["admin.auth_token_file"]);
+        let c = Config::from_toml_str(&format!("[admin]\nauth_token = \"\"\n{MINIMAL}")).unwrap();
+        assert_eq!(c.admin.auth_token, None, "an empty token means unset");
+    }
+
+    #[test]
+    fn a_route_body_must_fit_the_buffer_budget_unless_it_streams() {
+        let text = format!("[server]\nmax_buffered_bytes = \"1MiB\"\n{MINIMAL}max_body = \"2MiB\"\n");
+        assert_eq!(fields(&text), ["route 'objects'.max_body"]);
+        assert!(Config::from_toml_str(&format!("{text}stream_body = true\n")).is_ok());
+    }
+
+    #[test]
+    fn duplicate_names_and_prefixes_are_rejected() {
+        let f = fields(
+            r#"
+            [[route]]
+            name = "a"
+            prefix = "/x/"
+            upstream = "http://127.0.0.1:1"
+            [[route]]
+            name = "a"
+            prefix = "/x/"
+            upstream = "http://127.0.0.1:1"
+        "#,
+        );
+        assert_eq!(f, vec!["route 'a'.name".to_string(), "route 'a'.prefix".to_string()]);
+    }
+}
