@@ -427,6 +427,17 @@ pub fn enc(text: &str) -> String {
         .collect()
 }
 
+/// The seed of a randomized test: `FENCEGATE_TEST_SEED` to replay a run, a
+/// fresh one otherwise. Printed first, so a failure's output says how to repeat it.
+pub fn test_seed() -> u64 {
+    let seed = match std::env::var("FENCEGATE_TEST_SEED") {
+        Ok(text) => text.parse().unwrap_or_else(|_| panic!("FENCEGATE_TEST_SEED={text:?} is not a u64")),
+        Err(_) => rand::random(),
+    };
+    eprintln!("FENCEGATE_TEST_SEED={seed}");
+    seed
+}
+
 pub mod hold;
 pub mod process;
 pub mod raw;
