@@ -18,7 +18,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -46,9 +47,10 @@ fn values(headers: &serde_json::Map<String, serde_json::Value>, name: &str) -> V
         .map_or_else(Vec::new, |values| values.iter().map(|v| v.as_str().unwrap().to_string()).collect())
 }
 
+/// `len` random bytes from the logged test seed (`FENCEGATE_TEST_SEED` replays them).
 fn random_bytes(len: usize) -> Bytes {
     let mut data = vec![0u8; len];
-    rand::thread_rng().fill(&mut data[..]);
+    StdRng::seed_from_u64(test_seed()).fill(&mut data[..]);
     Bytes::from(data)
 }
 
