@@ -240,8 +240,8 @@ async fn json_access_log_has_one_event_per_request_with_the_decision() {
 
     fg.signal("TERM");
     assert_eq!(fg.wait_exit().await.code(), Some(0));
-    // Every line, to the last, is one JSON object (events() panics otherwise).
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Every line, to the last, is one JSON object (events() panics otherwise);
+    // wait_exit has read the pipes to their end.
     assert!(!fg.events().is_empty());
 }
 
@@ -258,19 +258,12 @@ async fn sigterm_drains_in_flight_writes_then_exits_zero() {
     let mut fg = Running::start(&serving_config(&up)).await;
     assert_eq!(get(&fg.admin_url("/readyz")).await.status, 200);
 
-    // A slow fenced write, in flight when the signal arrives.
+    // A fenced write, held at the upstream when the signal arrives.
+    let gate = up.hold("/objects/slow");
     let url = fg.url("/objects/slow");
-    let slow_put =
-        tokio::spawn(
-            async move { send("PUT", &url, &[("x-fencing-token", "7"), ("x-slow-ms", "3000")], "drained").await },
-        );
-    let metrics = fg.admin_url("/metrics");
-    let start = Instant::now();
-    while metric(&metrics, "fencegate_active_keys").await != Some(1.0) {
-        assert!(!slow_put.is_finished(), "the slow PUT finished before it was seen in flight");
-        assert!(start.elapsed() < DEADLINE, "the slow PUT never became active");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let held_put = tokio::spawn(async move { put(&url, 7, "drained").await });
+    gate.wait_arrived().await;
+    assert_eq!(metric(&fg.admin_url("/metrics"), "fencegate_active_keys").await, Some(1.0));
 
     fg.signal("TERM");
 
@@ -301,7 +294,9 @@ async fn sigterm_drains_in_flight_writes_then_exits_zero() {
     }
 
     // The in-flight write still completes and was applied.
-    let reply = slow_put.await.unwrap();
+    assert!(!held_put.is_finished(), "the held PUT was answered before the upstream let it go");
+    gate.release();
+    let reply = held_put.await.unwrap();
     assert_eq!(reply.status, 200, "body: {}", reply.text());
     let applied = up.applied_for("/objects/slow");
     assert_eq!(applied.len(), 1, "{applied:?}");

@@ -3,6 +3,7 @@
 //! Tests about ordering wait on these events ("the write has arrived and is
 //! held", "now let it go") instead of on sleeps that are merely long enough.
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,8 +23,8 @@ pub(crate) struct Hold {
     pub(crate) what: String,
     pub(crate) matches: Matcher,
     pub(crate) limit: usize,
-    /// Writes caught so far; guarded by the upstream's state lock.
-    pub(crate) claimed: std::sync::atomic::AtomicUsize,
+    /// Writes caught so far; taken under the upstream's state lock.
+    pub(crate) claimed: AtomicUsize,
     /// Writes that have arrived whole and are being held.
     arrived: watch::Sender<usize>,
     released: watch::Sender<bool>,
