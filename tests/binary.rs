@@ -47,7 +47,7 @@ upstream = "http://127.0.0.1:9000"
 fn check_accepts_a_valid_config_and_says_ok() {
     let dir = TempDir::new();
     let path = dir.write("ok.toml", VALID);
-    let out = run_to_exit(fencegate(&dir.0).arg("--config").arg(&path).arg("--check"));
+    let out = run_to_exit(fencegate(dir.path()).arg("--config").arg(&path).arg("--check"));
     assert!(out.status.success(), "{:?}\nstderr: {}", out.status, text(&out.stderr));
     assert!(text(&out.stdout).contains("OK"), "stdout: {}", text(&out.stdout));
 }
@@ -67,7 +67,7 @@ upstream = "htp://x"
 timeout = "soon"
 "#,
     );
-    let out = run_to_exit(fencegate(&dir.0).arg("--config").arg(&path).arg("--check"));
+    let out = run_to_exit(fencegate(dir.path()).arg("--config").arg(&path).arg("--check"));
     let stderr = text(&out.stderr);
     assert!(!out.status.success(), "a broken config passed --check; stdout: {}", text(&out.stdout));
     for field in ["server.listen", "route[0] 'a'.upstream", "route[0] 'a'.timeout"] {
@@ -86,7 +86,7 @@ fn check_names_an_unknown_field() {
         ("backlog", "[server]\nlisten = \"127.0.0.1:0\"\nbacklog = 5\n".to_string()),
     ] {
         let path = dir.write("typo.toml", &config);
-        let out = run_to_exit(fencegate(&dir.0).arg("--config").arg(&path).arg("--check"));
+        let out = run_to_exit(fencegate(dir.path()).arg("--config").arg(&path).arg("--check"));
         let stderr = text(&out.stderr);
         assert!(!out.status.success(), "unknown field {typo} passed --check");
         assert!(stderr.contains(typo), "stderr does not name {typo}:\n{stderr}");
@@ -96,9 +96,9 @@ fn check_names_an_unknown_field() {
 #[test]
 fn a_missing_config_file_fails_and_names_the_file() {
     let dir = TempDir::new();
-    let path = dir.0.join("no-such-file.toml");
+    let path = dir.path().join("no-such-file.toml");
     for check in [true, false] {
-        let mut cmd = fencegate(&dir.0);
+        let mut cmd = fencegate(dir.path());
         cmd.arg("--config").arg(&path);
         if check {
             cmd.arg("--check");
@@ -110,7 +110,7 @@ fn a_missing_config_file_fails_and_names_the_file() {
     }
 
     // Without --config or FENCEGATE_CONFIG the documented default is what is missing.
-    let out = run_to_exit(fencegate(&dir.0).arg("--check"));
+    let out = run_to_exit(fencegate(dir.path()).arg("--check"));
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("config/fencegate.toml"), "stderr: {}", text(&out.stderr));
 }
@@ -119,32 +119,33 @@ fn a_missing_config_file_fails_and_names_the_file() {
 fn fencegate_config_env_is_used_when_config_is_absent() {
     let dir = TempDir::new();
     let path = dir.write("from-env.toml", VALID);
-    let out = run_to_exit(fencegate(&dir.0).env("FENCEGATE_CONFIG", &path).arg("--check"));
+    let out = run_to_exit(fencegate(dir.path()).env("FENCEGATE_CONFIG", &path).arg("--check"));
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     assert!(text(&out.stdout).contains("from-env.toml"), "stdout: {}", text(&out.stdout));
 
     // The env var points at a broken file: it is really read.
     let broken = dir.write("broken.toml", "[server]\nlisten = \"nowhere\"\n");
-    let out = run_to_exit(fencegate(&dir.0).env("FENCEGATE_CONFIG", &broken).arg("--check"));
+    let out = run_to_exit(fencegate(dir.path()).env("FENCEGATE_CONFIG", &broken).arg("--check"));
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("server.listen"), "stderr: {}", text(&out.stderr));
 
     // --config wins over the env var.
-    let out = run_to_exit(fencegate(&dir.0).env("FENCEGATE_CONFIG", &broken).arg("--config").arg(&path).arg("--check"));
+    let out =
+        run_to_exit(fencegate(dir.path()).env("FENCEGATE_CONFIG", &broken).arg("--config").arg(&path).arg("--check"));
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
 }
 
 #[test]
 fn help_and_version_exit_zero() {
     let dir = TempDir::new();
-    let out = run_to_exit(fencegate(&dir.0).arg("--help"));
+    let out = run_to_exit(fencegate(dir.path()).arg("--help"));
     assert!(out.status.success(), "{:?}", out.status);
     let help = text(&out.stdout);
     for flag in ["--config", "--check", "--log-format", "FENCEGATE_CONFIG"] {
         assert!(help.contains(flag), "--help does not mention {flag}:\n{help}");
     }
 
-    let out = run_to_exit(fencegate(&dir.0).arg("--version"));
+    let out = run_to_exit(fencegate(dir.path()).arg("--version"));
     assert!(out.status.success(), "{:?}", out.status);
     assert!(text(&out.stdout).contains(env!("CARGO_PKG_VERSION")), "stdout: {}", text(&out.stdout));
 }
@@ -179,7 +180,7 @@ fn a_listen_address_in_use_fails_start_up_and_names_the_address() {
             "{config}[fences]\nstore = \"memory\"\n[[route]]\nname = \"o\"\nprefix = \"/\"\nupstream = \"http://127.0.0.1:9\"\n"
         );
         let path = dir.write("in-use.toml", &config);
-        let out = run_to_exit(fencegate(&dir.0).arg("--config").arg(&path));
+        let out = run_to_exit(fencegate(dir.path()).arg("--config").arg(&path));
         // The error is logged (stdout) in the configured format; look at both streams.
         let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
         assert!(!out.status.success(), "{section}: started although {addr} is taken:\n{all}");
@@ -239,8 +240,8 @@ async fn json_access_log_has_one_event_per_request_with_the_decision() {
 
     fg.signal("TERM");
     assert_eq!(fg.wait_exit().await.code(), Some(0));
-    // Every line, to the last, is one JSON object (events() panics otherwise).
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Every line, to the last, is one JSON object (events() panics otherwise);
+    // wait_exit has read the pipes to their end.
     assert!(!fg.events().is_empty());
 }
 
@@ -257,19 +258,12 @@ async fn sigterm_drains_in_flight_writes_then_exits_zero() {
     let mut fg = Running::start(&serving_config(&up)).await;
     assert_eq!(get(&fg.admin_url("/readyz")).await.status, 200);
 
-    // A slow fenced write, in flight when the signal arrives.
+    // A fenced write, held at the upstream when the signal arrives.
+    let gate = up.hold("/objects/slow");
     let url = fg.url("/objects/slow");
-    let slow_put =
-        tokio::spawn(
-            async move { send("PUT", &url, &[("x-fencing-token", "7"), ("x-slow-ms", "3000")], "drained").await },
-        );
-    let metrics = fg.admin_url("/metrics");
-    let start = Instant::now();
-    while metric(&metrics, "fencegate_active_keys").await != Some(1.0) {
-        assert!(!slow_put.is_finished(), "the slow PUT finished before it was seen in flight");
-        assert!(start.elapsed() < DEADLINE, "the slow PUT never became active");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let held_put = tokio::spawn(async move { put(&url, 7, "drained").await });
+    gate.wait_arrived().await;
+    assert_eq!(metric(&fg.admin_url("/metrics"), "fencegate_active_keys").await, Some(1.0));
 
     fg.signal("TERM");
 
@@ -300,7 +294,9 @@ async fn sigterm_drains_in_flight_writes_then_exits_zero() {
     }
 
     // The in-flight write still completes and was applied.
-    let reply = slow_put.await.unwrap();
+    assert!(!held_put.is_finished(), "the held PUT was answered before the upstream let it go");
+    gate.release();
+    let reply = held_put.await.unwrap();
     assert_eq!(reply.status, 200, "body: {}", reply.text());
     let applied = up.applied_for("/objects/slow");
     assert_eq!(applied.len(), 1, "{applied:?}");
@@ -335,7 +331,7 @@ fn a_signal_right_after_listening_is_still_a_graceful_stop() {
     let mut codes = Vec::new();
     for signal in ["TERM", "INT"].into_iter().cycle().take(20) {
         let mut child = ChildGuard(
-            fencegate(&dir.0)
+            fencegate(dir.path())
                 .arg("--config")
                 .arg(&path)
                 .args(["--log-format", "json"])

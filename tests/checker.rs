@@ -33,6 +33,9 @@
 //! ```text
 //! FENCEGATE_SOAK_SECS=600 cargo test --release --test checker -- --nocapture
 //! ```
+//!
+//! The run logs its seed; `FENCEGATE_TEST_SEED=<seed>` replays the same random
+//! choices (what the interleaving of tasks does with them still varies).
 
 mod common;
 
@@ -50,7 +53,8 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioIo;
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::net::TcpListener;
 
 use common::process::*;
@@ -157,12 +161,18 @@ struct History {
 struct HistoryUpstream {
     addr: SocketAddr,
     history: Arc<Mutex<History>>,
+    /// The fates it deals, drawn from the run's seed.
+    rng: Arc<Mutex<StdRng>>,
 }
 
 impl HistoryUpstream {
-    async fn start() -> HistoryUpstream {
+    async fn start(seed: u64) -> HistoryUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let up = HistoryUpstream { addr: listener.local_addr().unwrap(), history: Arc::default() };
+        let up = HistoryUpstream {
+            addr: listener.local_addr().unwrap(),
+            history: Arc::default(),
+            rng: Arc::new(Mutex::new(StdRng::seed_from_u64(seed))),
+        };
         let serving = up.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
@@ -215,10 +225,12 @@ impl HistoryUpstream {
         // Finished in a task of its own, so a client hanging up changes nothing.
         let history = self.history.clone();
         let (answer_tx, answer_rx) = tokio::sync::oneshot::channel();
+        let rng = self.rng.clone();
         tokio::spawn(async move {
             let (fate, delay, late) = {
-                let mut rng = rand::thread_rng();
-                let fate = Fate::pick(&mut rng);
+                let mut rng = rng.lock().unwrap();
+                let rng = &mut *rng;
+                let fate = Fate::pick(rng);
                 let delay = match fate {
                     Fate::TooSlow => ROUTE_TIMEOUT + Duration::from_millis(rng.gen_range(20..=40)),
                     Fate::Slow => Duration::from_millis(rng.gen_range(250..=350)),
@@ -393,12 +405,16 @@ fn spelled_path(key: usize, rng: &mut impl Rng) -> String {
 }
 
 /// A fenced write (or probe) of `key` with `token` through the proxy.
-async fn write(client: &Client<HttpConnector, Full<Bytes>>, shared: &Shared, kind: Kind, key: usize, token: u64) -> Op {
+async fn write(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    shared: &Shared,
+    rng: &mut StdRng,
+    kind: Kind,
+    key: usize,
+    token: u64,
+) -> Op {
     let id = shared.next_op.fetch_add(1, Ordering::Relaxed);
-    let (method, path) = {
-        let mut rng = rand::thread_rng();
-        (METHODS[rng.gen_range(0..METHODS.len())], spelled_path(key, &mut rng))
-    };
+    let (method, path) = (METHODS[rng.gen_range(0..METHODS.len())], spelled_path(key, rng));
     let req = Request::builder()
         .method(method)
         .uri(format!("http://{}{path}", shared.target().proxy))
@@ -418,14 +434,12 @@ async fn write(client: &Client<HttpConnector, Full<Bytes>>, shared: &Shared, kin
 /// A write over a raw connection whose client hangs up without reading the
 /// answer: once the whole request is sent (`HangUp`), or halfway through its
 /// body (`HalfBody`). Its outcome is unknown to the client, as after a crash.
-async fn hang_up(shared: &Shared, kind: Kind, key: usize, token: u64) -> Op {
+async fn hang_up(shared: &Shared, rng: &mut StdRng, kind: Kind, key: usize, token: u64) -> Op {
     use tokio::io::AsyncWriteExt;
     let id = shared.next_op.fetch_add(1, Ordering::Relaxed);
     let body = format!("op {id} token {token}");
-    let (method, path, linger) = {
-        let mut rng = rand::thread_rng();
-        (METHODS[rng.gen_range(0..METHODS.len())], spelled_path(key, &mut rng), rng.gen_range(0..5))
-    };
+    let (method, path, linger) =
+        (METHODS[rng.gen_range(0..METHODS.len())], spelled_path(key, rng), rng.gen_range(0..5));
     let head = format!(
         "{method} {path} HTTP/1.1\r\nhost: checker\r\nx-fencing-token: {token}\r\nx-op-id: {id}\r\n\
          content-length: {}\r\n\r\n",
@@ -484,13 +498,12 @@ fn finish(shared: &Shared, mut op: Op, result: Result<(u16, Option<u64>, Option<
 /// A lock holder: mostly takes the lock anew (the next token of a random key),
 /// sometimes keeps writing with the token it holds, which may have been
 /// overtaken while it paused.
-async fn writer(shared: Arc<Shared>) -> Vec<Op> {
+async fn writer(shared: Arc<Shared>, mut rng: StdRng) -> Vec<Op> {
     let client = client();
     let mut ops = Vec::new();
     let mut held: Option<(usize, u64)> = None;
     while !shared.stop.load(Ordering::Relaxed) {
         let (key, token, acquired, pause, fence_first, rude) = {
-            let mut rng = rand::thread_rng();
             let (key, token, acquired) = match held {
                 Some((key, token)) if rng.gen_bool(0.6) => (key, token, false),
                 _ => {
@@ -519,8 +532,8 @@ async fn writer(shared: Arc<Shared>) -> Vec<Op> {
                 tokio::time::sleep(pause).await;
             }
             match rude {
-                Some(kind) => hang_up(&shared, kind, key, token).await,
-                None => write(&client, &shared, Kind::Write, key, token).await,
+                Some(kind) => hang_up(&shared, &mut rng, kind, key, token).await,
+                None => write(&client, &shared, &mut rng, Kind::Write, key, token).await,
             }
         };
         match op.answer {
@@ -590,6 +603,7 @@ async fn crash_and_restart(
     site: &Site,
     up: &HistoryUpstream,
     shared: &Shared,
+    rng: &mut StdRng,
     probes: &mut Vec<Op>,
     violations: &mut Vec<String>,
 ) {
@@ -611,7 +625,7 @@ async fn crash_and_restart(
     let client = client();
     for (key, applied) in before.iter().enumerate() {
         let Some(applied) = *applied else { continue };
-        let probe = write(&client, shared, Kind::Probe, key, applied.saturating_sub(1)).await;
+        let probe = write(&client, shared, rng, Kind::Probe, key, applied.saturating_sub(1)).await;
         match probe.answer {
             Answer::Status { code: 409, current: Some(current), .. } if current >= applied => {}
             _ => violations.push(format!(
@@ -632,8 +646,11 @@ async fn no_stale_write_survives_slow_failing_upstreams_and_kill_9() {
     let soak = std::env::var("FENCEGATE_SOAK_SECS").ok().map(|s| {
         Duration::from_secs(s.parse().unwrap_or_else(|_| panic!("FENCEGATE_SOAK_SECS={s} is not a number of seconds")))
     });
+    let seed = test_seed();
+    // Independent streams from the one seed: the upstream's, each writer's, the soak's.
+    let mut rng = StdRng::seed_from_u64(seed);
     let began = Instant::now();
-    let up = HistoryUpstream::start().await;
+    let up = HistoryUpstream::start(rng.gen()).await;
     let site = Site::new(up.addr);
     let mut fg = site.start().await;
     let shared = Arc::new(Shared {
@@ -643,7 +660,8 @@ async fn no_stale_write_survives_slow_failing_upstreams_and_kill_9() {
         answered: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
     });
-    let writers: Vec<_> = (0..WRITERS).map(|_| tokio::spawn(writer(shared.clone()))).collect();
+    let writers: Vec<_> =
+        (0..WRITERS).map(|_| tokio::spawn(writer(shared.clone(), StdRng::seed_from_u64(rng.gen())))).collect();
 
     let mut probes = Vec::new();
     let mut violations = Vec::new();
@@ -668,20 +686,20 @@ async fn no_stale_write_survives_slow_failing_upstreams_and_kill_9() {
         None => {
             for k in 1..=KILLS {
                 wait_for_ops(TARGET_OPS * k / (KILLS + 1)).await;
-                crash_and_restart(&mut fg, &site, &up, &shared, &mut probes, &mut violations).await;
+                crash_and_restart(&mut fg, &site, &up, &shared, &mut rng, &mut probes, &mut violations).await;
                 kills += 1;
             }
             wait_for_ops(TARGET_OPS).await;
         }
         Some(soak) => loop {
-            let next = Duration::from_millis(rand::thread_rng().gen_range(10_000..30_000));
+            let next = Duration::from_millis(rng.gen_range(10_000..30_000));
             if began.elapsed() + next >= soak {
                 tokio::time::sleep(soak.saturating_sub(began.elapsed())).await;
                 break;
             }
             tokio::time::sleep(next).await;
             assert!(writers.iter().all(|w| !w.is_finished()), "a writer stopped early");
-            crash_and_restart(&mut fg, &site, &up, &shared, &mut probes, &mut violations).await;
+            crash_and_restart(&mut fg, &site, &up, &shared, &mut rng, &mut probes, &mut violations).await;
             kills += 1;
             eprintln!("checker: {:?}: {} answered requests, {kills} restarts", began.elapsed(), answered());
         },

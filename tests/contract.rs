@@ -1,8 +1,9 @@
 //! The status-code and header contract of DESIGN.md, end to end over real sockets.
+//!
+//! A write that must still be at the upstream while something else happens is
+//! held there by the recording upstream and released afterwards, not slowed down.
 
 mod common;
-
-use std::time::Duration;
 
 use common::*;
 
@@ -13,7 +14,7 @@ async fn setup() -> (RecordingUpstream, Proxy) {
 }
 
 #[tokio::test]
-async fn accepted_tokens_raise_the_fence_and_stale_ones_get_409() {
+async fn accepted_tokens_raise_the_fence_and_stale_ones_get_409_with_the_current_token() {
     let (up, proxy) = setup().await;
     let url = proxy.url("/objects/a");
 
@@ -43,7 +44,7 @@ async fn accepted_tokens_raise_the_fence_and_stale_ones_get_409() {
 }
 
 #[tokio::test]
-async fn zero_and_the_largest_u64_are_tokens() {
+async fn zero_and_the_largest_u64_are_valid_tokens() {
     let (_up, proxy) = setup().await;
     assert_eq!(put(&proxy.url("/objects/z"), 0, "").await.status, 200);
     let max = u64::MAX;
@@ -141,7 +142,7 @@ async fn safe_methods_are_configurable_and_every_other_method_is_fenced() {
 }
 
 #[tokio::test]
-async fn no_route_is_404_problem() {
+async fn a_path_no_route_matches_is_404_problem() {
     let (_up, proxy) = setup().await;
     let r = send("PUT", &proxy.url("/elsewhere"), &[("x-fencing-token", "1")], "").await;
     let p = r.problem(404);
@@ -150,7 +151,7 @@ async fn no_route_is_404_problem() {
 }
 
 #[tokio::test]
-async fn unreachable_upstream_is_502_problem() {
+async fn an_unreachable_upstream_is_502_problem_and_the_fence_stays_raised() {
     // A port that was just free: nothing listens there.
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let proxy =
@@ -169,16 +170,20 @@ async fn unreachable_upstream_is_502_problem() {
 }
 
 #[tokio::test]
-async fn slow_upstream_is_504_problem_and_the_key_is_free_afterwards() {
+async fn an_upstream_past_its_timeout_is_504_problem_and_the_key_is_free_afterwards() {
     let up = RecordingUpstream::start().await;
     let proxy = Proxy::start(&route("o", "/o/", &up, "timeout = \"200ms\"")).await;
-    let r = send("PUT", &proxy.url("/o/slow"), &[("x-fencing-token", "1"), ("x-slow-ms", "1500")], "x").await;
+    // The upstream holds the marked write until the test lets it go: it can only time out.
+    let gate = up.hold_where(1, "the write that times out", |_, _, headers| headers.contains_key("x-hold"));
+    let r = send("PUT", &proxy.url("/o/slow"), &[("x-fencing-token", "1"), ("x-hold", "1")], "x").await;
     let p = r.problem(504);
     assert_eq!(p["type"], "urn:fencegate:problem:upstream-timeout");
     assert_eq!(p["token"], 1);
-    // The turn was passed on when the forward failed.
+    // The turn was passed on when the forward failed (after the settle period),
+    // even though the upstream still holds the write that timed out.
     assert_eq!(put(&proxy.url("/o/slow"), 1, "y").await.status, 200);
     assert_eq!(proxy.metric(r#"fencegate_requests_total{route="o",outcome="upstream_timeout"}"#).await, Some(1.0));
+    gate.release();
 }
 
 #[tokio::test]
@@ -186,22 +191,19 @@ async fn waiting_past_queue_timeout_is_503_with_retry_after() {
     let up = RecordingUpstream::start().await;
     let proxy = Proxy::start(&route("o", "/o/", &up, "queue_timeout = \"100ms\"")).await;
     let url = proxy.url("/o/busy");
-    let slow = tokio::spawn({
+    // The first write holds the key's turn for as long as the upstream holds it.
+    let gate = up.hold("/o/busy");
+    let first = tokio::spawn({
         let url = url.clone();
-        async move { send("PUT", &url, &[("x-fencing-token", "1"), ("x-slow-ms", "1500")], "x").await }
+        async move { put(&url, 1, "x").await }
     });
-    // Wait until the slow write holds the key's turn.
-    let waiting = std::time::Instant::now();
-    while proxy.metric("fencegate_active_keys").await != Some(1.0) {
-        assert!(!slow.is_finished(), "the slow PUT finished before it was seen in flight");
-        assert!(waiting.elapsed() < Duration::from_secs(10), "the slow PUT never became active");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    gate.wait_arrived().await;
     let r = put(&url, 2, "y").await;
     let p = r.problem(503);
     assert_eq!(p["type"], "urn:fencegate:problem:queue-timeout");
     assert!(r.header("retry-after").is_some());
-    assert_eq!(slow.await.unwrap().status, 200);
+    gate.release();
+    assert_eq!(first.await.unwrap().status, 200);
     // Only the first write was applied.
     assert_eq!(up.applied_for("/o/busy").len(), 1);
 }
@@ -247,8 +249,8 @@ async fn key_templates_choose_what_is_fenced_together() {
 }
 
 #[tokio::test]
-async fn admin_health_readiness_and_metrics() {
-    let (_up, proxy) = setup().await;
+async fn admin_serves_health_readiness_and_metrics_that_count_each_request() {
+    let (up, proxy) = setup().await;
     assert_eq!(get(&proxy.admin_url("/healthz")).await.status, 200);
     assert_eq!(get(&proxy.admin_url("/readyz")).await.status, 200);
     let m = get(&proxy.admin_url("/metrics")).await;
@@ -263,6 +265,64 @@ async fn admin_health_readiness_and_metrics() {
     ] {
         assert!(text.contains(name), "{name} missing from /metrics:\n{text}");
     }
+
+    // Every series a request moves, and the value it should hold now.
+    let requests = |outcome: &str| format!(r#"fencegate_requests_total{{route="objects",outcome="{outcome}"}}"#);
+    let timed = r#"fencegate_request_duration_seconds_count{route="objects"}"#;
+    let timed_all = r#"fencegate_request_duration_seconds_bucket{le="+Inf",route="objects"}"#;
+    let expect = |forwarded: f64, stale: f64, unfenced: f64, tracked: f64| {
+        let proxy = &proxy;
+        let requests = &requests;
+        async move {
+            let seen = [
+                proxy.metric(&requests("forwarded")).await,
+                proxy.metric(&requests("stale")).await,
+                proxy.metric(&requests("unfenced")).await,
+                proxy.metric(timed).await,
+                proxy.metric(timed_all).await,
+                proxy.metric("fencegate_tracked_keys").await,
+            ];
+            let total = forwarded + stale + unfenced;
+            let want = [forwarded, stale, unfenced, total, total, tracked].map(Some);
+            assert_eq!(seen, want, "[forwarded, stale, unfenced, timed, timed le=+Inf, tracked keys]");
+        }
+    };
+    expect(0.0, 0.0, 0.0, 0.0).await;
+
+    assert_eq!(put(&proxy.url("/objects/a"), 5, "v5").await.status, 200);
+    expect(1.0, 0.0, 0.0, 1.0).await;
+    put(&proxy.url("/objects/a"), 4, "v4").await.problem(409);
+    expect(1.0, 1.0, 0.0, 1.0).await;
+    assert_eq!(get(&proxy.url("/objects/a")).await.status, 200);
+    expect(1.0, 1.0, 1.0, 1.0).await;
+    let sum = proxy.metric(r#"fencegate_request_duration_seconds_sum{route="objects"}"#).await.unwrap();
+    assert!(sum > 0.0, "three requests timed, yet the duration sum is {sum}");
+
+    // While a write is held at the upstream, its key is active; a second write
+    // for it waits. Both gauges fall back to zero once the key is free.
+    assert_eq!(proxy.metric("fencegate_active_keys").await, Some(0.0));
+    assert_eq!(proxy.metric("fencegate_waiting_requests").await, Some(0.0));
+    let gate = up.hold("/objects/a");
+    let held = tokio::spawn({
+        let url = proxy.url("/objects/a");
+        async move { put(&url, 6, "v6").await }
+    });
+    gate.wait_arrived().await;
+    assert_eq!(proxy.metric("fencegate_active_keys").await, Some(1.0));
+    assert_eq!(proxy.metric("fencegate_waiting_requests").await, Some(0.0));
+    let queued = tokio::spawn({
+        let url = proxy.url("/objects/a");
+        async move { put(&url, 7, "v7").await }
+    });
+    proxy.wait_metric("fencegate_waiting_requests", 1.0).await;
+    assert_eq!(proxy.metric("fencegate_active_keys").await, Some(1.0));
+    gate.release();
+    assert_eq!(held.await.unwrap().status, 200);
+    assert_eq!(queued.await.unwrap().status, 200);
+    proxy.wait_metric("fencegate_active_keys", 0.0).await;
+    proxy.wait_metric("fencegate_waiting_requests", 0.0).await;
+    expect(3.0, 1.0, 1.0, 1.0).await;
+
     get(&proxy.admin_url("/nope")).await.problem(404);
     send("POST", &proxy.admin_url("/healthz"), &[], "").await.problem(405);
 }

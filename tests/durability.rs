@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use common::process::*;
 use common::*;
@@ -139,14 +141,16 @@ async fn every_applied_write_is_still_fenced_after_kill_9_mid_storm() {
     let next_token: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
     let stop = Arc::new(AtomicBool::new(false));
     let statuses = Arc::new(Mutex::new(HashMap::<u16, usize>::new()));
+    let seed = test_seed();
     let writers: Vec<_> = (0..WRITERS)
-        .map(|_| {
+        .map(|writer| {
             let (next_token, stop, statuses) = (next_token.clone(), stop.clone(), statuses.clone());
             let base = fg.url("");
+            let mut rng = StdRng::seed_from_u64(seed.wrapping_add(writer as u64));
             tokio::spawn(async move {
                 let client = client();
                 while !stop.load(Ordering::Relaxed) {
-                    let k = rand::random::<usize>() % KEYS;
+                    let k = rng.gen_range(0..KEYS);
                     let token = next_token[k].fetch_add(1, Ordering::Relaxed) + 1;
                     let req = Request::put(format!("{base}{}", key(k)))
                         .header("x-fencing-token", token)

@@ -9,11 +9,11 @@
 //! - A connection that never came up is retried with backoff, body intact, and
 //!   holds nothing: no byte was sent, so there is nothing to settle.
 //!
-//! The upstreams here are written for the faults they play. Unlike the common
-//! recording upstream, the ones that apply writes keep applying a write they have
-//! received even when the client (fencegate) gives up on it, as a real server
-//! that does not watch its clients would: that late write is what a settle
-//! period is for.
+//! The upstreams here are written for the faults they play. The common
+//! recording upstream plays the late one: it holds a write past the route's
+//! timeout until the test releases it, and then applies it although fencegate
+//! gave up on it, as a real server that does not watch its clients would: that
+//! late write is what a settle period is for.
 
 mod common;
 
@@ -76,86 +76,10 @@ async fn put_with(url: &str, token: u64, extra: &[(&str, &str)], body: impl Into
 
 // ------------------------------------------------------------ the upstreams
 
-/// A write the [`LateUpstream`] saw arrive or applied.
-#[derive(Debug, Clone)]
-struct Event {
-    token: u64,
-    at: Instant,
-}
-
-#[derive(Default)]
-struct LateLog {
-    arrived: Vec<Event>,
-    applied: Vec<Event>,
-}
-
-/// An HTTP store that applies every write it has received, `x-slow-ms` after
-/// the body arrived, whether or not the client still waits for the answer.
-#[derive(Clone)]
-struct LateUpstream {
-    addr: SocketAddr,
-    log: Arc<Mutex<LateLog>>,
-}
-
-impl LateUpstream {
-    async fn start() -> LateUpstream {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let up = LateUpstream { addr: listener.local_addr().unwrap(), log: Arc::default() };
-        let serving = up.clone();
-        serve(listener, move |req| serving.clone().handle(req));
-        up
-    }
-
-    fn arrived(&self) -> Vec<Event> {
-        self.log.lock().unwrap().arrived.clone()
-    }
-
-    fn applied_tokens(&self) -> Vec<u64> {
-        self.log.lock().unwrap().applied.iter().map(|e| e.token).collect()
-    }
-
-    async fn handle(self, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-        let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
-        let token: u64 = header("x-fencing-token").unwrap_or(0);
-        let slow = Duration::from_millis(header("x-slow-ms").unwrap_or(0));
-        let Ok(_body) = req.into_body().collect().await else {
-            return Ok(reply(StatusCode::BAD_REQUEST));
-        };
-        self.log.lock().unwrap().arrived.push(Event { token, at: Instant::now() });
-        // Applied in a task of its own: if the client hangs up, this handler is
-        // dropped, but the write goes on.
-        let log = self.log.clone();
-        let applying = tokio::spawn(async move {
-            tokio::time::sleep(slow).await;
-            log.lock().unwrap().applied.push(Event { token, at: Instant::now() });
-        });
-        let _ = applying.await;
-        Ok(reply(StatusCode::OK))
-    }
-}
-
 fn reply(status: StatusCode) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::new()));
     *r.status_mut() = status;
     r
-}
-
-/// Serves HTTP/1.1 on `listener` with `handle`, one task per connection.
-fn serve<F, Fut>(listener: TcpListener, handle: F)
-where
-    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send + 'static,
-{
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let handle = handle.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(handle);
-                let _ =
-                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-            });
-        }
-    });
 }
 
 /// Where a [`HangUpUpstream`] closes the connection of a request it drops.
@@ -255,13 +179,14 @@ impl HangUpUpstream {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_an_upstream_timeout_the_key_is_held_for_the_settle_period() {
-    let up = LateUpstream::start().await;
-    let proxy = Proxy::start(&route_to("objects", "/objects/", up.addr, "timeout = \"200ms\"\nsettle = \"1s\"")).await;
+    let up = RecordingUpstream::start().await;
+    let proxy = Proxy::start(&route("objects", "/objects/", &up, "timeout = \"200ms\"\nsettle = \"1s\"")).await;
     let url = proxy.url("/objects/k");
 
-    // The upstream applies this one 600 ms after it arrived: long after the 504,
-    // well within the settle period.
-    let r = put_with(&url, 1, &[("x-slow-ms", "600")], "one").await;
+    // The upstream holds this one past the timeout and applies it when released:
+    // long after the 504, within the settle period.
+    let gate = up.hold("/objects/k");
+    let r = put_with(&url, 1, &[], "one").await;
     let answered = Instant::now();
     let p = r.problem(504);
     assert_eq!(p["type"], "urn:fencegate:problem:upstream-timeout", "{p}");
@@ -272,18 +197,27 @@ async fn after_an_upstream_timeout_the_key_is_held_for_the_settle_period() {
     assert!(detail.contains("holds the key for 1s"), "the detail does not mention the settle period: {detail}");
 
     // The next owner writes at once; fencegate holds it until the settle period is over.
-    let r = put_with(&url, 2, &[], "two").await;
+    let next = tokio::spawn({
+        let url = url.clone();
+        async move { put_with(&url, 2, &[], "two").await }
+    });
+    proxy.wait_metric("fencegate_waiting_requests", 1.0).await;
+    assert_eq!(up.in_flight("/objects/k"), 1, "token 2 reached the upstream during the settle period");
+    gate.release();
+    let r = next.await.unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
-    let arrived = up.arrived();
-    assert_eq!(arrived.iter().map(|e| e.token).collect::<Vec<_>>(), [1, 2]);
+    let arrived: Vec<_> =
+        up.seen().into_iter().filter(|(m, ..)| m == "PUT").map(|(.., h)| h["x-fencing-token"].clone()).collect();
+    assert_eq!(arrived, ["1", "2"]);
     // The settle period started before the 504 was answered; half of it is a
     // margin for the time the 504 took to arrive here.
-    let held = arrived[1].at.saturating_duration_since(answered);
+    let applied = up.applied_for("/objects/k");
+    let held = applied.last().expect("token 2 was applied").started.saturating_duration_since(answered);
     assert!(held >= Duration::from_millis(500), "token 2 reached the upstream {held:?} after the 504");
 
     // The late write landed first, the newer one after it.
-    wait_until("both writes are applied", || up.applied_tokens().len() == 2).await;
-    assert_eq!(up.applied_tokens(), [1, 2], "the write that timed out landed after the newer one");
+    let tokens: Vec<_> = applied.iter().map(|a| a.token.clone().unwrap()).collect();
+    assert_eq!(tokens, ["1", "2"], "the write that timed out landed after the newer one");
     assert_eq!(proxy.metric(&settles("objects")).await, Some(1.0));
     assert_eq!(
         proxy.metric("fencegate_requests_total{route=\"objects\",outcome=\"upstream_timeout\"}").await,
@@ -293,11 +227,12 @@ async fn after_an_upstream_timeout_the_key_is_held_for_the_settle_period() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_settle_off_the_next_write_is_not_held_after_a_timeout() {
-    let up = LateUpstream::start().await;
-    let proxy = Proxy::start(&route_to("objects", "/objects/", up.addr, "timeout = \"200ms\"\nsettle = \"0s\"")).await;
+    let up = RecordingUpstream::start().await;
+    let proxy = Proxy::start(&route("objects", "/objects/", &up, "timeout = \"200ms\"\nsettle = \"0s\"")).await;
     let url = proxy.url("/objects/k");
 
-    let r = put_with(&url, 1, &[("x-slow-ms", "1500")], "one").await;
+    let gate = up.hold("/objects/k");
+    let r = put_with(&url, 1, &[], "one").await;
     let p = r.problem(504);
     assert!(p.get("settle_ms").is_none(), "settle is off, yet: {p}");
     assert!(!p["detail"].as_str().unwrap().contains("holds the key"), "{p}");
@@ -306,9 +241,11 @@ async fn with_settle_off_the_next_write_is_not_held_after_a_timeout() {
     assert_eq!(r.status, 200, "{}", r.text());
     // Token 2 was applied while the upstream was still working on token 1:
     // exactly the hazard a settle period exists for.
-    assert_eq!(up.applied_tokens(), [2], "token 2 waited for the late write");
-    wait_until("the late write is applied", || up.applied_tokens().len() == 2).await;
-    assert_eq!(up.applied_tokens(), [2, 1]);
+    let tokens = || up.applied_for("/objects/k").into_iter().map(|a| a.token.unwrap()).collect::<Vec<_>>();
+    assert_eq!(tokens(), ["2"], "token 2 waited for the late write");
+    gate.release();
+    wait_until("the late write is applied", || tokens().len() == 2).await;
+    assert_eq!(tokens(), ["2", "1"]);
     assert_eq!(proxy.metric(&settles("objects")).await, Some(0.0));
 }
 
@@ -451,19 +388,21 @@ async fn an_upstream_that_never_listens_is_a_502_without_settling() {
 /// old one, which would then overwrite it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_crash_a_write_still_in_flight_is_not_overtaken() {
-    let up = LateUpstream::start().await;
+    let up = RecordingUpstream::start().await;
     let site = TempDir::new();
     let config = site.write(
         "fencegate.toml",
         &config_text(
             "",
             &file_store(&site.path().join("store"), ""),
-            &route_to("objects", "/objects/", up.addr, "settle = \"2s\""),
+            &route("objects", "/objects/", &up, "settle = \"2s\""),
         ),
     );
     let mut fg = Running::start_in(site.path(), &config).await;
     let url = fg.url("/objects/k");
-    // Applied 1.5 s after it arrived: within the settle period.
+    // Applied 1.5 s after it arrived: within the settle period, which starts
+    // only when fencegate is up again. (Not a hold: no event tells this test
+    // that token 2 is waiting inside the restarted process.)
     let first = tokio::spawn(async move {
         let token = "1".to_string();
         let req = Request::put(url)
@@ -474,7 +413,7 @@ async fn after_a_crash_a_write_still_in_flight_is_not_overtaken() {
         // The client's connection dies with the proxy.
         client().request(req).await.map(|r| r.status())
     });
-    wait_until("token 1 reached the upstream", || !up.arrived().is_empty()).await;
+    up.wait_in_flight("/objects/k").await;
     fg.kill();
     assert!(first.await.unwrap().is_err(), "the request outlived its proxy");
 
@@ -482,6 +421,7 @@ async fn after_a_crash_a_write_still_in_flight_is_not_overtaken() {
     put(&fg.url("/objects/k"), 0, "stale").await.problem(409);
     let r = put(&fg.url("/objects/k"), 2, "two").await;
     assert_eq!(r.status, 200, "{}", r.text());
-    wait_until("both writes are applied", || up.applied_tokens().len() == 2).await;
-    assert_eq!(up.applied_tokens(), [1, 2], "the write in flight at the crash landed after the newer one");
+    let tokens = || up.applied_for("/objects/k").into_iter().map(|a| a.token.unwrap()).collect::<Vec<_>>();
+    wait_until("both writes are applied", || tokens().len() == 2).await;
+    assert_eq!(tokens(), ["1", "2"], "the write in flight at the crash landed after the newer one");
 }

@@ -20,7 +20,7 @@ use fencegate::route::{KeyTemplate, PathPattern};
 use http::{HeaderMap, HeaderValue, Uri};
 
 #[test]
-fn tricky_tokens() {
+fn tokens_are_plain_ascii_digits_up_to_u64_max() {
     let cases: [(&[u8], Result<u64, TokenError>); 14] = [
         (b"0", Ok(0)),
         (b"00000000000000000000000000000000000018446744073709551615", Ok(u64::MAX)),
@@ -46,7 +46,7 @@ fn tricky_tokens() {
 }
 
 #[test]
-fn token_header_counts() {
+fn one_token_header_is_read_and_several_are_refused() {
     // No header, one, two (refused whatever their values), three, and
     // values a header cannot carry (skipped by the harness).
     for input in [
@@ -71,7 +71,7 @@ fn token_header_counts() {
 }
 
 #[test]
-fn templates_with_unbalanced_braces() {
+fn key_templates_with_unbalanced_braces_are_refused() {
     for template in
         ["{path", "path}", "{path}}", "}{path}", "{{path}", "{a{b}", "{}", "{path}{", "{header.}", "{query.}"]
     {
@@ -94,7 +94,7 @@ fn render(template: &str, pattern: Option<&str>, uri: &str, headers: &[(&str, &s
 }
 
 #[test]
-fn key_template_edge_cases() {
+fn key_templates_read_headers_queries_hosts_and_paths_as_frameworks_do() {
     // Header names in templates are case-insensitive.
     assert_eq!(render("{header.X-Tenant}", None, "/a", &[("x-tenant", "acme")]).as_deref(), Some("acme"));
     // Query parameters are decoded as frameworks decode them (names too, '+'
@@ -147,7 +147,7 @@ fn key_template_edge_cases() {
 }
 
 #[test]
-fn patterns_with_many_segments() {
+fn a_pattern_with_forty_one_captures_matches_them_all() {
     let names: Vec<String> = (0..40).map(|i| format!("{{c{i}}}")).collect();
     let pattern = format!("/{}/{{tail*}}", names.join("/lit/"));
     let pat = PathPattern::parse(&pattern).unwrap();
@@ -164,7 +164,7 @@ fn patterns_with_many_segments() {
 }
 
 #[test]
-fn route_matching() {
+fn routes_and_upstreams_match_as_the_reference_says() {
     for input in [
         // prefixes..., path
         &b"/\xff/objects/\xff/objects/deep/\xff/objects/deep/x"[..],
@@ -186,7 +186,7 @@ fn route_matching() {
 }
 
 #[test]
-fn sizes() {
+fn sizes_take_decimal_and_binary_units_and_refuse_overflow() {
     for (text, want) in [
         ("16MiB", Some(16 << 20)),
         (" 10 MB ", Some(10_000_000)),
@@ -211,7 +211,7 @@ fn sizes() {
 const MINIMAL: &str = "[[route]]\nname = \"objects\"\nprefix = \"/objects/\"\nupstream = \"http://127.0.0.1:9000\"\n";
 
 #[test]
-fn configs() {
+fn any_config_text_is_checked_without_panicking_and_duplicate_routes_are_refused() {
     assert!(Config::from_toml_str(MINIMAL).is_ok());
     check_config(MINIMAL.as_bytes());
     check_config(include_bytes!("../config/fencegate.toml"));
@@ -254,7 +254,7 @@ fn configs() {
 }
 
 #[test]
-fn journal_files_built_cut_and_damaged() {
+fn a_cut_journal_keeps_its_whole_frames_and_damage_inside_is_reported() {
     // Structured: picks, then batches of records (token byte, key), 0x00 between records.
     let mut structured: Vec<Vec<u8>> = Vec::new();
     for picks in [[0u8, 0, 0, 0], [7, 0, 3, 0], [255, 255, 255, 255], [40, 0, 90, 0], [13, 1, 200, 0]] {
@@ -292,7 +292,7 @@ fn canonical_input(fields: &[&[u8]]) -> Vec<u8> {
 }
 
 #[test]
-fn canonical_spellings_from_the_issue() {
+fn the_spellings_from_the_issue_are_one_path() {
     let same = [
         "/objects/a",
         "/objects//a",
@@ -333,7 +333,7 @@ fn canonical_spellings_from_the_issue() {
 }
 
 #[test]
-fn canonical_tricky_paths() {
+fn tricky_paths_canonicalize_as_the_reference_resolver_does() {
     for path in [
         &b""[..],
         b"/",
@@ -385,7 +385,7 @@ fn canonical_tricky_paths() {
 }
 
 #[test]
-fn canonical_respellings() {
+fn respelled_paths_canonicalize_to_one_form() {
     // Scripts of (op, pick) pairs: escape an unreserved character, flip hex
     // case, double a slash, insert "./" or "x/../", write an escape raw.
     let scripts: [&[u8]; 6] = [
@@ -404,7 +404,7 @@ fn canonical_respellings() {
 }
 
 #[test]
-fn canonical_hosts() {
+fn host_spellings_canonicalize_as_the_reference_does() {
     for authority in [
         &b""[..],
         b"a.example",
@@ -442,7 +442,7 @@ fn canonical_hosts() {
 }
 
 #[test]
-fn canonical_query_params() {
+fn query_parameters_are_decoded_as_frameworks_decode_them() {
     for (query, name) in [
         (&b"i%64=7&id=fresh"[..], &b"id"[..]),
         (b"id=%37", b"id"),
@@ -460,7 +460,7 @@ fn canonical_query_params() {
 }
 
 #[test]
-fn canonical_inputs_from_the_fuzzer() {
+fn canonical_inputs_kept_from_the_fuzzer_still_pass() {
     // Kept from the corpus of two 300 s runs (no failure): one input for each
     // of several outcomes across the four switch combinations. Fields: path,
     // authority, respelling script, query, parameter name, second path.

@@ -3,7 +3,12 @@
 //! wait on each other; stale tokens are refused without queueing.
 //!
 //! The recording upstream is the witness: it records what it applied, in which
-//! order, and whether two writes to one key were ever in flight together.
+//! order, and whether two writes to one key were ever in flight together. The
+//! tests hold a write there while they look at what happens meanwhile, then
+//! release it: they wait on events, never on a sleep being long enough.
+//!
+//! The randomized test logs its seed; `FENCEGATE_TEST_SEED=<seed>` replays the
+//! same random choices (the interleaving of the writers still varies).
 
 mod common;
 
@@ -13,7 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 async fn setup() -> (RecordingUpstream, Proxy) {
     let up = RecordingUpstream::start().await;
@@ -21,27 +27,28 @@ async fn setup() -> (RecordingUpstream, Proxy) {
     (up, proxy)
 }
 
-fn slow_put(url: String, token: u64, slow_ms: u64) -> tokio::task::JoinHandle<Reply> {
-    tokio::spawn(async move {
-        let (token, slow) = (token.to_string(), slow_ms.to_string());
-        send("PUT", &url, &[("x-fencing-token", &token), ("x-slow-ms", &slow)], "x").await
-    })
+/// `PUT url` with `token`, in a task of its own.
+fn spawn_put(url: String, token: u64) -> tokio::task::JoinHandle<Reply> {
+    tokio::spawn(async move { put(&url, token, "x").await })
 }
 
 #[tokio::test]
-async fn a_slow_write_is_not_overtaken_and_other_keys_are_not_delayed() {
+async fn a_held_write_is_not_overtaken_and_other_keys_are_not_delayed() {
     let (up, proxy) = setup().await;
-    let first = slow_put(proxy.url("/objects/k"), 1, 800);
-    up.wait_in_flight("/objects/k").await;
+    let gate = up.hold("/objects/k");
+    let first = spawn_put(proxy.url("/objects/k"), 1);
+    gate.wait_arrived().await;
 
     // Token 2 for the same key must wait for token 1's response.
-    let second = slow_put(proxy.url("/objects/k"), 2, 0);
+    let second = spawn_put(proxy.url("/objects/k"), 2);
     proxy.wait_metric("fencegate_waiting_requests", 1.0).await;
 
     // Another key goes straight through while "k" is busy.
     assert_eq!(put(&proxy.url("/objects/other"), 1, "o").await.status, 200);
-    assert!(up.applied_for("/objects/k").is_empty(), "the slow write finished before the other key's write");
+    assert!(up.applied_for("/objects/k").is_empty(), "the held write was applied before its release");
+    assert_eq!(up.in_flight("/objects/k"), 1, "token 2 reached the upstream while token 1 was held");
 
+    gate.release();
     assert_eq!(first.await.unwrap().status, 200);
     assert_eq!(second.await.unwrap().status, 200);
     let k = up.applied_for("/objects/k");
@@ -56,29 +63,33 @@ async fn a_slow_write_is_not_overtaken_and_other_keys_are_not_delayed() {
 async fn a_stale_token_is_refused_at_once_without_queueing() {
     let (up, proxy) = setup().await;
     assert_eq!(put(&proxy.url("/objects/k"), 5, "").await.status, 200);
-    let slow = slow_put(proxy.url("/objects/k"), 6, 800);
-    up.wait_in_flight("/objects/k").await;
+    let gate = up.hold("/objects/k");
+    let held = spawn_put(proxy.url("/objects/k"), 6);
+    gate.wait_arrived().await;
 
     let r = put(&proxy.url("/objects/k"), 4, "").await;
     r.problem(409);
-    // Answered while the slow write was still in flight: it never queued.
+    // Answered while the held write was still in flight: it never queued.
     assert_eq!(up.in_flight("/objects/k"), 1);
     assert_eq!(up.applied_for("/objects/k").len(), 1);
-    assert_eq!(slow.await.unwrap().status, 200);
+    gate.release();
+    assert_eq!(held.await.unwrap().status, 200);
 }
 
 #[tokio::test]
 async fn a_queued_token_is_checked_again_when_its_turn_comes() {
     let (up, proxy) = setup().await;
-    let first = slow_put(proxy.url("/objects/k"), 1, 600);
-    up.wait_in_flight("/objects/k").await;
+    let gate = up.hold("/objects/k");
+    let first = spawn_put(proxy.url("/objects/k"), 1);
+    gate.wait_arrived().await;
     // Token 3 queues first; token 2 passes the early check (mark is 1) and
     // queues behind it. When its turn comes the mark is 3: it must lose.
-    let three = slow_put(proxy.url("/objects/k"), 3, 0);
+    let three = spawn_put(proxy.url("/objects/k"), 3);
     proxy.wait_metric("fencegate_waiting_requests", 1.0).await;
-    let two = slow_put(proxy.url("/objects/k"), 2, 0);
+    let two = spawn_put(proxy.url("/objects/k"), 2);
     proxy.wait_metric("fencegate_waiting_requests", 2.0).await;
 
+    gate.release();
     assert_eq!(first.await.unwrap().status, 200);
     assert_eq!(three.await.unwrap().status, 200);
     let r = two.await.unwrap();
@@ -126,19 +137,21 @@ async fn randomized_writers_never_break_the_invariants() {
     const KEYS: usize = 6;
     const WRITERS: usize = 24;
     const ROUNDS: usize = 40;
+    let seed = test_seed();
     let (up, proxy) = setup().await;
     // The lock service: each key's token grows with every new owner.
     let epochs: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
 
     let mut writers = Vec::new();
-    for _ in 0..WRITERS {
+    for writer in 0..WRITERS {
         let (epochs, base) = (epochs.clone(), proxy.url("/objects/"));
+        // One generator per writer, so each writer's choices replay from the seed.
+        let mut rng = StdRng::seed_from_u64(seed.wrapping_add(writer as u64));
         writers.push(tokio::spawn(async move {
             let mut seen = Vec::new();
             let mut held: Option<(usize, u64)> = None;
             for _ in 0..ROUNDS {
                 let (key, token, slow, pause) = {
-                    let mut rng = rand::thread_rng();
                     // Mostly take the lock anew; sometimes keep writing with the
                     // token held since before a pause, which may be stale by now.
                     let (key, token) = match held {
@@ -210,11 +223,16 @@ async fn randomized_writers_never_break_the_invariants() {
 async fn a_write_whose_client_went_away_is_not_overtaken() {
     let up = RecordingUpstream::start().await;
     let proxy = Proxy::start(&route("objects", "/objects/", &up, "settle = \"1s\"")).await;
-    let first = slow_put(proxy.url("/objects/k"), 1, 400);
-    up.wait_in_flight("/objects/k").await;
+    let gate = up.hold("/objects/k");
+    let first = spawn_put(proxy.url("/objects/k"), 1);
+    gate.wait_arrived().await;
     first.abort();
     let _ = first.await;
-    assert_eq!(put(&proxy.url("/objects/k"), 2, "y").await.status, 200);
+    let second = spawn_put(proxy.url("/objects/k"), 2);
+    proxy.wait_metric("fencegate_waiting_requests", 1.0).await;
+    assert_eq!(up.in_flight("/objects/k"), 1, "token 2 reached the upstream while token 1 was held");
+    gate.release();
+    assert_eq!(second.await.unwrap().status, 200);
     assert!(up.overlaps().is_empty(), "token 2 reached the upstream while token 1 was still there");
     let k = up.applied_for("/objects/k");
     let last = k.last().expect("token 2 was applied");

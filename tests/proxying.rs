@@ -18,7 +18,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -46,9 +47,10 @@ fn values(headers: &serde_json::Map<String, serde_json::Value>, name: &str) -> V
         .map_or_else(Vec::new, |values| values.iter().map(|v| v.as_str().unwrap().to_string()).collect())
 }
 
+/// `len` random bytes from the logged test seed (`FENCEGATE_TEST_SEED` replays them).
 fn random_bytes(len: usize) -> Bytes {
     let mut data = vec![0u8; len];
-    rand::thread_rng().fill(&mut data[..]);
+    StdRng::seed_from_u64(test_seed()).fill(&mut data[..]);
     Bytes::from(data)
 }
 
@@ -430,8 +432,9 @@ async fn safe_methods_such_as_options_pass_untouched() {
     assert_eq!(put(&proxy.url("/objects/o"), 10, "").await.status, 200);
 }
 
-/// An upstream that counts the connections it accepts and the requests it
-/// answers, and closes a keep-alive connection idle for `idle`.
+/// An upstream that counts the connections it accepts, the requests it
+/// answers and the connections it has closed, and closes a keep-alive
+/// connection idle for `idle`.
 /// `PUT url` with body "v" and fencing token `token`.
 fn fenced_put(url: &str, token: u64) -> Request<Full<Bytes>> {
     Request::put(url).header("x-fencing-token", token.to_string()).body(Full::new(Bytes::from_static(b"v"))).unwrap()
@@ -442,11 +445,12 @@ fn path_keyed_route(upstream: SocketAddr, extra: &str) -> String {
     format!("[[route]]\nname = \"k\"\nprefix = \"/\"\nupstream = \"http://{upstream}\"\nkey = \"{{path}}\"\n{extra}\n")
 }
 
-async fn counting_upstream(idle: Duration) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+async fn counting_upstream(idle: Duration) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (connections, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let (conns, reqs) = (connections.clone(), requests.clone());
+    let counter = || Arc::new(AtomicUsize::new(0));
+    let (connections, requests, closed) = (counter(), counter(), counter());
+    let (conns, reqs, ended) = (connections.clone(), requests.clone(), closed.clone());
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             conns.fetch_add(1, Ordering::SeqCst);
@@ -465,15 +469,19 @@ async fn counting_upstream(idle: Duration) -> (SocketAddr, Arc<AtomicUsize>, Arc
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(idle)
                 .serve_connection(TokioIo::new(stream), service);
-            tokio::spawn(conn);
+            let ended = ended.clone();
+            tokio::spawn(async move {
+                let _ = conn.await;
+                ended.fetch_add(1, Ordering::SeqCst);
+            });
         }
     });
-    (addr, connections, requests)
+    (addr, connections, requests, closed)
 }
 
 #[tokio::test]
 async fn a_client_connection_keeps_one_upstream_connection_and_outlives_its_idle_close() {
-    let (upstream, connections, requests) = counting_upstream(Duration::from_millis(300)).await;
+    let (upstream, connections, requests, closed) = counting_upstream(Duration::from_millis(300)).await;
     let proxy = Proxy::start(&path_keyed_route(upstream, "")).await;
     // One client connection (a pool of one), many requests in a row.
     let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(1).build_http::<Full<Bytes>>();
@@ -490,7 +498,12 @@ async fn a_client_connection_keeps_one_upstream_connection_and_outlives_its_idle
 
     // The upstream closes the idle connection; the next request from the same
     // client connection goes out once, on a fresh upstream connection.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    within("the upstream's idle close", async {
+        while closed.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
     assert_eq!(exchange(&client, put(21)).await.status, StatusCode::OK);
     assert_eq!(requests.load(Ordering::SeqCst), 21, "a request was lost or sent twice");
     assert_eq!(connections.load(Ordering::SeqCst), 2);
@@ -498,7 +511,7 @@ async fn a_client_connection_keeps_one_upstream_connection_and_outlives_its_idle
 
 #[tokio::test]
 async fn an_http2_client_uses_as_many_upstream_connections_as_it_has_requests_in_flight() {
-    let (upstream, connections, requests) = counting_upstream(Duration::from_secs(30)).await;
+    let (upstream, connections, requests, _) = counting_upstream(Duration::from_secs(30)).await;
     let proxy = Proxy::start(&path_keyed_route(upstream, "")).await;
     // One HTTP/2 client connection.
     let client = Client::builder(TokioExecutor::new()).http2_only(true).build_http::<Full<Bytes>>();

@@ -3,12 +3,15 @@
 //! The recording upstream is the witness the tests trust: it applies writes,
 //! records the order it applied them in with their start and end, the token
 //! header it saw, and any moment two writes to one key were in flight at once.
+//! A test can hold writes there ([`RecordingUpstream::hold`]) and release them
+//! when it has seen what it wants to see meanwhile.
 
 #![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,6 +23,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
+
+pub use hold::{Gate, PATIENCE};
+use hold::{Hold, Matcher};
 
 /// One write the upstream applied.
 #[derive(Debug, Clone)]
@@ -40,12 +46,14 @@ struct UpstreamState {
     overlaps: Vec<String>,
     objects: HashMap<String, Bytes>,
     seen: Vec<(Method, String, HeaderMap)>,
+    holds: Vec<Arc<Hold>>,
 }
 
 /// A recording HTTP store on `127.0.0.1:0`.
 ///
 /// - `PUT`/`POST`/`PATCH`/`DELETE` apply a write to the path; the header
-///   `x-slow-ms: N` makes it take at least N ms (the body is read first).
+///   `x-slow-ms: N` makes it take at least N ms (the body is read first). A
+///   write caught by a [`hold`](Self::hold) waits, body read, until released.
 /// - `GET` returns the stored body (404 if none).
 /// - `GET /echo...` answers a JSON document of the method, URI and headers seen.
 /// - An `Upgrade: echo` request is switched to a raw byte echo.
@@ -104,11 +112,37 @@ impl RecordingUpstream {
 
     /// Waits until a write to `key` is in flight at the upstream.
     pub async fn wait_in_flight(&self, key: &str) {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + PATIENCE;
         while self.in_flight(key) == 0 {
-            assert!(Instant::now() < deadline, "no write to {key} reached the upstream");
+            assert!(Instant::now() < deadline, "no write to {key} reached the upstream within {PATIENCE:?}");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    /// Holds the next write to `key` at the upstream (arrived, counted in
+    /// flight, not applied) until the returned gate is released or dropped.
+    pub fn hold(&self, key: &str) -> Gate {
+        self.hold_next(key, 1)
+    }
+
+    /// Holds the next `n` writes to `key` until the gate is released or dropped.
+    pub fn hold_next(&self, key: &str, n: usize) -> Gate {
+        let key = key.to_string();
+        self.hold_where(n, format!("write(s) to {key}"), move |_, path, _| path == key)
+    }
+
+    /// Holds the next `n` writes for which `matches(method, path, headers)` is
+    /// true; `what` names them in failure messages.
+    pub fn hold_where(
+        &self,
+        n: usize,
+        what: impl Into<String>,
+        matches: impl Fn(&Method, &str, &HeaderMap) -> bool + Send + Sync + 'static,
+    ) -> Gate {
+        let matcher: Matcher = Box::new(matches);
+        let hold = Hold::new(n, what.into(), matcher);
+        self.state.lock().unwrap().holds.push(hold.clone());
+        Gate { hold }
     }
 
     pub fn object(&self, key: &str) -> Option<Bytes> {
@@ -168,14 +202,23 @@ impl RecordingUpstream {
 
         // A write: mark it in flight, read the body, maybe dawdle, apply, record.
         let started = Instant::now();
-        {
+        let held = {
             let mut st = self.state.lock().unwrap();
             let n = st.in_flight.entry(key.clone()).or_insert(0);
             *n += 1;
             if *n > 1 {
                 st.overlaps.push(key.clone());
             }
-        }
+            // Claimed under the state lock, so no two writes take a hold's last slot.
+            let hold = st
+                .holds
+                .iter()
+                .find(|h| h.claimed.load(Ordering::SeqCst) < h.limit && (h.matches)(&method, &key, req.headers()));
+            hold.inspect(|h| {
+                h.claimed.fetch_add(1, Ordering::SeqCst);
+            })
+            .cloned()
+        };
         // Counts the write out of flight however the handler ends.
         let in_flight = InFlight { state: self.state.clone(), key: key.clone() };
         let token = req.headers().get("x-fencing-token").map(|v| v.to_str().unwrap_or("?").to_string());
@@ -188,6 +231,9 @@ impl RecordingUpstream {
         // caller hangs up meanwhile: the rest runs in a task of its own.
         let state = self.state.clone();
         let applying = tokio::spawn(async move {
+            if let Some(hold) = held {
+                hold.arrive_and_wait().await;
+            }
             if let Some(ms) = slow {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
             }
@@ -291,9 +337,9 @@ impl Proxy {
 impl Proxy {
     /// Waits until a metric reaches `value`.
     pub async fn wait_metric(&self, series: &str, value: f64) {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + PATIENCE;
         while self.metric(series).await != Some(value) {
-            assert!(Instant::now() < deadline, "{series} never reached {value}");
+            assert!(Instant::now() < deadline, "{series} never reached {value} within {PATIENCE:?}");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -383,6 +429,18 @@ pub fn enc(text: &str) -> String {
         .collect()
 }
 
+/// The seed of a randomized test: `FENCEGATE_TEST_SEED` to replay a run, a
+/// fresh one otherwise. Printed first, so a failure's output says how to repeat it.
+pub fn test_seed() -> u64 {
+    let seed = match std::env::var("FENCEGATE_TEST_SEED") {
+        Ok(text) => text.parse().unwrap_or_else(|_| panic!("FENCEGATE_TEST_SEED={text:?} is not a u64")),
+        Err(_) => rand::random(),
+    };
+    eprintln!("FENCEGATE_TEST_SEED={seed}");
+    seed
+}
+
+pub mod hold;
 pub mod process;
 pub mod raw;
 pub mod realistic;

@@ -10,10 +10,9 @@ use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -23,26 +22,22 @@ use super::Proxy;
 pub const DEADLINE: Duration = Duration::from_secs(30);
 pub const BIN: &str = env!("CARGO_BIN_EXE_fencegate");
 
-/// A fresh directory under the system temp dir, removed on drop.
-pub struct TempDir(pub PathBuf);
+/// A fresh directory under the system temp dir, removed on drop, that writes
+/// config and key files for a test.
+pub struct TempDir(tempfile::TempDir);
 
 impl TempDir {
     pub fn new() -> TempDir {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("fencegate-test-{}-{n}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
+        TempDir(tempfile::Builder::new().prefix("fencegate-test-").tempdir().expect("a temp dir can be created"))
     }
 
     pub fn path(&self) -> &Path {
-        &self.0
+        self.0.path()
     }
 
     /// Writes `text` to `name` (parent directories created) and returns its path.
     pub fn write(&self, name: &str, text: &str) -> PathBuf {
-        let path = self.0.join(name);
+        let path = self.path().join(name);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).unwrap();
         }
@@ -54,12 +49,6 @@ impl TempDir {
 impl Default for TempDir {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -174,7 +163,7 @@ impl Running {
     pub async fn start(config: &str) -> Running {
         let dir = TempDir::new();
         let path = dir.write("fencegate.toml", config);
-        let mut running = Running::start_cmd(fencegate(&dir.0).arg("--config").arg(&path)).await;
+        let mut running = Running::start_cmd(fencegate(dir.path()).arg("--config").arg(&path)).await;
         running._dir = Some(dir);
         running
     }
