@@ -5,10 +5,34 @@
 //! whose lease has expired. fencegate is that place for upstreams that cannot
 //! compare tokens themselves: it reads `X-Fencing-Token`, compares it atomically
 //! with the highest token seen for the resource key, and forwards only writes that
-//! are not stale, one at a time per key.
+//! are not stale, one at a time per key. The guarantee, step by step, is written
+//! down once, in `docs/behaviour.md`.
 //!
 //! Start it in-process with [`Fencegate::bind`] and [`Fencegate::run`], or use
 //! the `fencegate` binary.
+//!
+//! # Where things are
+//!
+//! A request, from the listener to the upstream, file by file:
+//!
+//! | file | what it owns |
+//! |---|---|
+//! | `server/` | listeners, the connection limit, worker threads, the slow-head and idle guards, the drain |
+//! | `stack.rs` | the tower stack, composed in the order below |
+//! | `access_log.rs` | one access-log event and one metrics update per response |
+//! | `rescue.rs` | refusals and panics become problem+json responses, never resets |
+//! | `routing/` | the canonical target, the route, method overrides, the WebDAV `Destination` |
+//! | `fence/head.rs` | everything the head decides: token, signature, key, a stale or jumping token |
+//! | `body.rs` | the body limit, and fenced bodies read whole within a global budget |
+//! | `fence/service.rs` | the keys' turns, the atomic raise, the forward on a task of its own |
+//! | `proxy/` | the upstream connections, header rewrite, timeouts, upgrades |
+//!
+//! And what they lean on: `canonical.rs` (path and host canonical forms),
+//! `route/` (routes, patterns, key templates), `fence/store/` (marks in memory
+//! or on disk), `fence/gate.rs` (per-key turns), `error.rs` (the refusals and
+//! their status table), `problem.rs` (problem+json), `outcome.rs` (what the log
+//! and metrics call each outcome), `config/` (file → validated config →
+//! secrets), `admin/` (health, metrics, the fence API and its CLI client).
 
 #![forbid(unsafe_code)]
 

@@ -1,9 +1,9 @@
 //! The fence: token parsing, mark stores, per-key turns and the tower middleware.
 //!
-//! Two layers, with the body read between them (see [`crate::stack`]):
-//! [`HeadChecksLayer`] decides everything the request head can decide (token,
+//! Two layers, with the body read between them (see `src/stack.rs`):
+//! `HeadChecksLayer` decides everything the request head can decide (token,
 //! signature, key, a stale or jumping token) before a byte of the body is
-//! read; [`FencingLayer`] then takes the keys' turns in key order, raises the
+//! read; `FencingLayer` then takes the keys' turns in key order, raises the
 //! marks atomically under them, and forwards on a task of its own. What each
 //! step refuses, and with which status, is the guarantee written down once in
 //! `docs/behaviour.md` ("The guarantee, step by step").

@@ -5,7 +5,7 @@ use dashmap::mapref::entry::Entry;
 
 use super::{Advance, FenceStore, StoreError};
 
-/// Marks in a [`DashMap`]: fast, and every fence dies with the process.
+/// Marks in a [`DashMap`](dashmap::DashMap): fast, and every fence dies with the process.
 ///
 /// `advance` holds the key's shard lock for the compare and the raise together
 /// and never across an `.await`, so concurrent advances of one key serialize and

@@ -90,7 +90,7 @@ impl Default for Tuning {
     }
 }
 
-/// Durable marks with a bounded cache; see the [module docs](self).
+/// Durable marks with a bounded cache; see the module docs.
 ///
 /// Its async methods run on a tokio runtime: cache misses and listings read the
 /// disk on its blocking pool. On a current-thread runtime, a raise waiting for
