@@ -111,4 +111,40 @@ mod tests {
         assert_eq!(into_fenced.destination.unwrap().path, "/objects/b");
         assert!(!copy("/lenient/b").unwrap().fenced);
     }
+
+    /// The problem's `detail` reads as it did when these were strings.
+    #[test]
+    fn destination_refusals_keep_their_wording() {
+        let detail = |values: &[&str]| {
+            let mut headers = vec![("host", "a.example")];
+            headers.extend(values.iter().map(|v| ("destination", *v)));
+            route("COPY", "/objects/a", &headers).err().map(|e| e.to_string()).unwrap_or_default()
+        };
+        let prefix = "the Destination header cannot be fenced: ";
+        for (values, want) in [
+            (&["/objects/b", "/objects/c"][..], "more than one Destination header".to_string()),
+            (&["ftp://a.example/objects/b"], "'ftp://a.example/objects/b' is not an http URI".into()),
+            (
+                &["http://user@a.example/objects/b"],
+                format!("host 'user@a.example': {}", crate::canonical::HostError::Userinfo),
+            ),
+            (
+                &["http://b.example/objects/b"],
+                "'http://b.example/objects/b' names another host than the request's".into(),
+            ),
+            (&["objects/b"], "'objects/b' is not a URI (invalid format)".into()),
+            (&["*"], "'*' is neither an absolute URI nor an absolute path".into()),
+            (&["/nowhere/b"], "no route covers '/nowhere/b'".into()),
+            (
+                &["/objects/b%2Fc"],
+                format!("the request path cannot be made canonical: {}", crate::canonical::PathError::EncodedSlash),
+            ),
+            (
+                &["/elsewhere/b"],
+                "'/elsewhere/b' is served by route 'elsewhere', which sends to another upstream".into(),
+            ),
+        ] {
+            assert_eq!(detail(values), format!("{prefix}{want}"), "{values:?}");
+        }
+    }
 }

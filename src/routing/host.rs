@@ -66,4 +66,30 @@ mod tests {
             assert!(matches!(route("PUT", target, &[("host", host)]), Err(ProxyError::BadHost(_))), "{target} {host}");
         }
     }
+
+    /// The problem's `detail` reads as it did when these were strings.
+    #[test]
+    fn host_refusals_keep_their_wording() {
+        let detail = |target: &str, hosts: &[&str]| {
+            let headers: Vec<_> = hosts.iter().map(|h| ("host", *h)).collect();
+            route("PUT", target, &headers).err().map(|e| e.to_string()).unwrap_or_default()
+        };
+        let prefix = "the request's host is not one fencegate can route by: ";
+        for (target, hosts, want) in [
+            ("/objects/a", &["a.example", "b.example"][..], "more than one Host header"),
+            ("/objects/a", &["a.example:x"], "'a.example:x': the port is not a number from 1 to 65535"),
+            (
+                "http://a..example/objects/a",
+                &[],
+                "'a..example': the host has an empty label (a leading dot, '..', or more than one trailing dot)",
+            ),
+            (
+                "http://b.example/objects/a",
+                &["A.example"],
+                "the target names host 'b.example' and the Host header 'a.example'",
+            ),
+        ] {
+            assert_eq!(detail(target, hosts), format!("{prefix}{want}"), "{target} {hosts:?}");
+        }
+    }
 }

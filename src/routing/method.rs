@@ -60,4 +60,12 @@ mod tests {
             Err(ProxyError::MethodOverride(..))
         ));
     }
+
+    /// The problem's `detail` names both methods, as sent, in header order.
+    #[test]
+    fn disagreeing_overrides_keep_their_wording() {
+        let headers = [("x-http-method-override", "GET"), ("x-method-override", "delete")];
+        let error = route("POST", "/objects/a", &headers).err().map(|e| e.to_string());
+        assert_eq!(error.as_deref(), Some("the method-override headers name different methods ('GET' and 'delete')"));
+    }
 }
