@@ -19,6 +19,7 @@ use crate::outcome::{Decision, Outcome};
 use crate::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
 use crate::proxy::{ProxyBody, UpstreamError};
 use crate::route::{KeyError, RouteTag};
+use crate::routing::HostError;
 
 /// Why fencegate answered a request itself instead of the upstream.
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +47,7 @@ pub enum ProxyError {
     #[error("the request path cannot be made canonical: {0}")]
     BadPath(#[from] PathError),
     #[error("the request's host is not one fencegate can route by: {0}")]
-    BadHost(String),
+    BadHost(#[from] HostError),
     #[error("header '{0}' has a value with leading or trailing whitespace, which HTTP/2 forbids")]
     BadHeader(HeaderName),
     #[error("the method-override headers name different methods ('{0}' and '{1}')")]
