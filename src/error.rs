@@ -19,7 +19,7 @@ use crate::outcome::{Decision, Outcome};
 use crate::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
 use crate::proxy::{ProxyBody, UpstreamError};
 use crate::route::{KeyError, RouteTag};
-use crate::routing::HostError;
+use crate::routing::{DestinationError, HostError};
 
 /// Why fencegate answered a request itself instead of the upstream.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +55,7 @@ pub enum ProxyError {
     #[error("a {0} request carries a body, which this route does not allow for methods it does not fence")]
     BodyNotAllowed(http::Method),
     #[error("the Destination header cannot be fenced: {0}")]
-    BadDestination(String),
+    BadDestination(#[from] DestinationError),
     #[error("fencegate holds as many request bodies as it may ({0} bytes); try again shortly")]
     BufferFull(u64),
     #[error(transparent)]

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use http::uri::PathAndQuery;
 use http::{HeaderMap, Request, Uri, Version};
 
-pub use destination::{Destination, DESTINATION};
+pub use destination::{Destination, DestinationError, DESTINATION};
 pub use host::HostError;
 pub use layer::RoutingLayer;
 pub use service::Routing;
@@ -102,7 +102,7 @@ pub(crate) fn route_request<B>(
             fenced.then_some(d)
         }
         Ok(None) => None,
-        Err(e) if fenced => return Err(tagged(e)),
+        Err(e) if fenced => return Err(tagged(e.into())),
         // A request its route does not fence, whose Destination names nothing
         // fencegate routes: not a write fencegate guards, passed on untouched.
         Err(_) => None,
