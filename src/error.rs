@@ -19,6 +19,7 @@ use crate::outcome::{Decision, Outcome};
 use crate::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
 use crate::proxy::{ProxyBody, UpstreamError};
 use crate::route::{KeyError, RouteTag};
+use crate::routing::{DestinationError, HostError};
 
 /// Why fencegate answered a request itself instead of the upstream.
 #[derive(Debug, thiserror::Error)]
@@ -46,15 +47,15 @@ pub enum ProxyError {
     #[error("the request path cannot be made canonical: {0}")]
     BadPath(#[from] PathError),
     #[error("the request's host is not one fencegate can route by: {0}")]
-    BadHost(String),
+    BadHost(#[from] HostError),
     #[error("header '{0}' has a value with leading or trailing whitespace, which HTTP/2 forbids")]
     BadHeader(HeaderName),
-    #[error("the method-override headers name different methods ('{0}' and '{1}')")]
-    MethodOverride(String, String),
+    #[error("the method-override headers name different methods ('{first}' and '{second}')")]
+    MethodOverride { first: String, second: String },
     #[error("a {0} request carries a body, which this route does not allow for methods it does not fence")]
     BodyNotAllowed(http::Method),
     #[error("the Destination header cannot be fenced: {0}")]
-    BadDestination(String),
+    BadDestination(#[from] DestinationError),
     #[error("fencegate holds as many request bodies as it may ({0} bytes); try again shortly")]
     BufferFull(u64),
     #[error(transparent)]
@@ -91,7 +92,7 @@ impl ProxyError {
             E::BadPath(_) => (S::BAD_REQUEST, O::BadRequest, P::BAD_PATH),
             E::BadHost(_) => (S::BAD_REQUEST, O::BadRequest, P::BAD_HOST),
             E::BadHeader(_) => (S::BAD_REQUEST, O::BadRequest, P::BAD_HEADER),
-            E::MethodOverride(..) => (S::BAD_REQUEST, O::BadRequest, P::METHOD_OVERRIDE),
+            E::MethodOverride { .. } => (S::BAD_REQUEST, O::BadRequest, P::METHOD_OVERRIDE),
             E::BodyNotAllowed(_) => (S::BAD_REQUEST, O::BadRequest, P::BODY_NOT_ALLOWED),
             E::BadDestination(_) => (S::BAD_REQUEST, O::BadRequest, P::BAD_DESTINATION),
             E::BufferFull(_) => (S::SERVICE_UNAVAILABLE, O::BufferFull, P::BUFFER_FULL),

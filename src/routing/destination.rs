@@ -7,7 +7,7 @@ use http::header::HeaderValue;
 use http::{HeaderMap, HeaderName, Uri};
 
 use super::find_route;
-use crate::canonical::canonical_host;
+use crate::canonical::{self, canonical_host};
 use crate::error::ProxyError;
 use crate::route::{Route, RouteTable};
 
@@ -24,44 +24,77 @@ pub struct Destination {
     pub query: Option<String>,
 }
 
+/// Why a `Destination` cannot be fenced (a 400 `bad-destination`). The texts
+/// are the problem's `detail`, after "the Destination header cannot be
+/// fenced: ".
+#[derive(Debug, thiserror::Error)]
+pub enum DestinationError {
+    #[error("more than one Destination header")]
+    Repeated,
+    #[error("not ASCII")]
+    NotAscii,
+    #[error("'{text}' is not a URI ({source})")]
+    NotUri {
+        text: String,
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    #[error("'{0}' is not an http URI")]
+    NotHttp(String),
+    #[error("host '{authority}': {source}")]
+    Host {
+        authority: String,
+        #[source]
+        source: canonical::HostError,
+    },
+    #[error("'{0}' names another host than the request's")]
+    OtherHost(String),
+    #[error("'{0}' is neither an absolute URI nor an absolute path")]
+    NotAbsolute(String),
+    #[error("no route covers '{0}'")]
+    NoRoute(String),
+    /// Routing refused the destination's path as it refuses a request's own
+    /// (a path with no canonical form), in the same words.
+    #[error(transparent)]
+    Unroutable(Box<ProxyError>),
+    #[error("'{path}' is served by route '{route}', which sends to another upstream")]
+    OtherUpstream { path: String, route: Arc<str> },
+}
+
 /// The canonical, routed `Destination` of a fenced request, if it has one.
 pub(super) fn destination(
     routes: &RouteTable,
     route: &Route,
     host: Option<&HeaderValue>,
     headers: &HeaderMap,
-) -> Result<Option<Destination>, ProxyError> {
+) -> Result<Option<Destination>, DestinationError> {
     let mut values = headers.get_all(DESTINATION).iter();
     let Some(value) = values.next() else { return Ok(None) };
     if values.next().is_some() {
-        return Err(ProxyError::BadDestination("more than one Destination header".into()));
+        return Err(DestinationError::Repeated);
     }
-    let text = value.to_str().map_err(|_| ProxyError::BadDestination("not ASCII".into()))?;
-    let uri: Uri = text.parse().map_err(|e| ProxyError::BadDestination(format!("'{text}' is not a URI ({e})")))?;
+    let text = value.to_str().map_err(|_| DestinationError::NotAscii)?;
+    let uri: Uri = text.parse().map_err(|source| DestinationError::NotUri { text: text.to_string(), source })?;
     if let Some(authority) = uri.authority() {
         let default_port = match uri.scheme_str() {
             Some("http") => 80,
             Some("https") => 443,
-            _ => return Err(ProxyError::BadDestination(format!("'{text}' is not an http URI"))),
+            _ => return Err(DestinationError::NotHttp(text.to_string())),
         };
         let theirs = canonical_host(authority.as_str(), default_port)
-            .map_err(|e| ProxyError::BadDestination(format!("host '{authority}': {e}")))?;
+            .map_err(|source| DestinationError::Host { authority: authority.to_string(), source })?;
         if host.map(HeaderValue::as_bytes) != Some(theirs.as_bytes()) {
-            return Err(ProxyError::BadDestination(format!("'{text}' names another host than the request's")));
+            return Err(DestinationError::OtherHost(text.to_string()));
         }
     } else if !text.starts_with('/') {
-        return Err(ProxyError::BadDestination(format!("'{text}' is neither an absolute URI nor an absolute path")));
+        return Err(DestinationError::NotAbsolute(text.to_string()));
     }
     let (_, to, path) = find_route(routes, uri.path()).map_err(|e| match e {
-        ProxyError::NoRoute { path } => ProxyError::BadDestination(format!("no route covers '{path}'")),
-        other => ProxyError::BadDestination(other.to_string()),
+        ProxyError::NoRoute { path } => DestinationError::NoRoute(path),
+        other => DestinationError::Unroutable(Box::new(other)),
     })?;
     if to.upstream != route.upstream {
-        return Err(ProxyError::BadDestination(format!(
-            "'{}' is served by route '{}', which sends to another upstream",
-            uri.path(),
-            to.name
-        )));
+        return Err(DestinationError::OtherUpstream { path: uri.path().to_string(), route: to.name.clone() });
     }
     let path = path.unwrap_or_else(|| uri.path().to_string());
     Ok(Some(Destination { route: to, path, query: uri.query().map(str::to_string) }))
@@ -110,5 +143,41 @@ mod tests {
         assert!(into_fenced.fenced);
         assert_eq!(into_fenced.destination.unwrap().path, "/objects/b");
         assert!(!copy("/lenient/b").unwrap().fenced);
+    }
+
+    /// The problem's `detail` reads as it did when these were strings.
+    #[test]
+    fn destination_refusals_keep_their_wording() {
+        let detail = |values: &[&str]| {
+            let mut headers = vec![("host", "a.example")];
+            headers.extend(values.iter().map(|v| ("destination", *v)));
+            route("COPY", "/objects/a", &headers).err().map(|e| e.to_string()).unwrap_or_default()
+        };
+        let prefix = "the Destination header cannot be fenced: ";
+        for (values, want) in [
+            (&["/objects/b", "/objects/c"][..], "more than one Destination header".to_string()),
+            (&["ftp://a.example/objects/b"], "'ftp://a.example/objects/b' is not an http URI".into()),
+            (
+                &["http://user@a.example/objects/b"],
+                format!("host 'user@a.example': {}", canonical::HostError::Userinfo),
+            ),
+            (
+                &["http://b.example/objects/b"],
+                "'http://b.example/objects/b' names another host than the request's".into(),
+            ),
+            (&["objects/b"], "'objects/b' is not a URI (invalid format)".into()),
+            (&["*"], "'*' is neither an absolute URI nor an absolute path".into()),
+            (&["/nowhere/b"], "no route covers '/nowhere/b'".into()),
+            (
+                &["/objects/b%2Fc"],
+                format!("the request path cannot be made canonical: {}", canonical::PathError::EncodedSlash),
+            ),
+            (
+                &["/elsewhere/b"],
+                "'/elsewhere/b' is served by route 'elsewhere', which sends to another upstream".into(),
+            ),
+        ] {
+            assert_eq!(detail(values), format!("{prefix}{want}"), "{values:?}");
+        }
     }
 }

@@ -1,37 +1,58 @@
 //! The request's host, made canonical: one `Host` header that agrees with the
 //! target's authority, so a key made from it is the host the upstream serves.
 
-use http::header::{HeaderValue, HOST};
+use std::borrow::Cow;
+
+use http::header::{HeaderValue, InvalidHeaderValue, HOST};
 use http::{HeaderMap, Uri};
 
-use crate::canonical::canonical_host;
-use crate::error::ProxyError;
+use crate::canonical::{self, canonical_host};
+
+/// Why the request's host cannot be routed by (a 400 `bad-host`). The texts
+/// are the problem's `detail`, after "the request's host is not one
+/// fencegate can route by: ".
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("more than one Host header")]
+    Repeated,
+    #[error("the Host header is not ASCII")]
+    NotAscii,
+    /// The `Host` header or the target's authority has no canonical form.
+    #[error("'{text}': {source}")]
+    Malformed {
+        text: String,
+        #[source]
+        source: canonical::HostError,
+    },
+    /// Both name a host, canonical, and not the same one.
+    #[error("the target names host '{target}' and the Host header '{header}'")]
+    Disagree { target: String, header: String },
+    /// The canonical host is not a valid header value; canonical hosts are
+    /// plain ASCII, so this is refused rather than unwrapped.
+    #[error("'{host}'")]
+    NotHeaderValue {
+        host: String,
+        #[source]
+        source: InvalidHeaderValue,
+    },
+}
 
 /// Makes the request's host canonical and the one `Host` header; returns it.
-pub(super) fn request_host(uri: &Uri, headers: &mut HeaderMap) -> Result<Option<HeaderValue>, ProxyError> {
+pub(super) fn request_host(uri: &Uri, headers: &mut HeaderMap) -> Result<Option<HeaderValue>, HostError> {
     let default_port = if uri.scheme() == Some(&http::uri::Scheme::HTTPS) { 443 } else { 80 };
     let mut hosts = headers.get_all(HOST).iter();
     let header = hosts.next();
     if hosts.next().is_some() {
-        return Err(ProxyError::BadHost("more than one Host header".into()));
+        return Err(HostError::Repeated);
     }
     let from_header = match header {
-        Some(value) => {
-            let text = value.to_str().map_err(|_| ProxyError::BadHost("the Host header is not ASCII".into()))?;
-            Some(canonical_host(text, default_port).map_err(|e| ProxyError::BadHost(format!("'{text}': {e}")))?)
-        }
+        Some(value) => Some(canonical(value.to_str().map_err(|_| HostError::NotAscii)?, default_port)?),
         None => None,
     };
-    let from_uri = match uri.authority() {
-        Some(authority) => Some(
-            canonical_host(authority.as_str(), default_port)
-                .map_err(|e| ProxyError::BadHost(format!("'{authority}': {e}")))?,
-        ),
-        None => None,
-    };
+    let from_uri = uri.authority().map(|authority| canonical(authority.as_str(), default_port)).transpose()?;
     let host = match (from_header, from_uri) {
-        (Some(a), Some(b)) if a != b => {
-            return Err(ProxyError::BadHost(format!("the target names host '{b}' and the Host header '{a}'")))
+        (Some(named), Some(target)) if named != target => {
+            return Err(HostError::Disagree { target: target.into_owned(), header: named.into_owned() })
         }
         (Some(host), _) | (None, Some(host)) => host,
         (None, None) => return Ok(None),
@@ -40,15 +61,22 @@ pub(super) fn request_host(uri: &Uri, headers: &mut HeaderMap) -> Result<Option<
     if unchanged {
         return Ok(header.cloned());
     }
-    let value = HeaderValue::from_str(&host).map_err(|_| ProxyError::BadHost(format!("'{host}'")))?;
+    let value =
+        HeaderValue::from_str(&host).map_err(|source| HostError::NotHeaderValue { host: host.to_string(), source })?;
     headers.insert(HOST, value.clone());
     Ok(Some(value))
+}
+
+/// `text`'s canonical host, refused in the words of a malformed one.
+fn canonical(text: &str, default_port: u16) -> Result<Cow<'_, str>, HostError> {
+    canonical_host(text, default_port).map_err(|source| HostError::Malformed { text: text.to_string(), source })
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::tests::route;
     use super::*;
+    use crate::error::ProxyError;
 
     #[test]
     fn hosts_are_canonical_and_must_agree() {
@@ -64,6 +92,32 @@ mod tests {
             ("http://b.example/objects/a", "a.example"),
         ] {
             assert!(matches!(route("PUT", target, &[("host", host)]), Err(ProxyError::BadHost(_))), "{target} {host}");
+        }
+    }
+
+    /// The problem's `detail` reads as it did when these were strings.
+    #[test]
+    fn host_refusals_keep_their_wording() {
+        let detail = |target: &str, hosts: &[&str]| {
+            let headers: Vec<_> = hosts.iter().map(|h| ("host", *h)).collect();
+            route("PUT", target, &headers).err().map(|e| e.to_string()).unwrap_or_default()
+        };
+        let prefix = "the request's host is not one fencegate can route by: ";
+        for (target, hosts, want) in [
+            ("/objects/a", &["a.example", "b.example"][..], "more than one Host header"),
+            ("/objects/a", &["a.example:x"], "'a.example:x': the port is not a number from 1 to 65535"),
+            (
+                "http://a..example/objects/a",
+                &[],
+                "'a..example': the host has an empty label (a leading dot, '..', or more than one trailing dot)",
+            ),
+            (
+                "http://b.example/objects/a",
+                &["A.example"],
+                "the target names host 'b.example' and the Host header 'a.example'",
+            ),
+        ] {
+            assert_eq!(detail(target, hosts), format!("{prefix}{want}"), "{target} {hosts:?}");
         }
     }
 }

@@ -25,7 +25,7 @@ pub(super) fn is_fenced(route: &Route, method: &http::Method, headers: &HeaderMa
             match first {
                 Some(first) if !first.as_bytes().eq_ignore_ascii_case(value.as_bytes()) => {
                     let text = |v: &HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned();
-                    return Err(ProxyError::MethodOverride(text(first), text(value)));
+                    return Err(ProxyError::MethodOverride { first: text(first), second: text(value) });
                 }
                 Some(_) => {}
                 None => first = Some(value),
@@ -57,7 +57,15 @@ mod tests {
         assert!(fenced("GET", &[("x-http-method-override", "GET"), ("x-http-method", "get")]).unwrap());
         assert!(matches!(
             fenced("POST", &[("x-http-method-override", "GET"), ("x-method-override", "DELETE")]),
-            Err(ProxyError::MethodOverride(..))
+            Err(ProxyError::MethodOverride { .. })
         ));
+    }
+
+    /// The problem's `detail` names both methods, as sent, in header order.
+    #[test]
+    fn disagreeing_overrides_keep_their_wording() {
+        let headers = [("x-http-method-override", "GET"), ("x-method-override", "delete")];
+        let error = route("POST", "/objects/a", &headers).err().map(|e| e.to_string());
+        assert_eq!(error.as_deref(), Some("the method-override headers name different methods ('GET' and 'delete')"));
     }
 }

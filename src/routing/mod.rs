@@ -30,7 +30,8 @@ use std::sync::Arc;
 use http::uri::PathAndQuery;
 use http::{HeaderMap, Request, Uri, Version};
 
-pub use destination::{Destination, DESTINATION};
+pub use destination::{Destination, DestinationError, DESTINATION};
+pub use host::HostError;
 pub use layer::RoutingLayer;
 pub use service::Routing;
 
@@ -72,7 +73,7 @@ pub(crate) fn route_request<B>(
     if parts.version == Version::HTTP_2 {
         check_header_whitespace(&parts.headers).map_err(untagged)?;
     }
-    let host = host::request_host(&parts.uri, &mut parts.headers).map_err(untagged)?;
+    let host = host::request_host(&parts.uri, &mut parts.headers).map_err(|e| untagged(e.into()))?;
 
     let (index, route, path) = find_route(routes, parts.uri.path()).map_err(untagged)?;
     // Only a changed path is written back: what comes after routing reads the
@@ -101,7 +102,7 @@ pub(crate) fn route_request<B>(
             fenced.then_some(d)
         }
         Ok(None) => None,
-        Err(e) if fenced => return Err(tagged(e)),
+        Err(e) if fenced => return Err(tagged(e.into())),
         // A request its route does not fence, whose Destination names nothing
         // fencegate routes: not a write fencegate guards, passed on untouched.
         Err(_) => None,
