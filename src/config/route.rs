@@ -1,4 +1,4 @@
-//! Validating one `[[route]]` table into a [`Route`], through route.rs's own
+//! Validating one `[[route]]` table into a [`Route`], through the route module's own
 //! parsers, with every problem named by the route's index and name.
 //!
 //! The route's `signing_key_file` is only named here; reading it is
