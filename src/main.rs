@@ -77,10 +77,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Signing needs only the key file, not a valid config.
     if let Some(Command::Sign { key, token, key_file }) = &cli.command {
-        return match fencegate::config::load_signing_key(key_file) {
-            Ok(secret) => {
-                println!("{}", fencegate::fence::signature::sign(secret.bytes(), key, *token));
+        return match fencegate::config::load_signing_key(key_file).map(|secret| secret.bytes().map(<[u8]>::to_vec)) {
+            Ok(Some(secret)) => {
+                println!("{}", fencegate::fence::signature::sign(&secret, key, *token));
                 ExitCode::SUCCESS
+            }
+            Ok(None) => {
+                eprintln!("--key-file: the key could not be read");
+                ExitCode::from(2)
             }
             Err(e) => {
                 eprintln!("--key-file: {e}");

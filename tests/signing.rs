@@ -221,3 +221,25 @@ async fn fencegate_sign_prints_what_the_server_accepts() {
     assert!(text(&out.stderr).contains("holds 9 bytes; use a key of at least 16"), "{}", text(&out.stderr));
     assert!(out.stdout.is_empty());
 }
+
+/// A config whose key file was named but never read (its secrets step
+/// skipped) must not run a signing route open: fencegate refuses to start.
+#[tokio::test]
+async fn a_signing_key_never_read_keeps_fencegate_from_starting() {
+    let dir = TempDir::new();
+    let key_file = dir.write("fence.key", SECRET);
+    let upstream = RecordingUpstream::start().await;
+    let signing = format!("signing_key_file = {}", toml_string(&key_file.display().to_string()));
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{}",
+        route("objects", "/objects/", &upstream, &signing)
+    );
+    let validated = fencegate::Config::from_toml_str(&text).unwrap();
+    let unread: fencegate::Config = (*validated).clone();
+    let Err(err) = fencegate::Fencegate::bind(unread).await else { panic!("started with an unread signing key") };
+    assert!(err.to_string().contains("route 'objects' names a signing key file that was never read"), "{err}");
+    // Read, the same config starts.
+    let config = validated.read_secrets().unwrap();
+    assert_eq!(config.routes[0].signing_key.as_ref().and_then(|k| k.bytes()), Some(SECRET.as_bytes()));
+    assert!(fencegate::Fencegate::bind(config).await.is_ok());
+}

@@ -10,6 +10,7 @@ use super::defaults::*;
 use super::file::RouteSection;
 use super::problems::Problems;
 use crate::canonical::{canonical_path, EscapedSlashes, PathOptions};
+use crate::fence::signature::SigningKey;
 use crate::route::{KeyTemplate, PathPattern, Route, Upstream};
 
 /// How problems of the route at index `i` are labelled: `route[1] 'objects'`,
@@ -168,8 +169,9 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
         token_header: token_header?,
         preserve_host: s.preserve_host.unwrap_or(false),
         max_body,
-        // Read after validation, from `signing_key_file`, by the secrets step.
-        signing_key: None,
+        // Read after validation, from `signing_key_file`, by the secrets step;
+        // until then the route refuses every signature.
+        signing_key: s.signing_key_file.as_ref().map(|_| SigningKey::unread()),
         max_token_jump: s.max_token_jump,
     })
 }

@@ -10,7 +10,6 @@ use http::{HeaderMap, HeaderName, Response};
 use hyper::body::Body;
 use tower::{Layer, Service, ServiceExt};
 
-use super::signature::verify_header;
 use super::signature::SIGNATURE_HEADER;
 use super::store::FenceStore;
 use super::token::token_from_headers;
@@ -156,7 +155,7 @@ fn check_signature(
     name: &HeaderName,
 ) -> Result<(), ProxyError> {
     match &route.signing_key {
-        Some(signing_key) => Ok(verify_header(signing_key.bytes(), key, token, headers, name)?),
+        Some(signing_key) => Ok(signing_key.verify_header(key, token, headers, name)?),
         None => Ok(()),
     }
 }

@@ -51,7 +51,7 @@ use std::sync::Arc;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
 
 /// The request header that carries the signature.
@@ -65,15 +65,39 @@ const ENCODED_LEN: usize = 43;
 /// A route's shared secret for token signatures, read once from its key file.
 /// Its `Debug` never shows the bytes, so a logged config cannot leak it.
 #[derive(Clone)]
-pub struct SigningKey(Arc<[u8]>);
+pub struct SigningKey(Option<Arc<[u8]>>);
 
 impl SigningKey {
     pub fn new(bytes: &[u8]) -> Self {
-        SigningKey(bytes.into())
+        SigningKey(Some(bytes.into()))
     }
 
-    pub fn bytes(&self) -> &[u8] {
-        &self.0
+    /// The key of a route whose config names a key file that has not been
+    /// read yet. No signature verifies against it: a route that signs fails
+    /// closed, never open, if its secrets step was skipped.
+    pub fn unread() -> Self {
+        SigningKey(None)
+    }
+
+    /// The secret, or `None` while it is unread.
+    pub fn bytes(&self) -> Option<&[u8]> {
+        self.0.as_deref()
+    }
+
+    /// Checks the signature in header `name` for `token` on `fence_key`:
+    /// exactly one, and right.
+    pub fn verify_header(
+        &self,
+        fence_key: &str,
+        token: u64,
+        headers: &HeaderMap,
+        name: &HeaderName,
+    ) -> Result<(), SignatureError> {
+        let signature = one_header(headers, name)?;
+        match self.bytes() {
+            Some(key) => verify(key, fence_key, token, signature.as_bytes()),
+            None => Err(SignatureError::Wrong),
+        }
     }
 }
 
@@ -136,14 +160,8 @@ pub fn verify(key: &[u8], fence_key: &str, token: u64, header_value: &[u8]) -> R
     mac(key, fence_key, token).verify_slice(&tag).map_err(|_| SignatureError::Wrong)
 }
 
-/// Checks the signature in header `name`: exactly one, and right.
-pub fn verify_header(
-    key: &[u8],
-    fence_key: &str,
-    token: u64,
-    headers: &HeaderMap,
-    name: &HeaderName,
-) -> Result<(), SignatureError> {
+/// The one value of the signature header `name`: missing or repeated is refused.
+fn one_header<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Result<&'h HeaderValue, SignatureError> {
     let mut values = headers.get_all(name).iter();
     let Some(value) = values.next() else {
         return Err(SignatureError::Missing);
@@ -151,13 +169,12 @@ pub fn verify_header(
     if values.next().is_some() {
         return Err(SignatureError::Repeated);
     }
-    verify(key, fence_key, token, value.as_bytes())
+    Ok(value)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
 
     const KEY: &[u8] = b"fencegate-test-key-0123456789";
 
@@ -232,11 +249,20 @@ mod tests {
     fn reads_exactly_one_header() {
         let sig = sign(KEY, "/objects/a", 42);
         let mut h = HeaderMap::new();
-        assert_eq!(verify_header(KEY, "/objects/a", 42, &h, &SIGNATURE_HEADER), Err(SignatureError::Missing));
+        let key = SigningKey::new(KEY);
+        assert_eq!(key.verify_header("/objects/a", 42, &h, &SIGNATURE_HEADER), Err(SignatureError::Missing));
         h.insert(SIGNATURE_HEADER, HeaderValue::from_str(&sig).unwrap());
-        assert_eq!(verify_header(KEY, "/objects/a", 42, &h, &SIGNATURE_HEADER), Ok(()));
+        assert_eq!(key.verify_header("/objects/a", 42, &h, &SIGNATURE_HEADER), Ok(()));
         h.append(SIGNATURE_HEADER, HeaderValue::from_str(&sig).unwrap());
-        assert_eq!(verify_header(KEY, "/objects/a", 42, &h, &SIGNATURE_HEADER), Err(SignatureError::Repeated));
+        assert_eq!(key.verify_header("/objects/a", 42, &h, &SIGNATURE_HEADER), Err(SignatureError::Repeated));
+    }
+
+    #[test]
+    fn an_unread_key_verifies_nothing() {
+        let mut h = HeaderMap::new();
+        h.insert(SIGNATURE_HEADER, HeaderValue::from_str(&sign(b"", "/objects/a", 42)).unwrap());
+        let unread = SigningKey::unread();
+        assert_eq!(unread.verify_header("/objects/a", 42, &h, &SIGNATURE_HEADER), Err(SignatureError::Wrong));
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub enum StartError {
     Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Store(#[from] OpenError),
+    #[error("route '{0}' names a signing key file that was never read: load the config with its secrets")]
+    UnreadSigningKey(String),
 }
 
 /// A bound, not yet running fencegate. Binding first lets callers (tests,
@@ -55,6 +57,14 @@ pub struct Fencegate {
 impl Fencegate {
     /// Builds the store, the route table and both listeners.
     pub async fn bind(config: Config) -> Result<Fencegate, StartError> {
+        if let Some(route) = config.routes.iter().find(|r| r.signing_key.as_ref().is_some_and(|k| k.bytes().is_none()))
+        {
+            return Err(StartError::UnreadSigningKey(route.name.to_string()));
+        }
+        // Listeners first: a port already in use must not leave a store
+        // opened and never closed behind it.
+        let proxy = bind("proxy", config.server.listen).await?;
+        let admin = bind("admin", config.admin.listen).await?;
         let store = match &config.fences.store {
             StoreKind::Memory => {
                 warn!(
@@ -85,8 +95,6 @@ impl Fencegate {
             store: Arc::new(store),
             gate: Arc::new(gate),
         });
-        let proxy = bind("proxy", config.server.listen).await?;
-        let admin = bind("admin", config.admin.listen).await?;
         let state = Arc::new(AdminState {
             shared,
             draining: AtomicBool::new(false),

@@ -38,13 +38,10 @@ pub enum StoreError {
     #[error("fence store unavailable: the store is closing")]
     Closing,
     /// The disk under the journal has no room for the raise.
-    #[error("fence store unavailable: the disk holding the fence journal is full; raises fail until space is freed")]
+    #[error("fence store unavailable: appending to the fence journal: {0}")]
     DiskFull(#[source] Arc<std::io::Error>),
     /// The journal is full and the fold that empties it is not finishing.
-    #[error(
-        "fence store unavailable: the journal is full and folding it into the fence store is not finishing \
-         (is the disk slow or failing?)"
-    )]
+    #[error("fence store unavailable: the journal is full and folding it into the fence store is not finishing")]
     FoldStuck,
     /// The journal is full and the thread that folds it has stopped.
     #[error("fence store unavailable: the journal is full and the fold thread has stopped")]

@@ -85,7 +85,7 @@ async fn read_mark(
         Ok(table.get(&*key)?.map(|v| v.value()).max(journaled))
     })
     .await
-    .map_err(|e| StoreError::Task { context: "reading the fence store", source: Arc::new(e) })?
+    .map_err(|e| StoreError::Task { context: "read task", source: Arc::new(e) })?
     .map_err(|e| StoreError::Database { context: "reading the fence store", source: Arc::new(e) })
 }
 

@@ -246,7 +246,7 @@ impl FenceStore for FileStore {
             cache::list_marks(&db, &prefix_owned, after_owned.as_deref(), limit).map(|folded| (journaled, folded))
         })
         .await
-        .map_err(|e| StoreError::Task { context: "listing the fence store", source: Arc::new(e) })??;
+        .map_err(|e| StoreError::Task { context: "list task", source: Arc::new(e) })??;
         let mut merged = BTreeMap::<String, u64>::new();
         for (key, token) in folded.into_iter().chain(journaled) {
             let mark = merged.entry(key).or_insert(token);
