@@ -26,9 +26,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::error::{ProxyError, Rejection};
 use crate::fence::Checked;
-use crate::proxy::ProxyBody;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::proxy::{BoxError, ProxyBody};
 
 /// A request body on its way upstream: streamed under the route's limit, or
 /// read in full already (with the share of the budget it holds).
@@ -102,11 +100,6 @@ pub struct Held {
 impl BufferBudget {
     pub fn new(limit: u64) -> Arc<Self> {
         Arc::new(BufferBudget { used: AtomicU64::new(0), limit })
-    }
-
-    /// Bytes held now by bodies read whole.
-    pub fn used(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
     }
 
     /// Takes `bytes` more for `held`, or says the budget is spent.

@@ -17,7 +17,7 @@ use crate::fence::store::StoreError;
 use crate::fence::token::TokenError;
 use crate::outcome::{Decision, Outcome};
 use crate::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
-use crate::proxy::{ProxyBody, UpstreamError};
+use crate::proxy::{BoxError, ProxyBody, UpstreamError};
 use crate::route::{KeyError, RouteTag};
 use crate::routing::{DestinationError, HostError};
 
@@ -66,8 +66,9 @@ pub enum ProxyError {
     QueueTimeout(Duration),
     #[error(transparent)]
     StoreUnavailable(#[from] StoreError),
-    #[error("internal error: {0}")]
-    Internal(String),
+    /// A failure of fencegate's own, with what it was doing and why.
+    #[error("internal error: {context}{}", .source.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    Internal { context: &'static str, source: Option<BoxError> },
 }
 
 impl ProxyError {
@@ -101,7 +102,7 @@ impl ProxyError {
             E::UpstreamTimeout(_) => (S::GATEWAY_TIMEOUT, O::UpstreamTimeout, P::UPSTREAM_TIMEOUT),
             E::QueueTimeout(_) => (S::SERVICE_UNAVAILABLE, O::QueueTimeout, P::QUEUE_TIMEOUT),
             E::StoreUnavailable(_) => (S::SERVICE_UNAVAILABLE, O::StoreUnavailable, P::STORE_UNAVAILABLE),
-            E::Internal(_) => (S::INTERNAL_SERVER_ERROR, O::Internal, P::INTERNAL),
+            E::Internal { .. } => (S::INTERNAL_SERVER_ERROR, O::Internal, P::INTERNAL),
         }
     }
 
@@ -109,6 +110,11 @@ impl ProxyError {
     #[cfg(test)]
     pub fn status(&self) -> StatusCode {
         self.answer().0
+    }
+
+    /// An internal error while doing `context`, caused by `source`.
+    pub fn internal(context: &'static str, source: impl Into<BoxError>) -> Self {
+        ProxyError::Internal { context, source: Some(source.into()) }
     }
 
     /// Whether the upstream may have received the request, and so may still

@@ -82,7 +82,8 @@ pub fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<ProxyBod
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic".to_string());
     tracing::error!(panic = %what, "a request panicked");
-    Rejection::from(ProxyError::Internal("the request could not be completed".into())).into_response()
+    Rejection::from(ProxyError::Internal { context: "the request could not be completed", source: None })
+        .into_response()
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use crate::stack::Shared;
 
 /// State the admin endpoints read.
 #[derive(Debug)]
-pub struct AdminState {
+pub(crate) struct AdminState {
     pub shared: Arc<Shared>,
     /// Set when shutdown begins; `/readyz` answers 503 from then on.
     pub draining: AtomicBool,
@@ -36,7 +36,7 @@ pub struct AdminState {
 }
 
 /// Answers one admin request from `peer`.
-pub async fn handle(
+pub(crate) async fn handle(
     state: Arc<AdminState>,
     peer: SocketAddr,
     req: Request<Incoming>,

@@ -1,3 +1,5 @@
+//! [`Fencing`](super::service::Fencing)'s response future.
+
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -23,7 +23,7 @@ use crate::routing::Routed;
 /// `Destination` falls under a route with a `signing_key_file`.
 pub const DESTINATION_SIGNATURE_HEADER: HeaderName = HeaderName::from_static("x-fencing-destination-signature");
 
-/// Applies [`HeadChecks`]; see the [module docs](super).
+/// Applies [`HeadChecks`]; see the module docs.
 #[derive(Debug)]
 pub struct HeadChecksLayer<St> {
     store: Arc<St>,
@@ -51,7 +51,7 @@ impl<S, St> Layer<S> for HeadChecksLayer<St> {
 
 /// Refuses, from the head alone, a fenced request that can never pass, and an
 /// unfenced one that carries a body it must not; hands the rest on as
-/// [`Checked`]. See the [module docs](super).
+/// [`Checked`]. Step 2 of the guarantee in `docs/behaviour.md` ("The guarantee, step by step").
 #[derive(Debug)]
 pub struct HeadChecks<S, St> {
     inner: S,
@@ -88,7 +88,8 @@ where
     }
 }
 
-/// Steps 1 to 4 of the [module docs](super), and the body rule for unfenced requests.
+/// Step 2 of the guarantee in `docs/behaviour.md` ("The guarantee, step by step"),
+/// and the body rule for unfenced requests.
 pub(super) async fn check<St: FenceStore, B: Body>(store: &St, routed: Routed<B>) -> Result<Checked<B>, Rejection> {
     let route = &routed.route;
     if !routed.fenced {

@@ -1,3 +1,6 @@
+//! The layer that puts [`Fencing`] in a stack, with the store and the gate
+//! every connection shares.
+
 use std::sync::Arc;
 
 use tower::Layer;

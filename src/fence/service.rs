@@ -1,3 +1,8 @@
+//! The turn-taking service: a checked request waits for its keys' turns (in
+//! key order, within one deadline), has its marks raised under them, and is
+//! forwarded on a task of its own that passes the turns on when the upstream
+//! answers, or after the settle period when the outcome is unknown.
+
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -16,8 +21,8 @@ use crate::proxy::ProxyBody;
 use crate::route::Route;
 use crate::routing::Routed;
 
-/// The fence's turn-taking middleware: steps 5 to 7 of the [module
-/// docs](super).
+/// The fence's turn-taking middleware: steps 4 to 6 of the guarantee in
+/// `docs/behaviour.md` ("The guarantee, step by step").
 ///
 /// It takes [`Checked`] requests, so a stack that does not route and check
 /// heads before it does not compile.
@@ -156,7 +161,7 @@ where
             rejection.settle = settled.then_some(settle);
             Err(rejection)
         }
-        Err(e) => Err(reject(ProxyError::Internal(format!("the forward task failed: {e}")), &key)),
+        Err(e) => Err(reject(ProxyError::internal("the forward task failed", e), &key)),
     }
 }
 

@@ -19,6 +19,7 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tower::Service;
 
+pub(crate) use error::BoxError;
 pub use error::UpstreamError;
 pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
 
@@ -86,8 +87,7 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
     let original_host = parts.headers.get(HOST).cloned();
     let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
     // Origin form: the connection already goes to the upstream.
-    parts.uri =
-        route.upstream.origin_form(path_and_query).map_err(|e| ProxyError::Internal(format!("upstream URI: {e}")))?;
+    parts.uri = route.upstream.origin_form(path_and_query).map_err(|e| ProxyError::internal("upstream URI", e))?;
 
     strip_hop_by_hop(&mut parts.headers, upgrade, Some(&route.token_header));
     add_forwarded(&mut parts.headers, &connection.client, original_host.clone());
@@ -106,7 +106,7 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
             if destination.query.is_some() { "?" } else { "" },
             destination.query.as_deref().unwrap_or_default()
         );
-        let value = HeaderValue::try_from(target).map_err(|e| ProxyError::Internal(format!("Destination: {e}")))?;
+        let value = HeaderValue::try_from(target).map_err(|e| ProxyError::internal("Destination", e))?;
         parts.headers.insert(crate::routing::DESTINATION, value);
     }
     parts.headers.insert(HOST, host);

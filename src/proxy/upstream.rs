@@ -130,7 +130,10 @@ async fn try_connect(authority: &Authority) -> Result<Sender, BoxError> {
     let addr = (authority.host().trim_start_matches('[').trim_end_matches(']'), authority.port_u16().unwrap_or(80));
     let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
         Ok(connected) => connected?,
-        Err(_) => return Err(format!("connecting to {authority} timed out after {CONNECT_TIMEOUT:?}").into()),
+        Err(_) => {
+            let what = format!("connecting to {authority} timed out after {CONNECT_TIMEOUT:?}");
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, what).into());
+        }
     };
     stream.set_nodelay(true)?;
     let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(stream)).await?;

@@ -86,8 +86,8 @@ pub(crate) fn route_request<B>(
             Some(query) => format!("{path}?{query}"),
             None => path.to_string(),
         };
-        let target = PathAndQuery::try_from(target)
-            .map_err(|e| untagged(ProxyError::Internal(format!("canonical target: {e}"))))?;
+        let target =
+            PathAndQuery::try_from(target).map_err(|e| untagged(ProxyError::internal("canonical target", e)))?;
         parts.uri = Uri::from(target);
     }
     let tag = RouteTag { index, name: route.name.clone() };

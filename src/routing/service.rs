@@ -14,7 +14,7 @@ use crate::error::Rejection;
 use crate::proxy::ProxyBody;
 use crate::route::RouteTable;
 
-/// Canonicalizes a request's target and finds its route; see the [module docs](self).
+/// Canonicalizes a request's target and finds its route; see the [module docs](super).
 /// Every response below, and every refusal, is tagged with the route.
 #[derive(Debug, Clone)]
 pub struct Routing<S> {
