@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use http::header::HeaderValue;
-use http::{HeaderName, Response, StatusCode};
+#[cfg(test)]
+use http::StatusCode;
+use http::{HeaderName, Response};
 use http_body_util::Either;
 
 use crate::canonical::PathError;
@@ -72,44 +74,43 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
-    /// How this refusal is answered and counted: the one table of status,
-    /// outcome and problem type per variant.
-    fn answer(&self) -> (StatusCode, Outcome, ProblemType) {
+    /// How this refusal is counted and answered: its outcome and its problem
+    /// type (which carries the status), one row per variant.
+    fn answer(&self) -> (Outcome, ProblemType) {
         use Outcome as O;
         use ProblemType as P;
         use ProxyError as E;
-        use StatusCode as S;
         match self {
-            E::StaleToken { .. } => (S::CONFLICT, O::Stale, P::STALE_TOKEN),
-            E::MissingToken { .. } => (S::PRECONDITION_REQUIRED, O::MissingToken, P::MISSING_TOKEN),
-            E::MalformedToken { .. } => (S::BAD_REQUEST, O::MalformedToken, P::MALFORMED_TOKEN),
-            E::BadKey(_) => (S::BAD_REQUEST, O::BadKey, P::BAD_KEY),
-            E::BadSignature(_) => (S::FORBIDDEN, O::BadSignature, P::BAD_SIGNATURE),
-            E::TokenJump { .. } => (S::FORBIDDEN, O::TokenJump, P::TOKEN_JUMP),
-            E::BodyTooLarge { .. } => (S::PAYLOAD_TOO_LARGE, O::BodyTooLarge, P::BODY_TOO_LARGE),
-            E::ClientBody(_) => (S::BAD_REQUEST, O::ClientError, P::CLIENT_BODY),
-            E::BodyTimeout(_) => (S::REQUEST_TIMEOUT, O::ClientError, P::BODY_TIMEOUT),
-            E::NoRoute { .. } => (S::NOT_FOUND, O::NoRoute, P::NO_ROUTE),
-            E::BadPath(_) => (S::BAD_REQUEST, O::BadRequest, P::BAD_PATH),
-            E::BadHost(_) => (S::BAD_REQUEST, O::BadRequest, P::BAD_HOST),
-            E::BadHeader(_) => (S::BAD_REQUEST, O::BadRequest, P::BAD_HEADER),
-            E::MethodOverride { .. } => (S::BAD_REQUEST, O::BadRequest, P::METHOD_OVERRIDE),
-            E::BodyNotAllowed(_) => (S::BAD_REQUEST, O::BadRequest, P::BODY_NOT_ALLOWED),
-            E::BadDestination(_) => (S::BAD_REQUEST, O::BadRequest, P::BAD_DESTINATION),
-            E::BufferFull(_) => (S::SERVICE_UNAVAILABLE, O::BufferFull, P::BUFFER_FULL),
-            E::Upstream(e) if e.may_have_sent() => (S::BAD_GATEWAY, O::UpstreamError, P::UPSTREAM_FAILED),
-            E::Upstream(_) => (S::BAD_GATEWAY, O::UpstreamError, P::UPSTREAM_UNREACHABLE),
-            E::UpstreamTimeout(_) => (S::GATEWAY_TIMEOUT, O::UpstreamTimeout, P::UPSTREAM_TIMEOUT),
-            E::QueueTimeout(_) => (S::SERVICE_UNAVAILABLE, O::QueueTimeout, P::QUEUE_TIMEOUT),
-            E::StoreUnavailable(_) => (S::SERVICE_UNAVAILABLE, O::StoreUnavailable, P::STORE_UNAVAILABLE),
-            E::Internal { .. } => (S::INTERNAL_SERVER_ERROR, O::Internal, P::INTERNAL),
+            E::StaleToken { .. } => (O::Stale, P::STALE_TOKEN),
+            E::MissingToken { .. } => (O::MissingToken, P::MISSING_TOKEN),
+            E::MalformedToken { .. } => (O::MalformedToken, P::MALFORMED_TOKEN),
+            E::BadKey(_) => (O::BadKey, P::BAD_KEY),
+            E::BadSignature(_) => (O::BadSignature, P::BAD_SIGNATURE),
+            E::TokenJump { .. } => (O::TokenJump, P::TOKEN_JUMP),
+            E::BodyTooLarge { .. } => (O::BodyTooLarge, P::BODY_TOO_LARGE),
+            E::ClientBody(_) => (O::ClientError, P::CLIENT_BODY),
+            E::BodyTimeout(_) => (O::ClientError, P::BODY_TIMEOUT),
+            E::NoRoute { .. } => (O::NoRoute, P::NO_ROUTE),
+            E::BadPath(_) => (O::BadRequest, P::BAD_PATH),
+            E::BadHost(_) => (O::BadRequest, P::BAD_HOST),
+            E::BadHeader(_) => (O::BadRequest, P::BAD_HEADER),
+            E::MethodOverride { .. } => (O::BadRequest, P::METHOD_OVERRIDE),
+            E::BodyNotAllowed(_) => (O::BadRequest, P::BODY_NOT_ALLOWED),
+            E::BadDestination(_) => (O::BadRequest, P::BAD_DESTINATION),
+            E::BufferFull(_) => (O::BufferFull, P::BUFFER_FULL),
+            E::Upstream(e) if e.may_have_sent() => (O::UpstreamError, P::UPSTREAM_FAILED),
+            E::Upstream(_) => (O::UpstreamError, P::UPSTREAM_UNREACHABLE),
+            E::UpstreamTimeout(_) => (O::UpstreamTimeout, P::UPSTREAM_TIMEOUT),
+            E::QueueTimeout(_) => (O::QueueTimeout, P::QUEUE_TIMEOUT),
+            E::StoreUnavailable(_) => (O::StoreUnavailable, P::STORE_UNAVAILABLE),
+            E::Internal { .. } => (O::Internal, P::INTERNAL),
         }
     }
 
     /// The status this refusal is answered with.
     #[cfg(test)]
     pub fn status(&self) -> StatusCode {
-        self.answer().0
+        self.answer().1.status
     }
 
     /// An internal error while doing `context`, caused by `source`.
@@ -159,7 +160,7 @@ impl Rejection {
 
     /// The problem+json response for this rejection, with its [`Decision`].
     pub fn into_response(self) -> Response<ProxyBody> {
-        let (status, outcome, kind) = self.error.answer();
+        let (outcome, kind) = self.error.answer();
         let detail = match self.settle {
             None => self.error.to_string(),
             Some(settle) => format!(
@@ -169,7 +170,7 @@ impl Rejection {
                 humantime::format_duration(settle)
             ),
         };
-        let mut problem = Problem::new(status, kind, detail);
+        let mut problem = Problem::new(kind, detail);
         if let Some(settle) = self.settle {
             problem = problem.member("settle_ms", settle.as_millis() as u64);
         }

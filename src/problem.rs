@@ -11,51 +11,72 @@ use serde_json::{Map, Value};
 /// Response header naming the current mark on a 409.
 pub const CURRENT_TOKEN_HEADER: HeaderName = HeaderName::from_static("x-fencing-token-current");
 
-/// A problem's `type` and `title`. The `urn:fencegate:problem:*` types are
-/// stable: clients and scripts match on them.
+/// A problem's status, `type` and `title`: the one table of them. The
+/// `urn:fencegate:problem:*` types are stable: clients and scripts match on them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProblemType {
+    pub status: StatusCode,
     pub uri: &'static str,
     pub title: &'static str,
 }
 
 impl ProblemType {
-    pub const STALE_TOKEN: Self = Self::urn("urn:fencegate:problem:stale-token", "Stale fencing token");
-    pub const MISSING_TOKEN: Self = Self::urn("urn:fencegate:problem:missing-token", "Fencing token required");
-    pub const MALFORMED_TOKEN: Self = Self::urn("urn:fencegate:problem:malformed-token", "Malformed fencing token");
-    pub const BAD_KEY: Self = Self::urn("urn:fencegate:problem:bad-key", "Cannot determine the fence key");
+    pub const STALE_TOKEN: Self =
+        Self::urn(StatusCode::CONFLICT, "urn:fencegate:problem:stale-token", "Stale fencing token");
+    pub const MISSING_TOKEN: Self =
+        Self::urn(StatusCode::PRECONDITION_REQUIRED, "urn:fencegate:problem:missing-token", "Fencing token required");
+    pub const MALFORMED_TOKEN: Self =
+        Self::urn(StatusCode::BAD_REQUEST, "urn:fencegate:problem:malformed-token", "Malformed fencing token");
+    pub const BAD_KEY: Self =
+        Self::urn(StatusCode::BAD_REQUEST, "urn:fencegate:problem:bad-key", "Cannot determine the fence key");
     pub const BAD_SIGNATURE: Self =
-        Self::urn("urn:fencegate:problem:bad-signature", "Token signature missing or wrong");
-    pub const TOKEN_JUMP: Self = Self::urn("urn:fencegate:problem:token-jump", "Token jumps too far ahead");
-    pub const BODY_TOO_LARGE: Self = Self::urn("urn:fencegate:problem:body-too-large", "Request body too large");
-    pub const CLIENT_BODY: Self = Self::urn("urn:fencegate:problem:client-body", "Request body failed");
-    pub const BODY_TIMEOUT: Self = Self::urn("urn:fencegate:problem:body-timeout", "Request body too slow");
-    pub const NO_ROUTE: Self = Self::urn("urn:fencegate:problem:no-route", "No route");
-    pub const BAD_PATH: Self = Self::urn("urn:fencegate:problem:bad-path", "Ambiguous request path");
-    pub const BAD_HOST: Self = Self::urn("urn:fencegate:problem:bad-host", "Malformed host");
-    pub const BAD_HEADER: Self = Self::urn("urn:fencegate:problem:bad-header", "Malformed header value");
+        Self::urn(StatusCode::FORBIDDEN, "urn:fencegate:problem:bad-signature", "Token signature missing or wrong");
+    pub const TOKEN_JUMP: Self =
+        Self::urn(StatusCode::FORBIDDEN, "urn:fencegate:problem:token-jump", "Token jumps too far ahead");
+    pub const BODY_TOO_LARGE: Self =
+        Self::urn(StatusCode::PAYLOAD_TOO_LARGE, "urn:fencegate:problem:body-too-large", "Request body too large");
+    pub const CLIENT_BODY: Self =
+        Self::urn(StatusCode::BAD_REQUEST, "urn:fencegate:problem:client-body", "Request body failed");
+    pub const BODY_TIMEOUT: Self =
+        Self::urn(StatusCode::REQUEST_TIMEOUT, "urn:fencegate:problem:body-timeout", "Request body too slow");
+    pub const NO_ROUTE: Self = Self::urn(StatusCode::NOT_FOUND, "urn:fencegate:problem:no-route", "No route");
+    pub const BAD_PATH: Self =
+        Self::urn(StatusCode::BAD_REQUEST, "urn:fencegate:problem:bad-path", "Ambiguous request path");
+    pub const BAD_HOST: Self = Self::urn(StatusCode::BAD_REQUEST, "urn:fencegate:problem:bad-host", "Malformed host");
+    pub const BAD_HEADER: Self =
+        Self::urn(StatusCode::BAD_REQUEST, "urn:fencegate:problem:bad-header", "Malformed header value");
     pub const METHOD_OVERRIDE: Self =
-        Self::urn("urn:fencegate:problem:method-override", "Conflicting method overrides");
+        Self::urn(StatusCode::BAD_REQUEST, "urn:fencegate:problem:method-override", "Conflicting method overrides");
     pub const BODY_NOT_ALLOWED: Self =
-        Self::urn("urn:fencegate:problem:body-not-allowed", "Body on an unfenced method");
+        Self::urn(StatusCode::BAD_REQUEST, "urn:fencegate:problem:body-not-allowed", "Body on an unfenced method");
     pub const BAD_DESTINATION: Self =
-        Self::urn("urn:fencegate:problem:bad-destination", "Destination cannot be fenced");
-    pub const BUFFER_FULL: Self = Self::urn("urn:fencegate:problem:buffer-full", "Too many buffered bodies");
-    pub const UPSTREAM_UNREACHABLE: Self = Self::urn("urn:fencegate:problem:upstream-error", "Upstream unreachable");
-    pub const UPSTREAM_FAILED: Self = Self::urn("urn:fencegate:problem:upstream-error", "Upstream failed");
-    pub const UPSTREAM_TIMEOUT: Self = Self::urn("urn:fencegate:problem:upstream-timeout", "Upstream timeout");
-    pub const QUEUE_TIMEOUT: Self = Self::urn("urn:fencegate:problem:queue-timeout", "Key busy");
-    pub const STORE_UNAVAILABLE: Self = Self::urn("urn:fencegate:problem:store-unavailable", "Fence store unavailable");
-    pub const INTERNAL: Self = Self::urn("urn:fencegate:problem:internal", "Internal error");
+        Self::urn(StatusCode::BAD_REQUEST, "urn:fencegate:problem:bad-destination", "Destination cannot be fenced");
+    pub const BUFFER_FULL: Self =
+        Self::urn(StatusCode::SERVICE_UNAVAILABLE, "urn:fencegate:problem:buffer-full", "Too many buffered bodies");
+    pub const UPSTREAM_UNREACHABLE: Self =
+        Self::urn(StatusCode::BAD_GATEWAY, "urn:fencegate:problem:upstream-error", "Upstream unreachable");
+    pub const UPSTREAM_FAILED: Self =
+        Self::urn(StatusCode::BAD_GATEWAY, "urn:fencegate:problem:upstream-error", "Upstream failed");
+    pub const UPSTREAM_TIMEOUT: Self =
+        Self::urn(StatusCode::GATEWAY_TIMEOUT, "urn:fencegate:problem:upstream-timeout", "Upstream timeout");
+    pub const QUEUE_TIMEOUT: Self =
+        Self::urn(StatusCode::SERVICE_UNAVAILABLE, "urn:fencegate:problem:queue-timeout", "Key busy");
+    pub const STORE_UNAVAILABLE: Self = Self::urn(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "urn:fencegate:problem:store-unavailable",
+        "Fence store unavailable",
+    );
+    pub const INTERNAL: Self =
+        Self::urn(StatusCode::INTERNAL_SERVER_ERROR, "urn:fencegate:problem:internal", "Internal error");
 
-    const fn urn(uri: &'static str, title: &'static str) -> Self {
-        ProblemType { uri, title }
+    const fn urn(status: StatusCode, uri: &'static str, title: &'static str) -> Self {
+        ProblemType { status, uri, title }
     }
 
     /// A problem with no type of its own (`about:blank`): the status and
     /// title say all a client needs, as for the admin API's 404 or 401.
-    pub const fn blank(title: &'static str) -> Self {
-        ProblemType { uri: "about:blank", title }
+    pub const fn blank(status: StatusCode, title: &'static str) -> Self {
+        ProblemType { status, uri: "about:blank", title }
     }
 }
 
@@ -68,7 +89,8 @@ pub struct Problem {
 }
 
 impl Problem {
-    pub fn new(status: StatusCode, kind: ProblemType, detail: impl Into<String>) -> Self {
+    pub fn new(kind: ProblemType, detail: impl Into<String>) -> Self {
+        let status = kind.status;
         let mut body = Map::new();
         body.insert("type".into(), kind.uri.into());
         body.insert("title".into(), kind.title.into());
@@ -115,7 +137,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_problem_carries_its_type_title_status_detail_and_members() {
-        let response = Problem::new(StatusCode::CONFLICT, ProblemType::STALE_TOKEN, "too low")
+        let response = Problem::new(ProblemType::STALE_TOKEN, "too low")
             .member("current", 7)
             .header(CURRENT_TOKEN_HEADER, HeaderValue::from(7u64))
             .into_response();

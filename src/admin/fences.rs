@@ -50,9 +50,7 @@ impl QueryError {
     fn into_response(self) -> Response<Full<Bytes>> {
         match self {
             QueryError::Bad(detail) => problem(StatusCode::BAD_REQUEST, "Bad query", detail),
-            QueryError::Path(detail) => {
-                Problem::new(StatusCode::BAD_REQUEST, ProblemType::BAD_PATH, detail).into_response()
-            }
+            QueryError::Path(detail) => Problem::new(ProblemType::BAD_PATH, detail).into_response(),
         }
     }
 }
@@ -207,7 +205,7 @@ async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> 
         Ok(Advance::Stale { current }) => {
             tracing::info!(target: "fencegate::audit", caller = %peer, key, token, current, "fence lowering refused");
             let detail = format!("token {token} is lower than the fence {current}; a fence never goes back");
-            Problem::new(StatusCode::CONFLICT, ProblemType::STALE_TOKEN, detail)
+            Problem::new(ProblemType::STALE_TOKEN, detail)
                 .member("key", key)
                 .member("token", token)
                 .member("current", current)
@@ -219,7 +217,7 @@ async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> 
 }
 
 fn unavailable(detail: String) -> Response<Full<Bytes>> {
-    Problem::new(StatusCode::SERVICE_UNAVAILABLE, ProblemType::STORE_UNAVAILABLE, detail).retry_soon().into_response()
+    Problem::new(ProblemType::STORE_UNAVAILABLE, detail).retry_soon().into_response()
 }
 
 #[cfg(test)]

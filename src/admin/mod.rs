@@ -108,5 +108,5 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<
 
 /// A problem with no type of its own: the status and title say it all.
 fn problem(status: StatusCode, title: &'static str, detail: impl Into<String>) -> Response<Full<Bytes>> {
-    Problem::new(status, ProblemType::blank(title), detail).into_response()
+    Problem::new(ProblemType::blank(status, title), detail).into_response()
 }
