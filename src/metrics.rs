@@ -73,7 +73,7 @@ impl Metrics {
         });
         registry.register(
             "fencegate_requests",
-            "Requests by route and outcome (forwarded, unfenced, stale, missing_token, malformed_token, bad_key, bad_signature, token_jump, body_too_large, client_error, bad_request, no_route, upstream_error, upstream_timeout, queue_timeout, store_unavailable, buffer_full, internal)",
+            format!("Requests by route and outcome ({})", Outcome::ALL.map(Outcome::as_str).join(", ")),
             requests.clone(),
         );
         registry.register(

@@ -240,7 +240,7 @@ pub(super) mod tests {
              signing_key_file = '/nonexistent/fencegate/key'\n"
         );
         let validated = Config::from_toml_str(&text).expect("validation does not open the files it names");
-        assert!(validated.routes[0].signing_key.is_none());
+        assert!(validated.routes[0].signing_key.as_ref().is_some_and(|k| k.bytes().is_none()), "named, not read");
         let err = validated.read_secrets_with(None).unwrap_err();
         let f: Vec<_> = err.problems.iter().map(|p| p.field.as_str()).collect();
         assert_eq!(f, ["admin.auth_token_file", "route[0] 'objects'.signing_key_file"]);
@@ -248,8 +248,8 @@ pub(super) mod tests {
 
     #[test]
     fn load_lists_secret_problems_with_validation_problems() {
-        let dir = std::env::temp_dir().join(format!("fencegate-load-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let path = dir.join("fencegate.toml");
         let text = format!("{MINIMAL}timeout = \"soon\"\nsigning_key_file = '/nonexistent/fencegate/key'\n");
         std::fs::write(&path, text).unwrap();
@@ -258,6 +258,5 @@ pub(super) mod tests {
         let f: Vec<_> = err.problems.iter().map(|p| p.field.as_str()).collect();
         assert_eq!(f, ["route[0] 'objects'.timeout", "route[0] 'objects'.signing_key_file"]);
         assert!(err.problems[1].message.starts_with("cannot read '/nonexistent/fencegate/key'"), "{err}");
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }

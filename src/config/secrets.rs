@@ -125,15 +125,10 @@ mod tests {
     use crate::config::tests::{fields, MINIMAL};
     use crate::config::Config;
 
-    fn temp_dir(what: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("fencegate-{what}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
     #[test]
     fn admin_token_comes_from_env_then_file_then_config() {
-        let dir = temp_dir("token");
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let file_path = dir.join("token");
         std::fs::write(&file_path, "from-file\n").unwrap();
         let sources = |token: Option<&str>, file: Option<&Path>| SecretSources {
@@ -155,12 +150,12 @@ mod tests {
         sources(None, Some(&dir.join("missing"))).admin_token(None, &mut p);
         let f: Vec<_> = p.into_vec().into_iter().map(|x| x.field).collect();
         assert_eq!(f, ["admin.auth_token_file", "admin.auth_token_file"]);
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn signing_keys_lose_trailing_whitespace_and_must_be_long_enough() {
-        let dir = temp_dir("signing-key");
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let good = dir.join("good");
         std::fs::write(&good, b" 0123456789abcdef\r\n\t ").unwrap();
         assert_eq!(load_signing_key(&good).unwrap().bytes(), Some(&b" 0123456789abcdef"[..]));
@@ -170,18 +165,20 @@ mod tests {
         assert!(load_signing_key(&dir.join("missing")).unwrap_err().contains("cannot read"));
 
         let route = |path: &Path| format!("{MINIMAL}signing_key_file = '{}'\nmax_token_jump = 1000\n", path.display());
-        let c = Config::from_toml_str(&route(&good)).unwrap().read_secrets_with(None).unwrap();
+        let validated = Config::from_toml_str(&route(&good)).unwrap();
+        assert_eq!(validated.routes[0].signing_key.as_ref().map(|k| k.bytes()), Some(None), "unread until read");
+        let c = validated.read_secrets_with(None).unwrap();
         assert_eq!(c.routes[0].signing_key.as_ref().unwrap().bytes(), Some(&b" 0123456789abcdef"[..]));
         assert_eq!(c.routes[0].max_token_jump, Some(1000));
         let err = Config::from_toml_str(&route(&short)).unwrap().read_secrets_with(None).unwrap_err();
         let f: Vec<_> = err.problems.iter().map(|p| p.field.as_str()).collect();
         assert_eq!(f, ["route[0] 'objects'.signing_key_file"]);
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn each_key_goes_to_the_route_that_names_it() {
-        let dir = temp_dir("two-keys");
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let (a, b) = (dir.join("a"), dir.join("b"));
         std::fs::write(&a, "aaaaaaaaaaaaaaaa").unwrap();
         std::fs::write(&b, "bbbbbbbbbbbbbbbb").unwrap();
@@ -197,6 +194,5 @@ mod tests {
             c.routes.iter().map(|r| r.signing_key.as_ref().and_then(|k| k.bytes()).map(|b| b[0])).collect();
         assert_eq!(keys, [Some(b'a'), None, Some(b'b')]);
         assert!(fields(&format!("{text}[fences]\nstore = \"x\"\n")).contains(&"fences.store".to_string()));
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }
