@@ -27,7 +27,7 @@
 //! | `fence/service.rs` | the keys' turns, the atomic raise, the forward on a task of its own |
 //! | `proxy/` | the upstream connections, header rewrite, timeouts, upgrades |
 //!
-//! And what they lean on: `canonical.rs` (path and host canonical forms),
+//! And what they lean on: `canonical/` (path, host and query canonical forms),
 //! `route/` (routes, patterns, key templates), `fence/store/` (marks in memory
 //! or on disk), `fence/gate.rs` (per-key turns), `error.rs` (the refusals and
 //! their status table), `problem.rs` (problem+json), `outcome.rs` (what the log
