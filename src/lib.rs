@@ -29,8 +29,9 @@
 //!
 //! And what they lean on: `canonical/` (path, host and query canonical forms),
 //! `route/` (routes, patterns, key templates), `fence/store/` (marks in memory
-//! or on disk), `fence/gate.rs` (per-key turns), `error.rs` (the refusals and
-//! their status table), `problem.rs` (problem+json), `outcome.rs` (what the log
+//! or on disk), `fence/gate.rs` (per-key turns), `error.rs` (the refusals, and
+//! the outcome and problem type of each), `problem.rs` (problem+json, and the
+//! problem types with their status and title), `outcome.rs` (what the log
 //! and metrics call each outcome), `config/` (file → validated config →
 //! secrets), `admin/` (health, metrics, the fence API and its CLI client).
 
