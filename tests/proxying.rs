@@ -22,7 +22,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use common::*;
 
@@ -548,23 +548,28 @@ async fn an_http2_client_uses_as_many_upstream_connections_as_it_has_requests_in
 enum Step {
     /// Answers 200 at once.
     Answer,
-    /// Sends the head and half the body at once, the rest after 500 ms.
+    /// Sends the head and half the body at once, the rest once the test
+    /// releases the upstream's held tails.
     AnswerSlowly,
     /// Closes the connection without answering: the request may have been applied.
     Vanish,
 }
 
 /// An upstream whose connections follow `script`, one step per request (and
-/// [`Step::Answer`] after it). Counts connections and requests read.
-async fn scripted_upstream(script: &'static [Step]) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+/// [`Step::Answer`] after it). Counts connections and requests read; sending
+/// `true` on the returned channel releases every [`Step::AnswerSlowly`] tail.
+async fn scripted_upstream(
+    script: &'static [Step],
+) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>, watch::Sender<bool>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (connections, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (tails, released) = watch::channel(false);
     let (conns, reqs) = (connections.clone(), requests.clone());
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
             conns.fetch_add(1, Ordering::SeqCst);
-            let reqs = reqs.clone();
+            let (reqs, mut released) = (reqs.clone(), released.clone());
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 for n in 0.. {
@@ -598,7 +603,7 @@ async fn scripted_upstream(script: &'static [Step]) -> (SocketAddr, Arc<AtomicUs
                         Step::Answer => stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await,
                         Step::AnswerSlowly => {
                             let head = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n01234").await;
-                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            let _ = released.wait_for(|released| *released).await;
                             head.and(stream.write_all(b"56789").await)
                         }
                         Step::Vanish => return,
@@ -610,12 +615,12 @@ async fn scripted_upstream(script: &'static [Step]) -> (SocketAddr, Arc<AtomicUs
             });
         }
     });
-    (addr, connections, requests)
+    (addr, connections, requests, tails)
 }
 
 #[tokio::test]
 async fn a_request_the_upstream_may_have_received_is_never_sent_again() {
-    let (upstream, connections, requests) = scripted_upstream(&[Step::Answer, Step::Vanish]).await;
+    let (upstream, connections, requests, _) = scripted_upstream(&[Step::Answer, Step::Vanish]).await;
     let proxy = Proxy::start(&path_keyed_route(upstream, "settle = \"0s\"")).await;
     let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(1).build_http::<Full<Bytes>>();
     let put = |token: u64| fenced_put(&proxy.url("/objects/a"), token);
@@ -631,7 +636,7 @@ async fn a_request_the_upstream_may_have_received_is_never_sent_again() {
 
 #[tokio::test]
 async fn a_request_handed_back_unsent_by_a_busy_upstream_connection_goes_out_on_a_fresh_one() {
-    let (upstream, connections, requests) = scripted_upstream(&[Step::AnswerSlowly]).await;
+    let (upstream, connections, requests, tails) = scripted_upstream(&[Step::AnswerSlowly]).await;
     let proxy = Proxy::start(&path_keyed_route(upstream, "")).await;
     // One HTTP/2 client connection, so a second request can start while the
     // first response's body is still arriving.
@@ -645,11 +650,18 @@ async fn a_request_handed_back_unsent_by_a_busy_upstream_connection_goes_out_on_
     };
     let slow = client.request(put("/objects/slow")).await.unwrap();
     assert_eq!(slow.status(), StatusCode::OK);
-    // The upstream connection is back among the idle ones, still busy with that
-    // body: it hands the next request back unsent, which goes out on a new one.
-    let reply = exchange(&client, put("/objects/next")).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    // The upstream connection is back among the idle ones, busy with that body
+    // until the test releases it: it hands the next request back unsent, which
+    // goes out on a new one (answered slowly too, as every connection is).
+    let next = tokio::time::timeout(Duration::from_secs(30), client.request(put("/objects/next")))
+        .await
+        .expect("the next request waited for the busy connection's body")
+        .unwrap();
+    assert_eq!(next.status(), StatusCode::OK);
+    assert_eq!(connections.load(Ordering::SeqCst), 2, "the next request waited for the busy connection");
+    tails.send_replace(true);
     assert_eq!(slow.into_body().collect().await.unwrap().to_bytes(), "0123456789");
+    assert_eq!(next.into_body().collect().await.unwrap().to_bytes(), "0123456789");
     assert_eq!(requests.load(Ordering::SeqCst), 2, "a request was lost or sent twice");
     assert_eq!(connections.load(Ordering::SeqCst), 2);
 }
