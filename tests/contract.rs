@@ -245,7 +245,14 @@ async fn key_templates_choose_what_is_fenced_together() {
     send("PUT", &proxy.url("/t/else"), &[("x-fencing-token", "2")], "").await.problem(400);
     // A missing token is a 428 even when the key cannot be made either.
     send("PUT", &proxy.url("/t/else"), &[], "").await.problem(428);
-    assert_eq!(up.applied().len(), 3);
+    // A `Connection` that names the key's header does not strip it on the way
+    // upstream: the write lands under the tenant that was fenced, not under
+    // whatever the upstream assumes without one.
+    let headers = [("x-fencing-token", "1"), ("x-tenant", "nobody"), ("connection", "x-tenant")];
+    assert_eq!(send("PUT", &proxy.url("/t/else"), &headers, "").await.status, 200);
+    let (_, _, seen) = up.seen().pop().unwrap();
+    assert_eq!(seen.get("x-tenant").map(|v| v.to_str().unwrap()), Some("nobody"));
+    assert_eq!(up.applied().len(), 4);
 }
 
 #[tokio::test]

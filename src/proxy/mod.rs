@@ -89,7 +89,12 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
     // Origin form: the connection already goes to the upstream.
     parts.uri = route.upstream.origin_form(path_and_query).map_err(|e| ProxyError::internal("upstream URI", e))?;
 
-    strip_hop_by_hop(&mut parts.headers, upgrade, Some(&route.token_header));
+    // What the fence read must reach the upstream as it was read: a
+    // `Connection` that names the token or a header the key is made from
+    // would otherwise forward the write under another key than the one fenced.
+    strip_hop_by_hop(&mut parts.headers, upgrade, |name| {
+        route.reads_header(name) || destination.as_ref().is_some_and(|d| d.route.reads_header(name))
+    });
     add_forwarded(&mut parts.headers, &connection.client, original_host.clone());
     let host = match (&original_host, route.preserve_host) {
         (Some(h), true) => h.clone(),
@@ -137,7 +142,7 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
             tokio::spawn(splice(client_upgrade, upstream_upgrade));
         }
     }
-    strip_hop_by_hop(response.headers_mut(), switching && upgrade, None);
+    strip_hop_by_hop(response.headers_mut(), switching && upgrade, |_| false);
     Ok(response.map(Either::Left))
 }
 

@@ -41,6 +41,11 @@ pub enum KeyError {
 }
 
 impl KeyTemplate {
+    /// Whether the key is made, in part, from header `name`.
+    pub fn reads_header(&self, name: &HeaderName) -> bool {
+        self.parts.iter().any(|part| matches!(part, KeyPart::Header(h) if h == name))
+    }
+
     /// Parses a template; `{name}` parts must be captures of `pattern`, which
     /// the template keeps.
     pub fn parse(text: &str, pattern: Option<&PathPattern>) -> Result<KeyTemplate, String> {

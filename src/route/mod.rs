@@ -71,6 +71,12 @@ pub struct Route {
 }
 
 impl Route {
+    /// Whether the fence reads header `name` on this route: the token, or a
+    /// header the key is made from. The upstream must see those as read.
+    pub fn reads_header(&self, name: &HeaderName) -> bool {
+        *name == self.token_header || self.key.reads_header(name)
+    }
+
     /// Whether `method`, exactly as sent, passes unfenced on this route.
     pub fn is_safe(&self, method: &[u8]) -> bool {
         self.safe_methods.iter().any(|m| m.as_str().as_bytes() == method)
