@@ -126,9 +126,10 @@ mod tests {
         ] {
             assert!(matches!(dest(bad), Err(ProxyError::BadDestination(_))), "{bad}: {:?}", dest(bad));
         }
-        // A request that is not fenced carries its Destination through untouched.
-        let safe = route("GET", "/objects/a", &[("destination", "/nowhere")]).unwrap();
-        assert!(safe.destination.is_none() && !safe.fenced);
+        // A request that is not fenced may not carry one either: the upstream
+        // could read it as a fenced resource.
+        let safe = route("GET", "/objects/a", &[("destination", "/objects/b%2Fc")]);
+        assert!(matches!(safe, Err(ProxyError::BadDestination(_))), "{safe:?}");
         // A method the source route lets through is still fenced when the
         // destination's route fences it: the destination is what it writes.
         let mut lenient = test_route("lenient", "/lenient/");
@@ -143,6 +144,9 @@ mod tests {
         assert!(into_fenced.fenced);
         assert_eq!(into_fenced.destination.unwrap().path, "/objects/b");
         assert!(!copy("/lenient/b").unwrap().fenced);
+        // One the source route lets through is refused when its Destination
+        // cannot be routed: nginx would decode this one into /objects/b/c.
+        assert!(matches!(copy("/objects/b%2Fc"), Err(ProxyError::BadDestination(_))));
     }
 
     /// The problem's `detail` reads as it did when these were strings.

@@ -102,10 +102,10 @@ pub(crate) fn route_request<B>(
             fenced.then_some(d)
         }
         Ok(None) => None,
-        Err(e) if fenced => return Err(tagged(e.into())),
-        // A request its route does not fence, whose Destination names nothing
-        // fencegate routes: not a write fencegate guards, passed on untouched.
-        Err(_) => None,
+        // Even on a request its own route does not fence: a Destination that
+        // cannot be made canonical and routed could be one the upstream reads
+        // as a fenced resource (`/objects/b%2Fc` to a server that decodes it).
+        Err(e) => return Err(tagged(e.into())),
     };
     let request = Request::from_parts(parts, body);
     Ok((Routed { route, request, fenced, destination }, tag))
