@@ -184,7 +184,7 @@ async fn limit_body(checked: Checked<Incoming>, budget: &Arc<BufferBudget>) -> R
     let headers = checked.routed.request.headers();
     let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit) {
-        return Err(checked.rejection(ProxyError::BodyTooLarge { limit }));
+        return Err(checked.rejection(ProxyError::BodyTooLarge { limit, partly_sent: false }));
     }
     if checked.fence.is_none() || route.stream_body || body.is_end_stream() {
         return Ok(checked.with_body(RequestBody::streaming(body, limit)));
@@ -218,7 +218,7 @@ async fn read(mut body: Incoming, limit: u64, budget: &BufferBudget, held: &mut 
         let Ok(data) = frame.into_data() else { continue };
         seen += data.len() as u64;
         if seen > limit {
-            return Err(ProxyError::BodyTooLarge { limit });
+            return Err(ProxyError::BodyTooLarge { limit, partly_sent: false });
         }
         if seen > held.bytes {
             budget.take(held, seen - held.bytes)?;

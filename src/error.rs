@@ -38,8 +38,10 @@ pub enum ProxyError {
     BadSignature(#[from] SignatureError),
     #[error("token {token} is more than {max_jump} above the fence {current} for this key")]
     TokenJump { token: u64, current: u64, max_jump: u64 },
+    /// `partly_sent`: a streamed body overran the limit on its way upstream,
+    /// so the upstream has part of it and the write's outcome is unknown.
     #[error("the request body is larger than this route's limit of {limit} bytes")]
-    BodyTooLarge { limit: u64 },
+    BodyTooLarge { limit: u64, partly_sent: bool },
     #[error("the client's request body failed: {0}")]
     ClientBody(#[source] hyper::Error),
     #[error("the client did not send the whole request body within {}", humantime::format_duration(*.0))]
@@ -123,6 +125,7 @@ impl ProxyError {
     pub fn is_ambiguous(&self) -> bool {
         match self {
             ProxyError::Upstream(e) => e.may_have_sent(),
+            ProxyError::BodyTooLarge { partly_sent, .. } => *partly_sent,
             ProxyError::UpstreamTimeout(_) => true,
             _ => false,
         }

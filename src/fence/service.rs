@@ -87,10 +87,13 @@ where
     let route = routed.route.clone();
     let Fence { token, key, destination } = fence;
     let reject = |e: ProxyError, key: &str| Rejection::new(e, Some(key.to_string()), Some(token));
+    // Each key settles as long as its own route asks: a COPY into a route
+    // that settles for 2s holds that key 2s, whatever its source route says.
+    let settle = destination.as_ref().map_or(route.settle, |(_, to)| route.settle.max(to.settle));
 
     // After a restart on a store a previous process wrote to, that process may
     // have died with writes in flight: keys start closed for the settle period.
-    if !gate.wait_reopened(route.settle, route.queue_timeout).await {
+    if !gate.wait_reopened(settle, route.queue_timeout).await {
         return Err(reject(ProxyError::QueueTimeout(route.queue_timeout), &key));
     }
     // Every key the request writes, each with the route whose limits apply to
@@ -133,7 +136,6 @@ where
     // connection closes, its HTTP/2 stream is reset), the request still runs
     // to its end at the upstream, and only then do the turns pass on. Were it
     // dropped half-way, the next holder's write could land before this one.
-    let settle = route.settle;
     let forward = tokio::spawn(async move {
         let turns = SettlingTurns { turns, settle };
         let result = inner.oneshot(routed).await;
@@ -327,6 +329,38 @@ mod tests {
         // Without a limit the same race is just a higher token.
         let store = Arc::new(WitnessStore { raced_to: Some(1), ..Default::default() });
         assert_eq!(put(route(None, None), store.clone(), &headers).await, (200, 1));
+    }
+
+    /// A COPY from a route that does not settle into one that does: when the
+    /// outcome is unknown, the destination's key stays closed for its own
+    /// route's settle period, not the source route's none.
+    #[tokio::test(start_paused = true)]
+    async fn each_key_settles_as_long_as_its_route_asks() {
+        let source = Arc::new(Route { settle: Duration::ZERO, ..crate::route::test_route("lenient", "/lenient/") });
+        let dest =
+            Arc::new(Route { settle: Duration::from_secs(2), ..crate::route::test_route("objects", "/objects/") });
+        let request = Request::builder().method("COPY").uri("/lenient/a").body(Empty::<Bytes>::new()).unwrap();
+        let checked = Checked {
+            routed: Routed { route: source, request, fenced: true, destination: None },
+            fence: Some(Fence { token: 5, key: "/lenient/a".into(), destination: Some(("/objects/b".into(), dest)) }),
+        };
+        let timing_out = tower::service_fn(|_req: Routed<Empty<Bytes>>| async {
+            Err::<Response<ProxyBody>, _>(ProxyError::UpstreamTimeout(Duration::from_secs(1)))
+        });
+        let gate = Arc::new(KeyGate::default());
+        let store = Arc::new(WitnessStore::default());
+        let refused = take_turn_and_forward(timing_out, store, gate.clone(), checked).await.unwrap_err();
+        assert_eq!(refused.settle, Some(Duration::from_secs(2)));
+        let started = tokio::time::Instant::now();
+        assert!(gate.acquire("/objects/b", Duration::from_millis(1500)).await.is_err(), "the key settled too soon");
+        assert!(gate.acquire("/objects/b", Duration::from_secs(1)).await.is_ok());
+        assert_eq!(started.elapsed(), Duration::from_secs(2), "paused time: the settle period exactly");
+    }
+
+    #[test]
+    fn an_overrun_streamed_body_leaves_the_outcome_unknown() {
+        assert!(ProxyError::BodyTooLarge { limit: 1, partly_sent: true }.is_ambiguous());
+        assert!(!ProxyError::BodyTooLarge { limit: 1, partly_sent: false }.is_ambiguous());
     }
 
     #[test]

@@ -125,10 +125,11 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
     let mut response = match tokio::time::timeout(route.timeout, send).await {
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
-            // A body that overran the route's limit (only an unfenced one can:
-            // fenced bodies are checked whole before they are sent).
+            // A streamed body that overran the route's limit (an unfenced one,
+            // or a fenced one on a `stream_body` route): the client's fault,
+            // but part of it reached the upstream, so a fenced write settles.
             if crate::body::overran_limit(&e) {
-                return Err(ProxyError::BodyTooLarge { limit: route.max_body });
+                return Err(ProxyError::BodyTooLarge { limit: route.max_body, partly_sent: true });
             }
             return Err(e.into());
         }
