@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http::header::CONTENT_LENGTH;
-use http::Response;
+use http::{HeaderMap, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tower::{Layer, Service, ServiceExt};
@@ -81,6 +81,11 @@ pub fn overran_limit(e: &(dyn std::error::Error + 'static)) -> bool {
         current = err.source();
     }
     false
+}
+
+/// The body length a request declares in `Content-Length`, if it is one.
+pub(crate) fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok())
 }
 
 /// The process-wide budget for buffered fenced bodies, in bytes.
@@ -182,7 +187,7 @@ async fn limit_body(checked: Checked<Incoming>, budget: &Arc<BufferBudget>) -> R
     let route = &checked.routed.route;
     let limit = route.max_body;
     let headers = checked.routed.request.headers();
-    let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let declared = declared_length(headers);
     if declared.is_some_and(|len| len > limit) {
         return Err(checked.rejection(ProxyError::BodyTooLarge { limit, partly_sent: false }));
     }

@@ -79,6 +79,14 @@ impl Outcome {
     }
 }
 
+#[cfg(test)]
+#[test]
+fn all_lists_every_outcome_in_declaration_order() {
+    for (i, outcome) in Outcome::ALL.iter().enumerate() {
+        assert_eq!(*outcome as usize, i, "{outcome:?}");
+    }
+}
+
 /// The `outcome` label. Written by hand, not derived: prometheus-client's
 /// derive writes the variant name as it is (`MissingToken`), and the
 /// contract's label values are snake_case.

@@ -192,7 +192,8 @@ pub(super) fn check_jump(max_jump: Option<u64>, token: u64, current: u64) -> Res
 fn carries_body<B: Body>(request: &http::Request<B>) -> bool {
     let headers = request.headers();
     match headers.get(CONTENT_LENGTH) {
-        Some(len) => len.as_bytes() != b"0",
+        // What the body layer reads as the length; one it cannot read is a body.
+        Some(_) => crate::body::declared_length(headers) != Some(0),
         None => headers.contains_key(TRANSFER_ENCODING) || !request.body().is_end_stream(),
     }
 }
