@@ -1,13 +1,15 @@
 //! Byte sizes as a config file writes them: a whole number of bytes
 //! (`max_header_bytes = 16384`) or a string with a unit (`"64KiB"`, `"16MB"`).
 //!
-//! The unit arithmetic is byte-unit's, so `KB` means 1000 and `KiB` 1024 as
-//! everywhere else, and a size too large for 64 bits is an error, not a wrap.
-//! The units accepted are the ones fencegate has always read, written exactly.
+//! `KB` means 1000 and `KiB` 1024, as everywhere else, and a size too large
+//! for 64 bits is an error, not a wrap. The units are the ones fencegate has
+//! always read, written exactly: a size-parsing crate would also take `16mb`,
+//! `1.5MiB` or `16Mbit`, and in a limit a guess at what a typo meant is worse
+//! than an error naming the field, so with the grammar pinned there is
+//! nothing left for one to do but a multiplication.
 
 use std::fmt;
 
-use byte_unit::Byte;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
@@ -50,15 +52,17 @@ pub fn parse_size(text: &str) -> Option<u64> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
-    let unit = unit.trim();
-    // The units fencegate has always read, case and all: byte-unit would also
-    // take `16mb`, `1.5MiB` or `16Mbit`, and in a limit a guess at what a
-    // typo meant is worse than an error naming the field.
-    if digits.is_empty() || !matches!(unit, "" | "B" | "KB" | "KiB" | "MB" | "MiB" | "GB" | "GiB") {
-        return None;
-    }
-    let bytes = Byte::parse_str(format!("{digits}{unit}"), false).ok()?;
-    bytes.as_u64_checked()
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" => 1000,
+        "KiB" => 1 << 10,
+        "MB" => 1000 * 1000,
+        "MiB" => 1 << 20,
+        "GB" => 1000 * 1000 * 1000,
+        "GiB" => 1 << 30,
+        _ => return None,
+    };
+    digits.parse::<u64>().ok()?.checked_mul(scale)
 }
 
 impl<'de> Deserialize<'de> for Size {
