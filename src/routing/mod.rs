@@ -224,8 +224,23 @@ mod tests {
     #[test]
     fn route_switches_apply_to_their_routes() {
         assert_eq!(target("PUT", "/unmerged//a/./b"), ("unmerged".into(), "/unmerged//a/b".into()));
-        // Fold: the prefix matches in any case, the path is forwarded as sent.
+        // Fold: the prefix matches in any case, the path is forwarded as sent,
+        // and every case of it is one key.
         assert_eq!(target("PUT", "/FOLDED/A"), ("folded".into(), "/FOLDED/A".into()));
+        let key = |target: &str| {
+            let routed = route("PUT", target, &[]).unwrap();
+            routed.route.key_for(routed.request.uri().path(), None, routed.request.headers()).unwrap()
+        };
+        assert_eq!(key("/FOLDED/A"), "/folded/a");
+        assert_eq!(key("/Folded/a"), "/folded/a");
+        assert_eq!(key("/objects/A"), "/objects/A", "a route that does not fold keeps the case");
+        // Unmerged: routed by the merged form, then made canonical by the
+        // route's own rules, the path must still fall under that route, else
+        // 404: merged, /a//../unmerged/b is /unmerged/b; unmerged, /a/unmerged/b.
+        assert_eq!(target("PUT", "/x/../unmerged/b"), ("unmerged".into(), "/unmerged/b".into()));
+        assert!(
+            matches!(route("PUT", "/a//../unmerged/b", &[]), Err(ProxyError::NoRoute { path }) if path == "/a/unmerged/b")
+        );
     }
 
     #[test]
