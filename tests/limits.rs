@@ -481,11 +481,12 @@ async fn fenced_bodies_held_at_once_are_bounded_by_max_buffered_bytes() {
     let proxy = start(SMALL_BUDGET, &route("objects", "/objects/", &up, EIGHT_KIB_ROUTE)).await;
 
     // A declared 6 KiB body takes 6 KiB of the budget as soon as its head
-    // passes; the client sends only part of it, and holds it.
+    // passes: the client sends the head alone, not a byte of the body.
     let body = pattern(6 * 1024);
     let mut holder = Conn::open(proxy.addr).await;
     let whole = request("PUT", "/objects/held", &[("X-Fencing-Token", "1")], &body);
-    holder.stream.write_all(&whole[..whole.len() - 1024]).await.unwrap();
+    let head_len = whole.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    holder.stream.write_all(&whole[..head_len]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     // Another 4 KiB, declared or chunked, would go over: 503 with Retry-After,
@@ -506,7 +507,7 @@ async fn fenced_bodies_held_at_once_are_bounded_by_max_buffered_bytes() {
     assert_eq!(mark(&proxy, "/objects/other").await, None);
 
     // The holder finishes: its write goes whole, and its share comes back.
-    holder.stream.write_all(&whole[whole.len() - 1024..]).await.unwrap();
+    holder.stream.write_all(&whole[head_len..]).await.unwrap();
     let done = holder.response().await;
     assert_eq!(done.status, 200, "{done:?}");
     assert_eq!(up.object("/objects/held").as_deref(), Some(&body[..]));
