@@ -85,9 +85,9 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
 
     // The host the client asked for, made canonical by routing (no copy).
     let original_host = parts.headers.get(HOST).cloned();
-    let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
     // Origin form: the connection already goes to the upstream.
-    parts.uri = route.upstream.origin_form(path_and_query).map_err(|e| ProxyError::internal("upstream URI", e))?;
+    let uri = std::mem::take(&mut parts.uri);
+    parts.uri = route.upstream.origin_form(uri).map_err(|e| ProxyError::internal("upstream URI", e))?;
 
     // What the fence read must reach the upstream as it was read: a
     // `Connection` that names the token or a header the key is made from

@@ -46,12 +46,14 @@ impl Upstream {
             .build()
     }
 
-    /// The same, in origin form (path and query only), for a connection that
-    /// already goes to this upstream.
-    pub fn origin_form(&self, path_and_query: &str) -> Result<Uri, http::Error> {
-        if self.base_path.is_empty() {
-            return Ok(Uri::try_from(path_and_query)?);
+    /// `uri` in origin form (path and query only) under this upstream's base
+    /// path, for a connection that already goes to it. One that already is
+    /// (the common HTTP/1.1 case, with no base path) is kept as it is.
+    pub fn origin_form(&self, uri: Uri) -> Result<Uri, http::Error> {
+        if self.base_path.is_empty() && uri.scheme().is_none() && uri.authority().is_none() {
+            return Ok(uri);
         }
+        let path_and_query = uri.path_and_query().map_or("/", |pq| pq.as_str());
         Ok(Uri::try_from(self.under_base(path_and_query))?)
     }
 
@@ -72,8 +74,12 @@ mod tests {
         let u = Upstream::parse("http://10.0.0.5:9000/v1/").unwrap();
         assert_eq!(u.base_path, "/v1");
         assert_eq!(u.uri_for("/objects/a?x=1").unwrap().to_string(), "http://10.0.0.5:9000/v1/objects/a?x=1");
-        assert_eq!(u.origin_form("/objects/a?x=1").unwrap().to_string(), "/v1/objects/a?x=1");
+        let origin = |u: &Upstream, uri: &str| u.origin_form(uri.parse().unwrap()).unwrap().to_string();
+        assert_eq!(origin(&u, "/objects/a?x=1"), "/v1/objects/a?x=1");
+        assert_eq!(origin(&u, "http://a.example/objects/a"), "/v1/objects/a");
         let u = Upstream::parse("http://10.0.0.5:9000").unwrap();
         assert_eq!(u.uri_for("/a").unwrap().to_string(), "http://10.0.0.5:9000/a");
+        assert_eq!(origin(&u, "/a?b"), "/a?b");
+        assert_eq!(origin(&u, "http://a.example/a?b"), "/a?b");
     }
 }
