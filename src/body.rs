@@ -7,9 +7,18 @@
 //! stalls mid-body, or a body that turns out too large, is refused with
 //! nothing forwarded, so the upstream never sees part of a fenced write. The
 //! bytes held that way count against one budget for the whole process
-//! (`[server] max_buffered_bytes`): a request that would overrun it gets 503
-//! with `Retry-After`, and its bytes are handed back as soon as its body is
-//! dropped. Other bodies stream, and one that overruns the limit is cut off.
+//! (`[server] max_buffered_bytes`) and against the share of it one client
+//! connection may hold over all its HTTP/2 streams
+//! (`[server] max_connection_buffered_bytes`): a request that would overrun
+//! either gets 503 with `Retry-After`, and its bytes are handed back as soon
+//! as its body is dropped. Other bodies stream, and one that overruns the
+//! limit is cut off.
+//!
+//! The budget counts what is allocated, not what arrived: a declared length
+//! is one allocation of exactly that size, and other bodies are copied into
+//! blocks whose whole capacity is taken before a byte goes in. Nothing keeps
+//! a reference into hyper's read buffers, which a small chunk would otherwise
+//! pin whole.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,7 +26,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use std::collections::VecDeque;
+
+use bytes::{BufMut, Bytes, BytesMut};
 use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -33,7 +44,7 @@ use crate::proxy::{BoxError, ProxyBody};
 #[derive(Debug)]
 pub enum RequestBody {
     Streaming(Limited<Incoming>),
-    Buffered { bytes: Option<Bytes>, _held: Option<Held> },
+    Buffered { blocks: VecDeque<Bytes>, _held: Option<Held> },
 }
 
 impl RequestBody {
@@ -49,22 +60,21 @@ impl Body for RequestBody {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
-            RequestBody::Buffered { bytes, .. } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            RequestBody::Buffered { blocks, .. } => Poll::Ready(blocks.pop_front().map(|b| Ok(Frame::data(b)))),
             RequestBody::Streaming(inner) => Pin::new(inner).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            RequestBody::Buffered { bytes, .. } => bytes.is_none(),
+            RequestBody::Buffered { blocks, .. } => blocks.is_empty(),
             RequestBody::Streaming(inner) => inner.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            RequestBody::Buffered { bytes: Some(bytes), .. } => SizeHint::with_exact(bytes.len() as u64),
-            RequestBody::Buffered { bytes: None, .. } => SizeHint::with_exact(0),
+            RequestBody::Buffered { blocks, .. } => SizeHint::with_exact(blocks.iter().map(|b| b.len() as u64).sum()),
             RequestBody::Streaming(inner) => inner.size_hint(),
         }
     }
@@ -88,18 +98,12 @@ pub(crate) fn declared_length(headers: &HeaderMap) -> Option<u64> {
     headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok())
 }
 
-/// The process-wide budget for buffered fenced bodies, in bytes.
+/// A budget for buffered fenced bodies, in bytes: the process-wide one, or
+/// one connection's share of it.
 #[derive(Debug)]
 pub struct BufferBudget {
     used: AtomicU64,
     limit: u64,
-}
-
-/// Bytes taken from a [`BufferBudget`]; handed back when dropped.
-#[derive(Debug)]
-pub struct Held {
-    budget: Arc<BufferBudget>,
-    bytes: u64,
 }
 
 impl BufferBudget {
@@ -107,26 +111,60 @@ impl BufferBudget {
         Arc::new(BufferBudget { used: AtomicU64::new(0), limit })
     }
 
-    /// Takes `bytes` more for `held`, or says the budget is spent.
-    fn take(&self, held: &mut Held, bytes: u64) -> Result<(), ProxyError> {
+    /// Bytes held now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Takes `bytes`, or says the budget (its limit) is spent.
+    fn reserve(&self, bytes: u64) -> Result<(), u64> {
         let mut used = self.used.load(Ordering::Relaxed);
         loop {
-            let next =
-                used.checked_add(bytes).filter(|n| *n <= self.limit).ok_or(ProxyError::BufferFull(self.limit))?;
+            let next = used.checked_add(bytes).filter(|n| *n <= self.limit).ok_or(self.limit)?;
             match self.used.compare_exchange_weak(used, next, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => {
-                    held.bytes += bytes;
-                    return Ok(());
-                }
+                Ok(_) => return Ok(()),
                 Err(now) => used = now,
             }
         }
+    }
+
+    fn release(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+/// Bytes one body took from its connection's share and from the process's
+/// budget; handed back to both when dropped.
+#[derive(Debug)]
+pub struct Held {
+    global: Arc<BufferBudget>,
+    connection: Arc<BufferBudget>,
+    bytes: u64,
+}
+
+impl Held {
+    fn new(global: &Arc<BufferBudget>, connection: &Arc<BufferBudget>) -> Self {
+        Held { global: global.clone(), connection: connection.clone(), bytes: 0 }
+    }
+
+    /// Takes `bytes` more from both budgets, or from neither. The
+    /// connection's share is asked first, so one connection at its share
+    /// never touches the budget the others share.
+    fn take(&mut self, bytes: u64) -> Result<(), ProxyError> {
+        self.connection.reserve(bytes).map_err(ProxyError::ConnectionBufferFull)?;
+        if let Err(limit) = self.global.reserve(bytes) {
+            self.connection.release(bytes);
+            return Err(ProxyError::BufferFull(limit));
+        }
+        self.bytes += bytes;
+        Ok(())
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.global.release(self.bytes);
+        self.connection.release(self.bytes);
     }
 }
 
@@ -135,11 +173,14 @@ impl Drop for Held {
 #[derive(Debug, Clone)]
 pub struct BodyLayer {
     budget: Arc<BufferBudget>,
+    connection: Arc<BufferBudget>,
 }
 
 impl BodyLayer {
-    pub fn new(budget: Arc<BufferBudget>) -> Self {
-        BodyLayer { budget }
+    /// For one client connection: `budget` is the process's, and the
+    /// connection may hold at most `connection_share` bytes of it.
+    pub fn new(budget: Arc<BufferBudget>, connection_share: u64) -> Self {
+        BodyLayer { budget, connection: BufferBudget::new(connection_share) }
     }
 }
 
@@ -147,7 +188,7 @@ impl<S> Layer<S> for BodyLayer {
     type Service = Bodies<S>;
 
     fn layer(&self, inner: S) -> Bodies<S> {
-        Bodies { inner, budget: self.budget.clone() }
+        Bodies { inner, budget: self.budget.clone(), connection: self.connection.clone() }
     }
 }
 
@@ -156,6 +197,7 @@ impl<S> Layer<S> for BodyLayer {
 pub struct Bodies<S> {
     inner: S,
     budget: Arc<BufferBudget>,
+    connection: Arc<BufferBudget>,
 }
 
 impl<S> Service<Checked<Incoming>> for Bodies<S>
@@ -172,9 +214,10 @@ where
     }
 
     fn call(&mut self, checked: Checked<Incoming>) -> Self::Future {
-        let (inner, budget) = (self.inner.clone(), self.budget.clone());
+        let (inner, budget, connection) = (self.inner.clone(), self.budget.clone(), self.connection.clone());
         Box::pin(async move {
-            let checked = limit_body(checked, &budget).await?;
+            let held = Held::new(&budget, &connection);
+            let checked = limit_body(checked, held).await?;
             inner.oneshot(checked).await
         })
     }
@@ -182,7 +225,7 @@ where
 
 /// Applies the route's `max_body` to the request, reading a fenced body whole
 /// (see the [module docs](self)). A refusal names the fence key and token.
-async fn limit_body(checked: Checked<Incoming>, budget: &Arc<BufferBudget>) -> Result<Checked<RequestBody>, Rejection> {
+async fn limit_body(checked: Checked<Incoming>, mut held: Held) -> Result<Checked<RequestBody>, Rejection> {
     let (checked, body) = checked.take_body();
     let route = &checked.routed.route;
     let limit = route.max_body;
@@ -194,49 +237,68 @@ async fn limit_body(checked: Checked<Incoming>, budget: &Arc<BufferBudget>) -> R
     if checked.fence.is_none() || route.stream_body || body.is_end_stream() {
         return Ok(checked.with_body(RequestBody::streaming(body, limit)));
     }
-    let mut held = Held { budget: budget.clone(), bytes: 0 };
     // A declared length is taken from the budget up front: a client cannot
     // start more such bodies than the budget holds.
     if let Some(len) = declared {
-        if let Err(e) = budget.take(&mut held, len) {
+        if let Err(e) = held.take(len) {
             return Err(checked.rejection(e));
         }
     }
     // Bounded in time too (the route's timeout): a client that stalls mid-body
     // must not hold its connection and the bytes buffered so far forever.
     let timeout = route.timeout;
-    match tokio::time::timeout(timeout, read(body, limit, budget, &mut held)).await {
-        Ok(Ok(bytes)) => Ok(checked.with_body(RequestBody::Buffered { bytes: Some(bytes), _held: Some(held) })),
+    match tokio::time::timeout(timeout, read(body, limit, declared, &mut held)).await {
+        Ok(Ok(blocks)) => Ok(checked.with_body(RequestBody::Buffered { blocks, _held: Some(held) })),
         Ok(Err(e)) => Err(checked.rejection(e)),
         Err(_) => Err(checked.rejection(ProxyError::BodyTimeout(timeout))),
     }
 }
 
-/// Reads `body` whole, up to `limit` bytes, taking from `budget` whatever a
-/// declared length did not already cover.
-async fn read(mut body: Incoming, limit: u64, budget: &BufferBudget, held: &mut Held) -> Result<Bytes, ProxyError> {
-    let mut first: Option<Bytes> = None;
-    let mut rest = BytesMut::new();
+/// The first block of a body without a declared length, and the least any
+/// block is: small bodies take little of the budget.
+const MIN_BLOCK: u64 = 1024;
+/// The largest block: a body's last block wastes at most this much of the
+/// budget, and a block never needs a reallocation to grow.
+const MAX_BLOCK: u64 = 64 * 1024;
+
+/// Reads `body` whole, up to `limit` bytes, into blocks whose capacity
+/// `held` has taken from the budgets first: one of exactly the declared
+/// length, if there is one (already taken), else blocks that grow with the
+/// body, from [`MIN_BLOCK`] to [`MAX_BLOCK`].
+async fn read(
+    mut body: Incoming,
+    limit: u64,
+    declared: Option<u64>,
+    held: &mut Held,
+) -> Result<VecDeque<Bytes>, ProxyError> {
+    let mut blocks = VecDeque::new();
+    let mut block = BytesMut::with_capacity(usize::try_from(declared.unwrap_or(0)).unwrap_or(0));
     let mut seen = 0u64;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(ProxyError::ClientBody)?;
-        let Ok(data) = frame.into_data() else { continue };
+        let Ok(mut data) = frame.into_data() else { continue };
         seen += data.len() as u64;
         if seen > limit {
             return Err(ProxyError::BodyTooLarge { limit, partly_sent: false });
         }
-        if seen > held.bytes {
-            budget.take(held, seen - held.bytes)?;
-        }
-        // One chunk (the common case) is kept as it came, without a copy.
-        match first.take() {
-            None if rest.is_empty() => first = Some(data),
-            None => rest.extend_from_slice(&data),
-            Some(earlier) => {
-                rest.extend_from_slice(&earlier);
-                rest.extend_from_slice(&data);
+        while !data.is_empty() {
+            if block.capacity() == block.len() {
+                // Full: a new block, its whole capacity taken first, sized
+                // like what came so far but never past the limit.
+                let so_far = seen - data.len() as u64;
+                let size = so_far.clamp(MIN_BLOCK, MAX_BLOCK).min(limit - so_far).max(1);
+                held.take(size)?;
+                let full = std::mem::replace(&mut block, BytesMut::with_capacity(size as usize));
+                if !full.is_empty() {
+                    blocks.push_back(full.freeze());
+                }
             }
+            let n = data.len().min(block.capacity() - block.len());
+            block.put_slice(&data.split_to(n));
         }
     }
-    Ok(first.unwrap_or_else(|| rest.freeze()))
+    if !block.is_empty() {
+        blocks.push_back(block.freeze());
+    }
+    Ok(blocks)
 }

@@ -62,6 +62,17 @@ pub enum ProxyError {
     BadDestination(#[from] DestinationError),
     #[error("fencegate holds as many request bodies as it may ({0} bytes); try again shortly")]
     BufferFull(u64),
+    #[error(
+        "this connection holds as many request bodies as one connection may ({0} bytes); try again once its other \
+         uploads are done"
+    )]
+    ConnectionBufferFull(u64),
+    #[error("the request has {count} header fields; at most {max} are accepted")]
+    TooManyHeaders { count: usize, max: usize },
+    #[error(
+        "this connection sends more request-head bytes than the {0} bytes a second one connection may send upstream"
+    )]
+    HeaderRate(u64),
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
     #[error("the upstream did not answer within {}", humantime::format_duration(*.0))]
@@ -100,6 +111,9 @@ impl ProxyError {
             E::BodyNotAllowed(_) => (O::BadRequest, P::BODY_NOT_ALLOWED),
             E::BadDestination(_) => (O::BadRequest, P::BAD_DESTINATION),
             E::BufferFull(_) => (O::BufferFull, P::BUFFER_FULL),
+            E::ConnectionBufferFull(_) => (O::BufferFull, P::BUFFER_FULL),
+            E::TooManyHeaders { .. } => (O::BadRequest, P::TOO_MANY_HEADERS),
+            E::HeaderRate(_) => (O::RateLimited, P::HEADER_RATE),
             E::Upstream(e) if e.may_have_sent() => (O::UpstreamError, P::UPSTREAM_FAILED),
             E::Upstream(_) => (O::UpstreamError, P::UPSTREAM_UNREACHABLE),
             E::UpstreamTimeout(_) => (O::UpstreamTimeout, P::UPSTREAM_TIMEOUT),
@@ -134,7 +148,14 @@ impl ProxyError {
     /// Refusals about load or a passing failure: the same request may succeed
     /// shortly, so the response says when to try again.
     fn retry_soon(&self) -> bool {
-        matches!(self, ProxyError::QueueTimeout(_) | ProxyError::StoreUnavailable(_) | ProxyError::BufferFull(_))
+        matches!(
+            self,
+            ProxyError::QueueTimeout(_)
+                | ProxyError::StoreUnavailable(_)
+                | ProxyError::BufferFull(_)
+                | ProxyError::ConnectionBufferFull(_)
+                | ProxyError::HeaderRate(_)
+        )
     }
 }
 

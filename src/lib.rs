@@ -21,6 +21,7 @@
 //! | `stack.rs` | the tower stack, composed in the order below |
 //! | `access_log.rs` | one access-log event and one metrics update per response |
 //! | `rescue.rs` | refusals and panics become problem+json responses, never resets |
+//! | `head_limits.rs` | per connection: header fields per head (431), head bytes sent upstream per second (429) |
 //! | `routing/` | the canonical target, the route, method overrides, the WebDAV `Destination` |
 //! | `fence/head.rs` | everything the head decides: token, signature, key, a stale or jumping token |
 //! | `body.rs` | the body limit, and fenced bodies read whole within a global budget |
@@ -44,6 +45,7 @@ pub mod canonical;
 pub mod config;
 mod error;
 pub mod fence;
+mod head_limits;
 mod metrics;
 mod outcome;
 mod problem;

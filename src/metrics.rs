@@ -43,6 +43,7 @@ pub struct Metrics {
     active_keys: Gauge<i64, AtomicI64>,
     waiting: Gauge<i64, AtomicI64>,
     cached_keys: Gauge<i64, AtomicI64>,
+    buffered_bytes: Gauge<i64, AtomicI64>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -58,6 +59,8 @@ pub struct Snapshot {
     pub cached_keys: usize,
     pub active_keys: usize,
     pub waiting: i64,
+    /// Bytes of fenced request bodies held in memory now.
+    pub buffered_bytes: u64,
 }
 
 impl Metrics {
@@ -116,6 +119,12 @@ impl Metrics {
             waiting.clone(),
         );
         registry.register("fencegate_cached_keys", "Fence marks held in memory", cached_keys.clone());
+        let buffered_bytes = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "fencegate_buffered_bytes",
+            "Bytes of fenced request bodies held in memory now, over every connection (server.max_buffered_bytes bounds it)",
+            buffered_bytes.clone(),
+        );
         if let Some(stats) = store {
             let counters = [
                 (
@@ -141,7 +150,7 @@ impl Metrics {
                 stats.commit_seconds.clone(),
             );
         }
-        Metrics { registry, routes, tracked_keys, active_keys, waiting, cached_keys }
+        Metrics { registry, routes, tracked_keys, active_keys, waiting, cached_keys, buffered_bytes }
     }
 
     /// Records one finished request. `route` is the route index, or `None`;
@@ -163,6 +172,7 @@ impl Metrics {
         self.active_keys.set(snapshot.active_keys as i64);
         self.waiting.set(snapshot.waiting);
         self.cached_keys.set(snapshot.cached_keys as i64);
+        self.buffered_bytes.set(i64::try_from(snapshot.buffered_bytes).unwrap_or(i64::MAX));
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -182,13 +192,15 @@ mod tests {
         m.record(Some(1), Outcome::Forwarded, 0.002, false);
         m.record(Some(1), Outcome::UpstreamTimeout, 0.002, true);
         m.record(None, Outcome::NoRoute, 0.0001, false);
-        let text = m.encode(Snapshot { tracked_keys: 3, cached_keys: 3, active_keys: 1, waiting: 2 });
+        let text =
+            m.encode(Snapshot { tracked_keys: 3, cached_keys: 3, active_keys: 1, waiting: 2, buffered_bytes: 5 });
         assert!(text.contains(r#"fencegate_requests_total{route="objects",outcome="stale"} 2"#), "{text}");
         assert!(text.contains(r#"fencegate_requests_total{route="blobs",outcome="forwarded"} 1"#), "{text}");
         assert!(text.contains(r#"fencegate_requests_total{route="none",outcome="no_route"} 1"#), "{text}");
         assert!(text.contains("fencegate_tracked_keys 3"), "{text}");
         assert!(text.contains(r#"fencegate_settles_total{route="blobs"} 1"#), "{text}");
         assert!(text.contains("fencegate_waiting_requests 2"), "{text}");
+        assert!(text.contains("fencegate_buffered_bytes 5"), "{text}");
         assert!(text.contains(r#"fencegate_request_duration_seconds_count{route="objects"} 2"#), "{text}");
     }
 }

@@ -28,13 +28,16 @@ pub enum Outcome {
     UpstreamTimeout,
     QueueTimeout,
     StoreUnavailable,
-    /// The global budget for buffered bodies was spent.
+    /// The global budget for buffered bodies, or the connection's share of
+    /// it, was spent.
     BufferFull,
     Internal,
+    /// The connection sent request heads faster than it may send them upstream.
+    RateLimited,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 18] = [
+    pub const ALL: [Outcome; 19] = [
         Outcome::Forwarded,
         Outcome::Unfenced,
         Outcome::Stale,
@@ -53,6 +56,7 @@ impl Outcome {
         Outcome::StoreUnavailable,
         Outcome::BufferFull,
         Outcome::Internal,
+        Outcome::RateLimited,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -75,6 +79,7 @@ impl Outcome {
             Outcome::StoreUnavailable => "store_unavailable",
             Outcome::BufferFull => "buffer_full",
             Outcome::Internal => "internal",
+            Outcome::RateLimited => "rate_limited",
         }
     }
 }

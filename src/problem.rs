@@ -53,6 +53,13 @@ impl ProblemType {
         Self::urn(StatusCode::BAD_REQUEST, "urn:fencegate:problem:bad-destination", "Destination cannot be fenced");
     pub const BUFFER_FULL: Self =
         Self::urn(StatusCode::SERVICE_UNAVAILABLE, "urn:fencegate:problem:buffer-full", "Too many buffered bodies");
+    pub const TOO_MANY_HEADERS: Self = Self::urn(
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        "urn:fencegate:problem:too-many-headers",
+        "Too many header fields",
+    );
+    pub const HEADER_RATE: Self =
+        Self::urn(StatusCode::TOO_MANY_REQUESTS, "urn:fencegate:problem:header-rate", "Too many request-head bytes");
     pub const UPSTREAM_UNREACHABLE: Self =
         Self::urn(StatusCode::BAD_GATEWAY, "urn:fencegate:problem:upstream-error", "Upstream unreachable");
     pub const UPSTREAM_FAILED: Self =

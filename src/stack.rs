@@ -2,8 +2,8 @@
 //!
 //! Data flows one way, one concern per layer, in the order a request meets
 //! them: requests in flight → trace and access log → panic rescue → rescue →
-//! canonicalize + route → head checks → body → the key's turn + advance →
-//! forward. What the layers guarantee together is written down once, in
+//! header count → canonicalize + route → head-byte rate → head checks → body
+//! → the key's turn + advance → forward. What the layers guarantee together is written down once, in
 //! `docs/behaviour.md` ("The guarantee, step by step").
 
 use std::convert::Infallible;
@@ -18,6 +18,7 @@ use crate::access_log::access_log;
 use crate::body::{BodyLayer, BufferBudget};
 use crate::fence::store::AnyStore;
 use crate::fence::{FencingLayer, HeadChecksLayer, KeyGate};
+use crate::head_limits::{HeaderCountLayer, HeaderRateLayer};
 use crate::metrics::Metrics;
 use crate::proxy::Forward;
 use crate::rescue::{panic_response, RescueLayer};
@@ -34,6 +35,19 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// The budget for fenced bodies read whole before forwarding.
     pub buffers: Arc<BufferBudget>,
+    /// What each client connection may spend on its own.
+    pub per_connection: ConnectionLimits,
+}
+
+/// Bounds each client connection gets afresh (from `[server]`).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Bytes of `buffers` one connection may hold, over all its streams.
+    pub buffer_share: u64,
+    /// Header fields a request head may carry.
+    pub max_headers: usize,
+    /// Bytes of request heads a connection may send upstream per second.
+    pub header_rate: u64,
 }
 
 /// The stack for one client connection, forwarding through `forward` (its own
@@ -54,6 +68,7 @@ pub fn proxy_service(
 > + Clone
        + Send
        + 'static {
+    let limits = shared.per_connection;
     ServiceBuilder::new()
         // Per connection: requests in flight, so the idle and slow-head guards
         // never close a connection that is serving a request.
@@ -67,11 +82,20 @@ pub fn proxy_service(
         // Rescue: every refusal from the layers below becomes its problem+json
         // response here, so no error escapes to hyper as a connection reset.
         .layer(RescueLayer)
+        // Before anything else acts on a request: a head with more fields
+        // than allowed (an HTTP/2 head may decode to many more than its
+        // frames suggest) gets 431 here, as hyper answers one over HTTP/1.1.
+        .layer(HeaderCountLayer { max: limits.max_headers })
         // Before anything looks at the target: make it canonical, then route
         // it. Every layer below sees one spelling of each resource, and the
         // route says which methods are fenced, how the key is made and where
         // the request goes (404 without one).
         .layer(RoutingLayer::new(shared.routes.clone()))
+        // Per connection, the bytes of heads it may have sent upstream a
+        // second: after routing, so the refusal is counted under its route,
+        // and before the head checks, so a refused request reads and raises
+        // no mark.
+        .layer(HeaderRateLayer::new(limits.header_rate))
         // Everything the head can decide, before a body byte is read: token,
         // key, signature, stale and jump checks, and no body on unfenced
         // methods. A request already condemned never makes fencegate read
@@ -80,7 +104,7 @@ pub fn proxy_service(
         // The body limit, and fenced bodies read whole (within the buffer
         // budget) before they may take their key's turn: a slow or broken
         // upload never holds a key, and never reaches the upstream in part.
-        .layer(BodyLayer::new(shared.buffers.clone()))
+        .layer(BodyLayer::new(shared.buffers.clone(), limits.buffer_share))
         // The key's turn and the atomic raise, then the forward on a task of
         // its own that ends at the upstream even if the client leaves.
         .layer(FencingLayer::new(shared.store.clone(), shared.gate.clone()))

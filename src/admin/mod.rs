@@ -67,6 +67,7 @@ pub(crate) async fn handle(
                 cached_keys: shared.store.cached_keys(),
                 active_keys: shared.gate.active_keys(),
                 waiting: shared.gate.waiting(),
+                buffered_bytes: shared.buffers.used(),
             };
             text(
                 StatusCode::OK,

@@ -23,6 +23,25 @@ pub(super) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub(super) const MAX_WORKERS: u64 = 1024;
 /// Default `[server] max_buffered_bytes`.
 pub(super) const DEFAULT_MAX_BUFFERED_BYTES: u64 = 256 * 1024 * 1024;
+/// Unset `[server] max_connection_buffered_bytes` is this share of
+/// `max_buffered_bytes` (raised to the largest buffered route `max_body`), so
+/// no one connection can hold the whole budget.
+pub(super) const DEFAULT_CONNECTION_BUFFER_SHARE: u64 = 4;
+/// Default `[server] max_concurrent_streams`: what browsers and gRPC clients
+/// expect at least (RFC 9113 recommends no fewer than 100).
+pub(super) const DEFAULT_MAX_CONCURRENT_STREAMS: u64 = 100;
+/// HTTP/2 streams a connection may have open at once can't exceed this: past
+/// it the per-stream state, not the bodies, is what one connection costs.
+pub(super) const MAX_CONCURRENT_STREAMS: u64 = 10_000;
+/// Default `[server] max_headers`: hyper's own HTTP/1.1 parser limit.
+pub(super) const DEFAULT_MAX_HEADERS: u64 = 100;
+/// A request carries at least `Host` and the token; hyper parses heads with
+/// one slot per allowed header, so the top is kept sane too.
+pub(super) const MIN_HEADERS: u64 = 8;
+pub(super) const MAX_HEADERS: u64 = 10_000;
+/// Default `[server] max_upstream_header_rate`, bytes of request heads per
+/// second per client connection: 32k requests a second with 1 KiB heads.
+pub(super) const DEFAULT_MAX_UPSTREAM_HEADER_RATE: u64 = 32 * 1024 * 1024;
 
 /// Default `[fences] path`, relative to the working directory.
 pub const DEFAULT_FENCES_PATH: &str = "data/fences";

@@ -37,6 +37,10 @@ pub struct ServerSection {
     pub idle_timeout: Option<String>,
     pub workers: Option<u64>,
     pub max_buffered_bytes: Option<Size>,
+    pub max_connection_buffered_bytes: Option<Size>,
+    pub max_concurrent_streams: Option<u64>,
+    pub max_headers: Option<u64>,
+    pub max_upstream_header_rate: Option<Size>,
 }
 
 /// `[admin]`: health, readiness, metrics.

@@ -40,6 +40,17 @@ pub struct ServerConfig {
     /// Most bytes of fenced request bodies held in memory at once, over every
     /// connection, while they are read whole before forwarding (503 past it).
     pub max_buffered_bytes: u64,
+    /// Most bytes of buffered fenced bodies one client connection may hold at
+    /// once, over all its HTTP/2 streams (503 past it); within
+    /// `max_buffered_bytes`.
+    pub max_connection_buffered_bytes: u64,
+    /// HTTP/2 streams one client connection may have open at once.
+    pub max_concurrent_streams: u32,
+    /// Most header fields in a request head (431 past it), HTTP/1.1 and HTTP/2.
+    pub max_headers: usize,
+    /// Bytes of request heads one client connection may send upstream per
+    /// second, with one second of burst (429 past it).
+    pub max_upstream_header_rate: u64,
 }
 
 /// The admin listener.

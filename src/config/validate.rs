@@ -32,6 +32,17 @@ pub(crate) fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
     let routes: Vec<Route> =
         file.routes.into_iter().enumerate().filter_map(|(i, section)| validate_route(i, section, &mut p)).collect();
     across_routes(&routes, &server, &mut p);
+    let mut server = server;
+    server.max_connection_buffered_bytes = connection_share(&file.server, &server, &routes, &mut p);
+    if server.max_upstream_header_rate < server.max_header_bytes as u64 {
+        p.add(
+            "server.max_upstream_header_rate",
+            format!(
+                "{} bytes a second is less than server.max_header_bytes ({}): a head that large could never be sent",
+                server.max_upstream_header_rate, server.max_header_bytes
+            ),
+        );
+    }
 
     p.or(Config { server, admin, fences, log, routes })
 }
@@ -75,6 +86,57 @@ fn server(s: &ServerSection, p: &mut Problems) -> ServerConfig {
             s.max_buffered_bytes.as_ref(),
             DEFAULT_MAX_BUFFERED_BYTES,
         ),
+        // Set once the routes are known: see `connection_share`.
+        max_connection_buffered_bytes: 0,
+        max_concurrent_streams: match s.max_concurrent_streams.unwrap_or(DEFAULT_MAX_CONCURRENT_STREAMS) {
+            n @ 1..=MAX_CONCURRENT_STREAMS => n as u32,
+            _ => {
+                p.add("server.max_concurrent_streams", format!("must be between 1 and {MAX_CONCURRENT_STREAMS}"));
+                DEFAULT_MAX_CONCURRENT_STREAMS as u32
+            }
+        },
+        max_headers: match s.max_headers.unwrap_or(DEFAULT_MAX_HEADERS) {
+            n @ MIN_HEADERS..=MAX_HEADERS => n as usize,
+            _ => {
+                p.add("server.max_headers", format!("must be between {MIN_HEADERS} and {MAX_HEADERS}"));
+                DEFAULT_MAX_HEADERS as usize
+            }
+        },
+        max_upstream_header_rate: p.size(
+            "server.max_upstream_header_rate",
+            s.max_upstream_header_rate.as_ref(),
+            DEFAULT_MAX_UPSTREAM_HEADER_RATE,
+        ),
+    }
+}
+
+/// `[server] max_connection_buffered_bytes`: at least the largest body a
+/// route reads whole (else that body could never be held), at most the
+/// whole budget. Unset, a quarter of `max_buffered_bytes`, raised to that
+/// largest body, so every config valid without the field stays valid.
+fn connection_share(s: &ServerSection, server: &ServerConfig, routes: &[Route], p: &mut Problems) -> u64 {
+    let largest = routes.iter().filter(|r| !r.stream_body).map(|r| r.max_body).max().unwrap_or(0);
+    let budget = server.max_buffered_bytes;
+    let Some(size) = &s.max_connection_buffered_bytes else {
+        return (budget / DEFAULT_CONNECTION_BUFFER_SHARE).max(largest).min(budget);
+    };
+    let field = "server.max_connection_buffered_bytes";
+    match p.size(field, Some(size), budget) {
+        n if n > budget => {
+            p.add(field, format!("{n} bytes is more than server.max_buffered_bytes ({budget}), the whole budget"));
+            budget
+        }
+        n if n < largest => {
+            p.add(
+                field,
+                format!(
+                    "{n} bytes is less than the largest max_body of a route that reads bodies whole ({largest}): \
+                     such a body could never be held"
+                ),
+            );
+            largest
+        }
+        n => n,
     }
 }
 
@@ -228,6 +290,30 @@ mod tests {
         assert_eq!(fields(&text), ["fences.path"]);
         let text = format!("[fences]\ncache_keys = 0\n{MINIMAL}");
         assert_eq!(fields(&text), ["fences.cache_keys"]);
+    }
+
+    #[test]
+    fn the_connection_share_defaults_within_the_budget_and_is_checked_against_routes() {
+        let c = Config::from_toml_str(MINIMAL).unwrap();
+        assert_eq!(c.server.max_connection_buffered_bytes, 64 << 20, "a quarter of 256MiB");
+        assert_eq!((c.server.max_concurrent_streams, c.server.max_headers), (100, 100));
+        assert_eq!(c.server.max_upstream_header_rate, 32 << 20);
+        // Unset, never below the largest body read whole: old configs stay valid.
+        let text = format!("[server]\nmax_buffered_bytes = \"1MiB\"\n{MINIMAL}max_body = \"1MiB\"\n");
+        assert_eq!(Config::from_toml_str(&text).unwrap().server.max_connection_buffered_bytes, 1 << 20);
+        let set = |v: &str| {
+            format!("[server]\nmax_buffered_bytes = \"1MiB\"\nmax_connection_buffered_bytes = {v}\n{MINIMAL}max_body = \"64KiB\"\n")
+        };
+        assert_eq!(Config::from_toml_str(&set("\"128KiB\"")).unwrap().server.max_connection_buffered_bytes, 128 << 10);
+        assert_eq!(fields(&set("\"2MiB\"")), ["server.max_connection_buffered_bytes"]);
+        assert_eq!(fields(&set("\"32KiB\"")), ["server.max_connection_buffered_bytes"]);
+        let text = format!(
+            "[server]\nmax_concurrent_streams = 0\nmax_headers = 2\nmax_upstream_header_rate = \"x\"\n{MINIMAL}"
+        );
+        assert_eq!(
+            fields(&text),
+            ["server.max_concurrent_streams", "server.max_headers", "server.max_upstream_header_rate"]
+        );
     }
 
     #[test]

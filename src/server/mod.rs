@@ -28,7 +28,7 @@ use crate::fence::store::{AnyStore, FileStore, MemoryStore, OpenError};
 use crate::fence::KeyGate;
 use crate::metrics::Metrics;
 use crate::route::RouteTable;
-use crate::stack::Shared;
+use crate::stack::{ConnectionLimits, Shared};
 use guard::Connections;
 use workers::Workers;
 
@@ -92,6 +92,11 @@ impl Fencegate {
             metrics: Arc::new(Metrics::new(names.iter().map(|n| &**n), store.stats())),
             routes: Arc::new(routes),
             buffers: BufferBudget::new(config.server.max_buffered_bytes),
+            per_connection: ConnectionLimits {
+                buffer_share: config.server.max_connection_buffered_bytes,
+                max_headers: config.server.max_headers,
+                header_rate: config.server.max_upstream_header_rate,
+            },
             store: Arc::new(store),
             gate: Arc::new(gate),
         });

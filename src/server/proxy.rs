@@ -54,7 +54,15 @@ async fn serve(
     connection::serve(conn, activity, admission, peer).await;
 }
 
-/// HTTP/1.1 and h2c, with the head limits from `[server]`.
+/// The HTTP/2 flow-control windows we grant a client: what it may send that
+/// fencegate has not read yet. hyper's defaults, written down because they
+/// bound a connection's unread bytes (one connection window, however many
+/// streams) and give one stream the whole window, for uploads over links
+/// with a long round trip.
+const H2_CONNECTION_WINDOW: u32 = 1024 * 1024;
+const H2_STREAM_WINDOW: u32 = 1024 * 1024;
+
+/// HTTP/1.1 and h2c, with the head and stream limits from `[server]`.
 fn builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -64,7 +72,23 @@ fn builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
         // hyper's head timer would also close idle keep-alive connections.
         .header_read_timeout(None)
         // A head larger than this gets 431.
-        .max_buf_size(server.max_header_bytes);
-    builder.http2().timer(TokioTimer::new()).max_header_list_size(server.max_header_bytes as u32);
+        .max_buf_size(server.max_header_bytes)
+        // So does one with more fields than this; HTTP/2 heads are counted
+        // in the stack (head_limits.rs).
+        .max_headers(server.max_headers);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        // A decoded header list larger than this gets 431 from h2 (HPACK:
+        // each field counts its name, its value and 32 bytes).
+        .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX))
+        // Streams at once: with the connection's share of the buffer
+        // budget, what bounds the memory one connection can take.
+        .max_concurrent_streams(server.max_concurrent_streams)
+        // Fixed windows: an adaptive window would let a client that reads
+        // fast grow what it may leave unread.
+        .adaptive_window(false)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .initial_stream_window_size(H2_STREAM_WINDOW);
     builder
 }

@@ -1,0 +1,199 @@
+//! Per client connection, what request heads may cost: how many header
+//! fields one head may carry (431 `too-many-headers`), and how many bytes of
+//! heads one connection may have fencegate send upstream per second (429
+//! `header-rate`).
+//!
+//! Both answer an HTTP/2 amplification: HPACK lets a few bytes on the wire
+//! name a large header field again and again, so a small HEADERS frame can
+//! decode into a head of `max_header_bytes`, and a connection sending a few
+//! MiB can make fencegate write GiB to the upstream. HTTP/1.1 heads are
+//! counted by hyper's parser (`max_headers`); HTTP/2 heads arrive decoded, so
+//! [`HeaderCount`] counts them before anything else acts on the request. The
+//! rate is a token bucket per connection holding one second of bytes, checked
+//! after routing and before the head checks, so a refused request never reads
+//! or raises a mark and nothing of it is forwarded.
+
+use std::future::{ready, Future};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt};
+
+use crate::error::{ProxyError, Rejection};
+use crate::proxy::ProxyBody;
+use crate::routing::Routed;
+
+type BoxFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Rejection>> + Send>>;
+
+/// Refuses a request with more than `max` header fields (431); see the
+/// [module docs](self).
+#[derive(Debug, Clone, Copy)]
+pub struct HeaderCountLayer {
+    pub max: usize,
+}
+
+impl<S> Layer<S> for HeaderCountLayer {
+    type Service = HeaderCount<S>;
+
+    fn layer(&self, inner: S) -> HeaderCount<S> {
+        HeaderCount { inner, max: self.max }
+    }
+}
+
+/// See [`HeaderCountLayer`].
+#[derive(Debug, Clone)]
+pub struct HeaderCount<S> {
+    inner: S,
+    max: usize,
+}
+
+impl<S, B> Service<Request<B>> for HeaderCount<S>
+where
+    S: Service<Request<B>, Response = Response<ProxyBody>, Error = Rejection>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Rejection;
+    type Future = BoxFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // `len` counts every field line, a repeated name once per value, as
+        // hyper's HTTP/1.1 parser does; pseudo-headers are not in the map.
+        let count = request.headers().len();
+        if count > self.max {
+            let error = ProxyError::TooManyHeaders { count, max: self.max };
+            return Box::pin(ready(Err(error.into())));
+        }
+        Box::pin(self.inner.call(request))
+    }
+}
+
+/// A token bucket of head bytes: `rate` a second, at most one second's worth
+/// saved up.
+#[derive(Debug)]
+struct Bucket {
+    rate: u64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn new(rate: u64) -> Self {
+        Bucket { rate, tokens: rate as f64, at: Instant::now() }
+    }
+
+    /// Spends `bytes` if the bucket holds them.
+    fn spend(&mut self, bytes: u64) -> bool {
+        let now = Instant::now();
+        let refill = now.duration_since(self.at).as_secs_f64() * self.rate as f64;
+        self.tokens = (self.tokens + refill).min(self.rate as f64);
+        self.at = now;
+        if self.tokens < bytes as f64 {
+            return false;
+        }
+        self.tokens -= bytes as f64;
+        true
+    }
+}
+
+/// Bounds the bytes of request heads one connection sends upstream per
+/// second (429 past it); see the [module docs](self). One layer, one bucket:
+/// the stack is built per connection.
+#[derive(Debug, Clone)]
+pub struct HeaderRateLayer {
+    bucket: Arc<Mutex<Bucket>>,
+}
+
+impl HeaderRateLayer {
+    /// A bucket of `rate` bytes a second for one connection.
+    pub fn new(rate: u64) -> Self {
+        HeaderRateLayer { bucket: Arc::new(Mutex::new(Bucket::new(rate))) }
+    }
+}
+
+impl<S> Layer<S> for HeaderRateLayer {
+    type Service = HeaderRate<S>;
+
+    fn layer(&self, inner: S) -> HeaderRate<S> {
+        HeaderRate { inner, bucket: self.bucket.clone() }
+    }
+}
+
+/// See [`HeaderRateLayer`].
+#[derive(Debug, Clone)]
+pub struct HeaderRate<S> {
+    inner: S,
+    bucket: Arc<Mutex<Bucket>>,
+}
+
+impl<S, B> Service<Routed<B>> for HeaderRate<S>
+where
+    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = Rejection> + Clone + Send + 'static,
+    S::Future: Send,
+    B: Send + 'static,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Rejection;
+    type Future = BoxFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, routed: Routed<B>) -> BoxFuture {
+        let cost = head_bytes(&routed.request);
+        // A poisoned lock still holds a usable bucket: a panic elsewhere must
+        // not open the limit or refuse every request.
+        let mut bucket = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+        if !bucket.spend(cost) {
+            let error = ProxyError::HeaderRate(bucket.rate);
+            return Box::pin(ready(Err(error.into())));
+        }
+        drop(bucket);
+        Box::pin(self.inner.clone().oneshot(routed))
+    }
+}
+
+/// About what the request's head takes on the wire to the upstream as
+/// HTTP/1.1: the request line, and each field as `name: value\r\n`.
+fn head_bytes<B>(request: &Request<B>) -> u64 {
+    let target = request.uri().path_and_query().map_or(1, |pq| pq.as_str().len());
+    let line = request.method().as_str().len() + 1 + target + " HTTP/1.1\r\n".len();
+    let fields: usize = request.headers().iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
+    (line + fields + 2) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_head_costs_its_request_line_and_fields() {
+        let request = Request::put("/objects/a?x=1").header("x-fencing-token", "7").body(()).unwrap();
+        // "PUT /objects/a?x=1 HTTP/1.1\r\n" + "x-fencing-token: 7\r\n" + "\r\n"
+        assert_eq!(head_bytes(&request), 29 + 20 + 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_bucket_holds_one_second_and_refills_at_the_rate() {
+        let mut bucket = Bucket::new(1000);
+        assert!(bucket.spend(600));
+        assert!(!bucket.spend(600), "only 400 left");
+        assert!(bucket.spend(400));
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(bucket.spend(500));
+        assert!(!bucket.spend(1));
+        // Idle for long: never more than one second saved up.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(bucket.spend(1000));
+        assert!(!bucket.spend(1));
+    }
+}
