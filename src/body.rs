@@ -18,7 +18,8 @@
 //! is one allocation of exactly that size, and other bodies are copied into
 //! blocks whose whole capacity is taken before a byte goes in. Nothing keeps
 //! a reference into hyper's read buffers, which a small chunk would otherwise
-//! pin whole.
+//! pin whole. Blocks of 16 KiB and more are memory mapped for themselves, so
+//! what a body held goes back to the system the moment it is dropped.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -33,6 +34,7 @@ use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
+use memmap2::MmapMut;
 use tower::{Layer, Service, ServiceExt};
 
 use crate::error::{ProxyError, Rejection};
@@ -260,6 +262,68 @@ const MIN_BLOCK: u64 = 1024;
 /// The largest block: a body's last block wastes at most this much of the
 /// budget, and a block never needs a reallocation to grow.
 const MAX_BLOCK: u64 = 64 * 1024;
+/// Blocks from this size on are anonymous mappings of their own, unmapped
+/// (handed back to the system) as soon as the body is sent or refused. The
+/// allocator would keep freed memory resident until it next works, so an
+/// idle proxy would keep what an attack made it hold. Smaller blocks, the
+/// first 16 KiB of any body, come from the allocator: a mapping costs two
+/// system calls, which small bodies should not pay.
+const MAP_FROM: usize = 16 * 1024;
+
+/// Where a buffered body's bytes are written, `capacity` taken up front.
+enum Block {
+    Heap(BytesMut),
+    Mapped { map: MmapMut, len: usize },
+}
+
+impl Block {
+    fn new(capacity: usize) -> Block {
+        if capacity >= MAP_FROM {
+            // Past the process's mappings (vm.max_map_count) or address
+            // space, the allocator holds the block instead.
+            if let Ok(map) = MmapMut::map_anon(capacity) {
+                return Block::Mapped { map, len: 0 };
+            }
+        }
+        Block::Heap(BytesMut::with_capacity(capacity))
+    }
+
+    fn is_full(&self) -> bool {
+        match self {
+            Block::Heap(bytes) => bytes.len() == bytes.capacity(),
+            Block::Mapped { map, len } => *len == map.len(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Block::Heap(bytes) => bytes.is_empty(),
+            Block::Mapped { len, .. } => *len == 0,
+        }
+    }
+
+    /// Copies in as much of `data` as fits, and advances it past that.
+    fn fill(&mut self, data: &mut Bytes) {
+        match self {
+            Block::Heap(bytes) => {
+                let n = data.len().min(bytes.capacity() - bytes.len());
+                bytes.put_slice(&data.split_to(n));
+            }
+            Block::Mapped { map, len } => {
+                let n = data.len().min(map.len() - *len);
+                map[*len..*len + n].copy_from_slice(&data.split_to(n));
+                *len += n;
+            }
+        }
+    }
+
+    fn freeze(self) -> Bytes {
+        match self {
+            Block::Heap(bytes) => bytes.freeze(),
+            Block::Mapped { map, len } => Bytes::from_owner(map).slice(..len),
+        }
+    }
+}
 
 /// Reads `body` whole, up to `limit` bytes, into blocks whose capacity
 /// `held` has taken from the budgets first: one of exactly the declared
@@ -272,7 +336,7 @@ async fn read(
     held: &mut Held,
 ) -> Result<VecDeque<Bytes>, ProxyError> {
     let mut blocks = VecDeque::new();
-    let mut block = BytesMut::with_capacity(usize::try_from(declared.unwrap_or(0)).unwrap_or(0));
+    let mut block = Block::new(usize::try_from(declared.unwrap_or(0)).unwrap_or(0));
     let mut seen = 0u64;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(ProxyError::ClientBody)?;
@@ -282,19 +346,18 @@ async fn read(
             return Err(ProxyError::BodyTooLarge { limit, partly_sent: false });
         }
         while !data.is_empty() {
-            if block.capacity() == block.len() {
-                // Full: a new block, its whole capacity taken first, sized
-                // like what came so far but never past the limit.
+            if block.is_full() {
+                // A new block, its whole capacity taken first, sized like
+                // what came so far but never past the limit.
                 let so_far = seen - data.len() as u64;
                 let size = so_far.clamp(MIN_BLOCK, MAX_BLOCK).min(limit - so_far).max(1);
                 held.take(size)?;
-                let full = std::mem::replace(&mut block, BytesMut::with_capacity(size as usize));
+                let full = std::mem::replace(&mut block, Block::new(size as usize));
                 if !full.is_empty() {
                     blocks.push_back(full.freeze());
                 }
             }
-            let n = data.len().min(block.capacity() - block.len());
-            block.put_slice(&data.split_to(n));
+            block.fill(&mut data);
         }
     }
     if !block.is_empty() {
