@@ -365,3 +365,29 @@ async fn read(
     }
     Ok(blocks)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_takes_from_its_connection_share_and_the_budget_or_from_neither() {
+        let budget = BufferBudget::new(100);
+        let (one, other) = (BufferBudget::new(60), BufferBudget::new(60));
+        let mut a = Held::new(&budget, &one);
+        a.take(50).unwrap();
+        // The connection's share runs out first, and the budget is untouched.
+        let mut b = Held::new(&budget, &one);
+        assert!(matches!(b.take(20), Err(ProxyError::ConnectionBufferFull(60))));
+        assert_eq!((budget.used(), one.used()), (50, 50));
+        // Another connection has a share of its own, but the budget is shared:
+        // a refusal there hands the share back.
+        let mut c = Held::new(&budget, &other);
+        c.take(50).unwrap();
+        let mut d = Held::new(&budget, &other);
+        assert!(matches!(d.take(5), Err(ProxyError::BufferFull(100))));
+        assert_eq!((budget.used(), other.used()), (100, 50));
+        drop((a, b, c, d));
+        assert_eq!((budget.used(), one.used(), other.used()), (0, 0, 0));
+    }
+}
