@@ -116,6 +116,11 @@ impl Metrics {
             waiting.clone(),
         );
         registry.register("fencegate_cached_keys", "Fence marks held in memory", cached_keys.clone());
+        registry.register(
+            "fencegate_log_suppressed",
+            "Warning and error lines dropped by the per-call-site log rate limit (process-wide)",
+            crate::telemetry::suppressed_counter(),
+        );
         if let Some(stats) = store {
             let counters = [
                 (
