@@ -12,6 +12,9 @@ use crate::config::LogFormat;
 pub use crate::{error_limited, warn_limited};
 pub(crate) use limit::suppressed_counter;
 pub use limit::{CallSiteLimit, ForeignLimit, BURST, INTERVAL};
+/// The macros' path to tracing, so they expand in any crate.
+#[doc(hidden)]
+pub use tracing as __tracing;
 
 /// Installs the global subscriber. `RUST_LOG`, when set, overrides `level`.
 pub fn init(format: LogFormat, level: &str) {

@@ -90,16 +90,16 @@ macro_rules! __fencegate_log_limited {
     ($level:ident, target: $target:expr, $($rest:tt)+) => {{
         static LIMIT: $crate::telemetry::CallSiteLimit = $crate::telemetry::CallSiteLimit::new();
         match LIMIT.admit() {
-            Some(0) => ::tracing::$level!(target: $target, $($rest)+),
-            Some(suppressed) => ::tracing::$level!(target: $target, suppressed, $($rest)+),
+            Some(0) => $crate::telemetry::__tracing::$level!(target: $target, $($rest)+),
+            Some(suppressed) => $crate::telemetry::__tracing::$level!(target: $target, suppressed, $($rest)+),
             None => {}
         }
     }};
     ($level:ident, $($rest:tt)+) => {{
         static LIMIT: $crate::telemetry::CallSiteLimit = $crate::telemetry::CallSiteLimit::new();
         match LIMIT.admit() {
-            Some(0) => ::tracing::$level!($($rest)+),
-            Some(suppressed) => ::tracing::$level!(suppressed, $($rest)+),
+            Some(0) => $crate::telemetry::__tracing::$level!($($rest)+),
+            Some(suppressed) => $crate::telemetry::__tracing::$level!(suppressed, $($rest)+),
             None => {}
         }
     }};
