@@ -125,7 +125,8 @@ macro_rules! error_limited {
 
 /// A subscriber layer that holds warnings and errors of other crates to the
 /// same limit per call site, and logs the count it dropped as a line of its
-/// own (`fencegate::log`) before the next one it lets through.
+/// own (`fencegate::log`) before the next one it lets through. Records of the
+/// `log` crate share one call site per level, so they share one budget.
 #[derive(Debug, Default)]
 pub struct ForeignLimit {
     sites: DashMap<Identifier, CallSiteLimit>,

@@ -16,9 +16,9 @@ use serde_json::Value;
 use crate::common::process::{config_text, Running, DEADLINE, MEMORY_STORE};
 use crate::common::{client, get, put, route, RecordingUpstream};
 
-/// Lines per call site per interval (`telemetry::BURST`, `INTERVAL`).
-const BURST: usize = 5;
-const INTERVAL: Duration = Duration::from_secs(10);
+/// Lines per call site per interval.
+const BURST: usize = fencegate::telemetry::BURST as usize;
+const INTERVAL: Duration = fencegate::telemetry::INTERVAL;
 
 const REFUSED: &str = "fence change refused: missing or wrong bearer token";
 
