@@ -125,6 +125,11 @@ impl Metrics {
             "Bytes of fenced request bodies held in memory now, over every connection (server.max_buffered_bytes bounds it)",
             buffered_bytes.clone(),
         );
+        registry.register(
+            "fencegate_log_suppressed",
+            "Warning and error lines dropped by the per-call-site log rate limit (process-wide)",
+            crate::telemetry::suppressed_counter(),
+        );
         if let Some(stats) = store {
             let counters = [
                 (

@@ -81,7 +81,7 @@ pub fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<ProxyBod
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic".to_string());
-    tracing::error!(panic = %what, "a request panicked");
+    crate::telemetry::error_limited!(panic = %what, "a request panicked");
     Rejection::from(ProxyError::Internal { context: "the request could not be completed", source: None })
         .into_response()
 }

@@ -152,7 +152,7 @@ async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> 
     // Constant time over the token bytes: a mismatch does not tell how much matched.
     let authorized = presented.is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes())));
     if !authorized {
-        tracing::warn!(target: "fencegate::audit", caller = %peer, "fence change refused: missing or wrong bearer token");
+        crate::telemetry::warn_limited!(target: "fencegate::audit", caller = %peer, "fence change refused: missing or wrong bearer token");
         let mut r = problem(
             StatusCode::UNAUTHORIZED,
             "Unauthorized",

@@ -16,7 +16,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::warn;
 
 /// One listener's open connections.
 #[derive(Debug, Clone)]
@@ -66,7 +65,7 @@ impl Connections {
                 }
                 Err(e) => {
                     // Usually out of file descriptors: back off instead of spinning.
-                    warn!(error = %e, "accept failed");
+                    crate::telemetry::warn_limited!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }

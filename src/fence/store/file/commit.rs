@@ -184,7 +184,7 @@ impl Committer {
                 Err(e) => {
                     self.stats.failures.inc();
                     self.stats.failing.store(true, Ordering::Relaxed);
-                    tracing::error!(error = %e, raises = count, "fence store commit failed");
+                    crate::telemetry::error_limited!(error = %e, raises = count, "fence store commit failed");
                 }
             }
             batch.post(result);

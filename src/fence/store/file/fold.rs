@@ -83,7 +83,7 @@ impl Folder {
         if unfolded.current.is_empty() && unfolded.folding.is_empty() {
             drop(unfolded);
             if let Err(e) = set_clean(&self.db, true) {
-                tracing::warn!(error = %e, "cannot record the clean stop; the next start replays the journal");
+                crate::telemetry::warn_limited!(error = %e, "cannot record the clean stop; the next start replays the journal");
             }
         }
     }
@@ -94,7 +94,7 @@ impl Folder {
                 // Nothing is lost: the journal file and the marks in memory stay
                 // until a fold succeeds.
                 self.stats.fold_failures.inc();
-                tracing::error!(error = %e, marks = job.marks.len(), "folding the fence journal failed; retrying");
+                crate::telemetry::error_limited!(error = %e, marks = job.marks.len(), "folding the fence journal failed; retrying");
                 if self.queue.lock().stopping() {
                     return;
                 }
@@ -105,7 +105,7 @@ impl Folder {
             if let Err(e) = job.file.empty() {
                 // Harmless: its marks are folded, and replaying them again changes
                 // nothing. Appends to it wait for the next successful emptying.
-                tracing::warn!(error = %e, "cannot empty a folded journal file");
+                crate::telemetry::warn_limited!(error = %e, "cannot empty a folded journal file");
                 while job.file.empty().is_err() {
                     if self.queue.lock().stopping() {
                         return;
