@@ -100,17 +100,16 @@ fn parse_query(query: &str) -> Result<Query, QueryError> {
     Ok(q)
 }
 
-/// Refuses a key or prefix longer than any key the proxy makes: such a key
-/// has no mark to read, and must get none.
-fn check_lengths(query: &Query, max_key_bytes: usize) -> Result<(), Response<Full<Bytes>>> {
+/// The refusal of a key or prefix longer than any key the proxy makes: such a
+/// key has no mark to read, and must get none.
+fn too_long(query: &Query, max_key_bytes: usize) -> Option<Response<Full<Bytes>>> {
     for (name, text) in [("key", &query.key), ("prefix", &query.prefix), ("after", &query.after)] {
         if let Some(text) = text.as_deref().filter(|t| t.len() > max_key_bytes) {
-            let detail =
-                format!("{name} is {} bytes long; [fences] max_key_bytes allows {max_key_bytes}", text.len());
-            return Err(Problem::new(ProblemType::BAD_KEY, detail).into_response());
+            let detail = format!("{name} is {} bytes long; [fences] max_key_bytes allows {max_key_bytes}", text.len());
+            return Some(Problem::new(ProblemType::BAD_KEY, detail).into_response());
         }
     }
-    Ok(())
+    None
 }
 
 pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
@@ -124,7 +123,7 @@ pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<In
         Ok(q) => q,
         Err(e) => return e.into_response(),
     };
-    if let Err(refused) = check_lengths(&query, state.max_key_bytes) {
+    if let Some(refused) = too_long(&query, state.max_key_bytes) {
         return refused;
     }
     let store = &state.shared.store;
@@ -165,10 +164,10 @@ pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<In
     }
 }
 
-/// Lets a change through only with the configured bearer token.
-fn authorize<B>(state: &AdminState, peer: SocketAddr, req: &Request<B>) -> Result<(), Response<Full<Bytes>>> {
+/// The refusal of a change without the configured bearer token, if it has not.
+fn unauthorized<B>(state: &AdminState, peer: SocketAddr, req: &Request<B>) -> Option<Response<Full<Bytes>>> {
     let Some(expected) = &state.auth_token else {
-        return Err(problem(
+        return Some(problem(
             StatusCode::FORBIDDEN,
             "Fence changes disabled",
             "no [admin] auth_token is configured, so the fence API is read-only",
@@ -192,20 +191,20 @@ fn authorize<B>(state: &AdminState, peer: SocketAddr, req: &Request<B>) -> Resul
             "fence changes need 'Authorization: Bearer <[admin] auth_token>'",
         );
         r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return Err(r);
+        return Some(r);
     }
-    Ok(())
+    None
 }
 
 async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    if let Err(refused) = authorize(state, peer, &req) {
+    if let Some(refused) = unauthorized(state, peer, &req) {
         return refused;
     }
     let query = match parse_query(req.uri().query().unwrap_or("")) {
         Ok(q) => q,
         Err(e) => return e.into_response(),
     };
-    if let Err(refused) = check_lengths(&query, state.max_key_bytes) {
+    if let Some(refused) = too_long(&query, state.max_key_bytes) {
         return refused;
     }
     let (Some(key), None, None, None, None) = (query.key, query.prefix, query.after, query.limit, query.all) else {
@@ -266,14 +265,14 @@ fn matches_everything(prefix: &str) -> bool {
 }
 
 async fn delete(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    if let Err(refused) = authorize(state, peer, &req) {
+    if let Some(refused) = unauthorized(state, peer, &req) {
         return refused;
     }
     let query = match parse_query(req.uri().query().unwrap_or("")) {
         Ok(q) => q,
         Err(e) => return e.into_response(),
     };
-    if let Err(refused) = check_lengths(&query, state.max_key_bytes) {
+    if let Some(refused) = too_long(&query, state.max_key_bytes) {
         return refused;
     }
     let usage = "DELETE /fences takes key=K, or prefix=P (and all=true when P is empty or '/')";

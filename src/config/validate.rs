@@ -232,7 +232,12 @@ mod tests {
         let c = Config::from_toml_str(&text).unwrap();
         assert_eq!(
             c.fences.store,
-            StoreKind::File { path: "/var/lib/f".into(), require_existing: true, cache_keys: 5, cache_bytes: 256 << 20 }
+            StoreKind::File {
+                path: "/var/lib/f".into(),
+                require_existing: true,
+                cache_keys: 5,
+                cache_bytes: 256 << 20
+            }
         );
         let text = format!("[fences]\nstore = \"memory\"\npath = \"x\"\n{MINIMAL}");
         assert_eq!(fields(&text), ["fences.path"]);

@@ -60,9 +60,10 @@ impl FileStore {
         // Only now that the disk no longer holds them, or a miss could read
         // them back.
         self.forget(which);
-        let _ = self.inner.tracked.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-            Some(n.saturating_sub(deleted.count))
-        });
+        let _ = self
+            .inner
+            .tracked
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(deleted.count)));
         Ok(deleted)
     }
 
