@@ -3,10 +3,11 @@
 
 use std::collections::BTreeSet;
 use std::ops::Bound;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use dashmap::mapref::entry::Entry;
-use dashmap::DashMap;
+
+use crate::fence::KeyMap;
 
 use super::{Advance, Deleted, FenceStore, Selection, StoreError};
 
@@ -18,7 +19,8 @@ use super::{Advance, Deleted, FenceStore, Selection, StoreError};
 ///
 /// It keeps every mark until the process ends (or an operator deletes it):
 /// nothing can be read back from anywhere, so nothing may leave. Each mark
-/// costs its key (at most `[fences] max_key_bytes`) plus a fixed overhead.
+/// costs its key twice (map and index; at most `[fences] max_key_bytes`
+/// each) plus a fixed overhead.
 ///
 /// ```
 /// use fencegate::fence::store::{Advance, FenceStore, MemoryStore};
@@ -34,12 +36,13 @@ use super::{Advance, Deleted, FenceStore, Selection, StoreError};
 /// ```
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    marks: DashMap<Arc<str>, u64, ahash::RandomState>,
-    /// Every key of `marks`, in order, sharing its allocation: a listing reads
-    /// a range of it instead of every key. Changed only when a key is created
-    /// or deleted, always under that key's shard lock (shard, then index), so
-    /// a raise of an existing key never touches it.
-    order: Mutex<BTreeSet<Arc<str>>>,
+    marks: KeyMap<u64>,
+    /// Every key of `marks`, in order: a listing reads a range of it instead
+    /// of every key. Changed only when a key is created or deleted, always
+    /// under that key's shard lock (shard, then index), so a raise of an
+    /// existing key never touches it. A copy of each key rather than a shared
+    /// one, so the map's keys, and the hot path's lookups, stay as they were.
+    order: Mutex<BTreeSet<Box<str>>>,
 }
 
 impl MemoryStore {
@@ -50,24 +53,23 @@ impl MemoryStore {
         if let Some(mut mark) = self.marks.get_mut(key) {
             return raise(&mut mark, token);
         }
-        let key: Arc<str> = key.into();
-        match self.marks.entry(key.clone()) {
+        match self.marks.entry(key.into()) {
             Entry::Occupied(mut e) => raise(e.get_mut(), token),
             Entry::Vacant(e) => {
-                self.order().insert(key);
+                self.order().insert(e.key().clone());
                 e.insert(token);
                 Advance::Accepted { previous: None }
             }
         }
     }
 
-    fn order(&self) -> MutexGuard<'_, BTreeSet<Arc<str>>> {
+    fn order(&self) -> MutexGuard<'_, BTreeSet<Box<str>>> {
         // Nothing under this lock can leave the set half-changed.
         self.order.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Up to `limit` keys that start with `prefix` and sort after `after`, in order.
-    fn keys(&self, prefix: &str, after: Option<&str>, limit: usize) -> Vec<Arc<str>> {
+    fn keys(&self, prefix: &str, after: Option<&str>, limit: usize) -> Vec<Box<str>> {
         let from = match after {
             Some(after) if after >= prefix => Bound::Excluded(after),
             _ => Bound::Included(prefix),
@@ -118,7 +120,7 @@ impl FenceStore for MemoryStore {
         // The index lock is let go before any shard lock is taken: writers
         // take them the other way round. A key deleted in between is left out.
         let keys = self.keys(prefix, after, limit);
-        Ok(keys.into_iter().filter_map(|key| self.marks.get(&*key).map(|m| (key.to_string(), *m))).collect())
+        Ok(keys.into_iter().filter_map(|key| self.marks.get(&*key).map(|m| (key.into_string(), *m))).collect())
     }
 
     async fn delete(&self, which: &Selection) -> Result<Deleted, StoreError> {
@@ -131,7 +133,7 @@ impl FenceStore for MemoryStore {
                 // In pages, so the index lock is never held long; a key created
                 // under the prefix while this runs may stay.
                 let mut count = 0;
-                let mut after: Option<Arc<str>> = None;
+                let mut after: Option<Box<str>> = None;
                 loop {
                     let page = self.keys(prefix, after.as_deref(), DELETE_PAGE);
                     let Some(last) = page.last().cloned() else { break };
