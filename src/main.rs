@@ -65,6 +65,20 @@ enum FenceAction {
         #[arg(default_value = "")]
         prefix: String,
     },
+    /// Delete the fence of one key, or of every key under a prefix, so the key
+    /// accepts any token again. Only for keys known to be dead: every holder of
+    /// the key, a stale one included, can write again.
+    Delete {
+        /// Delete the fence of exactly this key.
+        #[arg(long, conflicts_with = "prefix", required_unless_present = "prefix")]
+        key: Option<String>,
+        /// Delete every fence whose key starts with this.
+        #[arg(long)]
+        prefix: Option<String>,
+        /// Needed with a prefix of "" or "/", which matches every key.
+        #[arg(long, requires = "prefix")]
+        all: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -179,6 +193,20 @@ fn fence_command(config: &Config, action: FenceAction) -> ExitCode {
             },
             FenceAction::List { prefix } => {
                 client.list(&prefix, |key, token| println!("{token}\t{key}")).await?;
+                Ok(ExitCode::SUCCESS)
+            }
+            FenceAction::Delete { key: Some(key), .. } => {
+                let (deleted, token) = client.delete_key(&key).await?;
+                match token {
+                    Some(token) if deleted > 0 => println!("{key}: fence {token} deleted"),
+                    _ => println!("{key}: had no fence"),
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            FenceAction::Delete { key: None, prefix, all } => {
+                let prefix = prefix.unwrap_or_default();
+                let deleted = client.delete_prefix(&prefix, all).await?;
+                println!("{prefix}: {deleted} fence{} deleted", if deleted == 1 { "" } else { "s" });
                 Ok(ExitCode::SUCCESS)
             }
         }

@@ -154,6 +154,11 @@ impl Metrics {
                 "Fence store commit latency, fsync included",
                 stats.commit_seconds.clone(),
             );
+            registry.register(
+                "fencegate_store_disk_bytes",
+                "Bytes the fence store takes on disk (B-tree file and journal files), read at each scrape",
+                stats.disk_bytes.clone(),
+            );
         }
         Metrics { registry, routes, tracked_keys, active_keys, waiting, cached_keys, buffered_bytes }
     }

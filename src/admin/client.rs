@@ -1,4 +1,4 @@
-//! `fencegate fence get|set|list`: a small client of the admin fence API, for
+//! `fencegate fence get|set|list|delete`: a small client of the admin fence API, for
 //! scripts and on-call humans. It reads the admin address and bearer token from
 //! the same config (and `FENCEGATE_ADMIN_TOKEN`) as the server.
 
@@ -89,6 +89,30 @@ impl AdminClient {
             },
             _ => Err(Self::refused(status, &body)),
         }
+    }
+
+    /// Deletes the mark of `key`; returns how many were deleted (0 or 1) and
+    /// the mark it had.
+    pub async fn delete_key(&self, key: &str) -> Result<(u64, Option<u64>), CliError> {
+        let (status, body) = self.call(Method::DELETE, &encode(&[("key", key)]), None).await?;
+        if status != StatusCode::OK {
+            return Err(Self::refused(status, &body));
+        }
+        Ok((body["deleted"].as_u64().unwrap_or(0), body["token"].as_u64()))
+    }
+
+    /// Deletes every mark whose key starts with `prefix`; `all` must be set
+    /// when the prefix matches every key. Returns how many were deleted.
+    pub async fn delete_prefix(&self, prefix: &str, all: bool) -> Result<u64, CliError> {
+        let mut params = vec![("prefix", prefix)];
+        if all {
+            params.push(("all", "true"));
+        }
+        let (status, body) = self.call(Method::DELETE, &encode(&params), None).await?;
+        if status != StatusCode::OK {
+            return Err(Self::refused(status, &body));
+        }
+        Ok(body["deleted"].as_u64().unwrap_or(0))
     }
 
     /// Every mark whose key starts with `prefix`, in key order, page by page.

@@ -5,9 +5,17 @@
 //! - `GET /fences?key=K` → `{"key": K, "token": N | null}`
 //! - `GET /fences?prefix=P&limit=L&after=K` → `{"fences": [{"key", "token"}...], "next": K | null}`
 //! - `PUT /fences?key=K` with `{"token": N}` → raises the mark; a lower `N` → 409
-//!   with the current mark, and nothing changes. Needs `Authorization: Bearer`
-//!   matching `[admin] auth_token` (401 otherwise); with no token configured,
-//!   changes are refused with 403.
+//!   with the current mark, and nothing changes.
+//! - `DELETE /fences?key=K` → `{"key": K, "deleted": 0|1, "token": N | null}`;
+//!   `DELETE /fences?prefix=P` → `{"prefix": P, "deleted": N}`. A prefix that
+//!   would match every key (`""` or `/`) also needs `all=true`. Deleting a mark
+//!   readmits every holder of the key, stale ones included: for keys known dead.
+//!
+//! Changes need `Authorization: Bearer` matching `[admin] auth_token` (401
+//! otherwise); with no token configured, they are refused with 403. Every
+//! change, and every refused attempt, is logged at target `fencegate::audit`.
+//! Keys longer than `[fences] max_key_bytes` are refused (400 `bad-key`), as
+//! the proxy refuses them.
 
 use std::net::SocketAddr;
 
@@ -21,7 +29,7 @@ use subtle::ConstantTimeEq;
 
 use super::{json_response, problem, AdminState};
 use crate::canonical::admin_key;
-use crate::fence::store::{Advance, FenceStore, MAX_LIST_LIMIT};
+use crate::fence::store::{Advance, FenceStore, Selection, MAX_LIST_LIMIT};
 use crate::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
 
 /// Default page size of a listing.
@@ -36,6 +44,7 @@ struct Query {
     prefix: Option<String>,
     after: Option<String>,
     limit: Option<String>,
+    all: Option<String>,
 }
 
 /// Why a query string was refused (400 either way).
@@ -69,9 +78,10 @@ fn parse_query(query: &str) -> Result<Query, QueryError> {
             "prefix" => &mut q.prefix,
             "after" => &mut q.after,
             "limit" => &mut q.limit,
+            "all" => &mut q.all,
             other => {
                 return Err(QueryError::Bad(format!(
-                    "unknown query parameter '{other}' (use key, prefix, after, limit)"
+                    "unknown query parameter '{other}' (use key, prefix, after, limit, all)"
                 )))
             }
         };
@@ -90,15 +100,36 @@ fn parse_query(query: &str) -> Result<Query, QueryError> {
     Ok(q)
 }
 
+/// The refusal of a key or prefix longer than any key the proxy makes: such a
+/// key has no mark to read, and must get none.
+fn too_long(query: &Query, max_key_bytes: usize) -> Option<Response<Full<Bytes>>> {
+    for (name, text) in [("key", &query.key), ("prefix", &query.prefix), ("after", &query.after)] {
+        if let Some(text) = text.as_deref().filter(|t| t.len() > max_key_bytes) {
+            let detail = format!("{name} is {} bytes long; [fences] max_key_bytes allows {max_key_bytes}", text.len());
+            return Some(Problem::new(ProblemType::BAD_KEY, detail).into_response());
+        }
+    }
+    None
+}
+
 pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
     if req.method() == Method::PUT {
         return raise(state, peer, req).await;
+    }
+    if req.method() == Method::DELETE {
+        return delete(state, peer, req).await;
     }
     let query = match parse_query(req.uri().query().unwrap_or("")) {
         Ok(q) => q,
         Err(e) => return e.into_response(),
     };
+    if let Some(refused) = too_long(&query, state.max_key_bytes) {
+        return refused;
+    }
     let store = &state.shared.store;
+    if query.all.is_some() {
+        return problem(StatusCode::BAD_REQUEST, "Bad query", "all applies to DELETE only");
+    }
     if let Some(key) = query.key {
         if query.prefix.is_some() || query.after.is_some() || query.limit.is_some() {
             return problem(StatusCode::BAD_REQUEST, "Bad query", "key reads one fence; prefix, after and limit page");
@@ -133,13 +164,14 @@ pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<In
     }
 }
 
-async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
+/// The refusal of a change without the configured bearer token, if it has not.
+fn unauthorized<B>(state: &AdminState, peer: SocketAddr, req: &Request<B>) -> Option<Response<Full<Bytes>>> {
     let Some(expected) = &state.auth_token else {
-        return problem(
+        return Some(problem(
             StatusCode::FORBIDDEN,
             "Fence changes disabled",
             "no [admin] auth_token is configured, so the fence API is read-only",
-        );
+        ));
     };
     // The scheme name is case-insensitive (RFC 9110 §11.1); the token is not.
     let presented = req
@@ -159,13 +191,23 @@ async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> 
             "fence changes need 'Authorization: Bearer <[admin] auth_token>'",
         );
         r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return r;
+        return Some(r);
+    }
+    None
+}
+
+async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if let Some(refused) = unauthorized(state, peer, &req) {
+        return refused;
     }
     let query = match parse_query(req.uri().query().unwrap_or("")) {
         Ok(q) => q,
         Err(e) => return e.into_response(),
     };
-    let (Some(key), None, None, None) = (query.key, query.prefix, query.after, query.limit) else {
+    if let Some(refused) = too_long(&query, state.max_key_bytes) {
+        return refused;
+    }
+    let (Some(key), None, None, None, None) = (query.key, query.prefix, query.after, query.limit, query.all) else {
         return problem(StatusCode::BAD_REQUEST, "Bad query", "PUT /fences takes exactly one parameter: key");
     };
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
@@ -213,6 +255,65 @@ async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> 
                 .into_response()
         }
         Err(e) => unavailable(e.to_string()),
+    }
+}
+
+/// Whether deleting by `prefix` would drop every mark of a `{path}` key, or
+/// every mark at all: that takes `all=true` too.
+fn matches_everything(prefix: &str) -> bool {
+    prefix.is_empty() || prefix == "/"
+}
+
+async fn delete(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if let Some(refused) = unauthorized(state, peer, &req) {
+        return refused;
+    }
+    let query = match parse_query(req.uri().query().unwrap_or("")) {
+        Ok(q) => q,
+        Err(e) => return e.into_response(),
+    };
+    if let Some(refused) = too_long(&query, state.max_key_bytes) {
+        return refused;
+    }
+    let usage = "DELETE /fences takes key=K, or prefix=P (and all=true when P is empty or '/')";
+    let all = match query.all.as_deref() {
+        None => false,
+        Some("true") => true,
+        Some(_) => return problem(StatusCode::BAD_REQUEST, "Bad query", "all takes one value: true"),
+    };
+    let which = match (query.key, query.prefix, query.after, query.limit) {
+        (Some(key), None, None, None) if !all => Selection::Key(key),
+        (None, Some(prefix), None, None) if matches_everything(&prefix) == all => Selection::Prefix(prefix),
+        (None, Some(prefix), None, None) if !all => {
+            let detail = format!(
+                "prefix '{prefix}' matches every key: deleting every fence readmits every stale lock holder; \
+                 add all=true if that is really meant"
+            );
+            return problem(StatusCode::BAD_REQUEST, "Bad query", detail);
+        }
+        _ => return problem(StatusCode::BAD_REQUEST, "Bad query", usage),
+    };
+    match state.shared.store.delete(&which).await {
+        Ok(deleted) => {
+            // A deleted mark readmits every holder of its key: always worth a line.
+            let body = match &which {
+                Selection::Key(key) => {
+                    tracing::warn!(target: "fencegate::audit", caller = %peer, key, deleted = deleted.count,
+                        token = deleted.token, "fence deleted");
+                    json!({ "key": key, "deleted": deleted.count, "token": deleted.token })
+                }
+                Selection::Prefix(prefix) => {
+                    tracing::warn!(target: "fencegate::audit", caller = %peer, prefix, deleted = deleted.count,
+                        "fences deleted by prefix");
+                    json!({ "prefix": prefix, "deleted": deleted.count })
+                }
+            };
+            json_response(StatusCode::OK, &body)
+        }
+        Err(e) => {
+            tracing::warn!(target: "fencegate::audit", caller = %peer, what = ?which, error = %e, "fence delete failed");
+            unavailable(e.to_string())
+        }
     }
 }
 

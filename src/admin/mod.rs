@@ -33,6 +33,8 @@ pub(crate) struct AdminState {
     pub draining: AtomicBool,
     /// Bearer token for fence changes; `None` disables them (403).
     pub auth_token: Option<String>,
+    /// Longest key the fence API takes (`[fences] max_key_bytes`), as the proxy.
+    pub max_key_bytes: usize,
 }
 
 /// Answers one admin request from `peer`.
@@ -44,7 +46,7 @@ pub(crate) async fn handle(
     let path = req.uri().path();
     let allowed: &[Method] = match path {
         "/healthz" | "/readyz" | "/metrics" => &[Method::GET, Method::HEAD],
-        "/fences" => &[Method::GET, Method::HEAD, Method::PUT],
+        "/fences" => &[Method::GET, Method::HEAD, Method::PUT, Method::DELETE],
         _ => return Ok(problem(StatusCode::NOT_FOUND, "Not found", format!("no admin endpoint at '{path}'"))),
     };
     if !allowed.contains(req.method()) {
@@ -62,6 +64,9 @@ pub(crate) async fn handle(
         "/readyz" => readiness(&state),
         "/metrics" => {
             let shared = &state.shared;
+            if let (Some(stats), Some(bytes)) = (shared.store.stats(), shared.store.disk_bytes()) {
+                stats.disk_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            }
             let snapshot = Snapshot {
                 tracked_keys: shared.store.tracked_keys(),
                 cached_keys: shared.store.cached_keys(),

@@ -47,6 +47,13 @@ pub(super) const DEFAULT_MAX_UPSTREAM_HEADER_RATE: u64 = 32 * 1024 * 1024;
 pub const DEFAULT_FENCES_PATH: &str = "data/fences";
 /// Default `[fences] cache_keys`.
 pub const DEFAULT_CACHE_KEYS: usize = 1_000_000;
+/// Default `[fences] cache_bytes`: the same budget as fenced bodies get
+/// (`max_buffered_bytes`), and room for the default `cache_keys` marks with
+/// keys of up to about 150 bytes, so only unusually long keys meet it first.
+pub const DEFAULT_CACHE_BYTES: u64 = 256 * 1024 * 1024;
+/// Default `[fences] max_key_bytes`: far longer than any path a store names
+/// its objects by, and small enough that a million marks stay near a GiB.
+pub const DEFAULT_MAX_KEY_BYTES: usize = 1024;
 
 pub(super) const DEFAULT_LOG_LEVEL: &str = "info";
 

@@ -60,6 +60,8 @@ pub struct FencesSection {
     pub path: Option<String>,
     pub require_existing: Option<bool>,
     pub cache_keys: Option<u64>,
+    pub cache_bytes: Option<Size>,
+    pub max_key_bytes: Option<Size>,
 }
 
 /// `[log]`: tracing output.

@@ -145,7 +145,12 @@ pub(super) mod tests {
         assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9901");
         assert_eq!(
             c.fences.store,
-            StoreKind::File { path: "data/fences".into(), require_existing: false, cache_keys: 1_000_000 }
+            StoreKind::File {
+                path: "data/fences".into(),
+                require_existing: false,
+                cache_keys: 1_000_000,
+                cache_bytes: 256 << 20
+            }
         );
         let r = &c.routes[0];
         assert_eq!(r.safe_methods, DEFAULT_SAFE_METHODS.to_vec());

@@ -65,6 +65,9 @@ pub struct AdminConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FencesConfig {
     pub store: StoreKind,
+    /// Longest fence key, in bytes: a longer one is refused (400 `bad-key`)
+    /// before it reads or raises a mark.
+    pub max_key_bytes: usize,
 }
 
 /// The fence store backends.
@@ -72,9 +75,9 @@ pub struct FencesConfig {
 pub enum StoreKind {
     /// In-process map: fast, and every fence dies with the process.
     Memory,
-    /// Durable marks on local disk, with an in-memory cache of at most
-    /// `cache_keys` marks in front of them.
-    File { path: PathBuf, require_existing: bool, cache_keys: usize },
+    /// Durable marks on local disk, with an in-memory cache of about
+    /// `cache_keys` marks and `cache_bytes` bytes in front of them.
+    File { path: PathBuf, require_existing: bool, cache_keys: usize, cache_bytes: u64 },
 }
 
 /// Log output.

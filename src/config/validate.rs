@@ -23,14 +23,17 @@ pub(crate) fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
     let mut p = Problems::default();
     let server = server(&file.server, &mut p);
     let admin = admin(&file.admin, &mut p);
-    let fences = FencesConfig { store: store(&file.fences, &mut p) };
+    let fences = fences(&file.fences, &mut p);
     let log = log(file.log, &mut p);
 
     if file.routes.is_empty() {
         p.add("route", "no [[route]] is configured; fencegate would answer 404 to everything");
     }
-    let routes: Vec<Route> =
+    let mut routes: Vec<Route> =
         file.routes.into_iter().enumerate().filter_map(|(i, section)| validate_route(i, section, &mut p)).collect();
+    for route in &mut routes {
+        route.max_key_bytes = fences.max_key_bytes;
+    }
     across_routes(&routes, &server, &mut p);
     let mut server = server;
     server.max_connection_buffered_bytes = connection_share(&file.server, &server, &routes, &mut p);
@@ -151,6 +154,11 @@ fn admin(s: &AdminSection, p: &mut Problems) -> AdminConfig {
     }
 }
 
+fn fences(f: &FencesSection, p: &mut Problems) -> FencesConfig {
+    let max_key_bytes = p.size("fences.max_key_bytes", f.max_key_bytes.as_ref(), DEFAULT_MAX_KEY_BYTES as u64);
+    FencesConfig { store: store(f, p), max_key_bytes: usize::try_from(max_key_bytes).unwrap_or(usize::MAX) }
+}
+
 fn store(f: &FencesSection, p: &mut Problems) -> StoreKind {
     let store = match f.store.as_deref() {
         None | Some("file") => StoreKind::File {
@@ -164,12 +172,14 @@ fn store(f: &FencesSection, p: &mut Problems) -> StoreKind {
                 }
                 Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
             },
+            cache_bytes: p.size("fences.cache_bytes", f.cache_bytes.as_ref(), DEFAULT_CACHE_BYTES),
         },
         Some("memory") => {
             for (field, set) in [
                 ("path", f.path.is_some()),
                 ("require_existing", f.require_existing.is_some()),
                 ("cache_keys", f.cache_keys.is_some()),
+                ("cache_bytes", f.cache_bytes.is_some()),
             ] {
                 if set {
                     p.add(
@@ -284,7 +294,12 @@ mod tests {
         let c = Config::from_toml_str(&text).unwrap();
         assert_eq!(
             c.fences.store,
-            StoreKind::File { path: "/var/lib/f".into(), require_existing: true, cache_keys: 5 }
+            StoreKind::File {
+                path: "/var/lib/f".into(),
+                require_existing: true,
+                cache_keys: 5,
+                cache_bytes: 256 << 20
+            }
         );
         let text = format!("[fences]\nstore = \"memory\"\npath = \"x\"\n{MINIMAL}");
         assert_eq!(fields(&text), ["fences.path"]);
@@ -314,6 +329,23 @@ mod tests {
             fields(&text),
             ["server.max_concurrent_streams", "server.max_headers", "server.max_upstream_header_rate"]
         );
+    }
+
+    #[test]
+    fn key_and_cache_byte_bounds_are_read_and_checked() {
+        use crate::config::defaults::DEFAULT_MAX_KEY_BYTES;
+        let c = Config::from_toml_str(MINIMAL).unwrap();
+        assert_eq!(c.fences.max_key_bytes, DEFAULT_MAX_KEY_BYTES);
+        assert!(c.routes.iter().all(|r| r.max_key_bytes == DEFAULT_MAX_KEY_BYTES));
+        let text = format!("[fences]\nmax_key_bytes = \"2KiB\"\ncache_bytes = \"1MiB\"\n{MINIMAL}");
+        let c = Config::from_toml_str(&text).unwrap();
+        assert_eq!(c.fences.max_key_bytes, 2048);
+        assert!(c.routes.iter().all(|r| r.max_key_bytes == 2048));
+        assert!(matches!(c.fences.store, StoreKind::File { cache_bytes: 1_048_576, .. }));
+        let text = format!("[fences]\nmax_key_bytes = 0\ncache_bytes = 0\n{MINIMAL}");
+        assert_eq!(fields(&text), ["fences.max_key_bytes", "fences.cache_bytes"]);
+        let text = format!("[fences]\nstore = \"memory\"\ncache_bytes = 5\nmax_key_bytes = 64\n{MINIMAL}");
+        assert_eq!(fields(&text), ["fences.cache_bytes"]);
     }
 
     #[test]

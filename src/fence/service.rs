@@ -225,7 +225,7 @@ mod tests {
     use crate::fence::head::check_jump;
     use crate::fence::signature::sign;
     use crate::fence::signature::SigningKey;
-    use crate::fence::store::{MemoryStore, StoreError};
+    use crate::fence::store::{Deleted, MemoryStore, Selection, StoreError};
     use crate::route::Route;
 
     const SECRET: &[u8] = b"service-test-secret-0123";
@@ -263,6 +263,9 @@ mod tests {
         }
         async fn list(&self, _: &str, _: Option<&str>, _: usize) -> Result<Vec<(String, u64)>, StoreError> {
             Ok(Vec::new())
+        }
+        async fn delete(&self, which: &Selection) -> Result<Deleted, StoreError> {
+            self.inner.delete(which).await
         }
         fn tracked_keys(&self) -> usize {
             0

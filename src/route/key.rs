@@ -38,6 +38,8 @@ pub enum KeyError {
     Repeated(String),
     #[error("the path does not match the route's pattern '{0}'")]
     PatternMismatch(String),
+    #[error("the fence key is {len} bytes long; [fences] max_key_bytes allows {max}")]
+    TooLong { len: usize, max: usize },
 }
 
 impl KeyTemplate {

@@ -68,6 +68,9 @@ pub struct Route {
     pub signing_key: Option<SigningKey>,
     /// A token more than this above the key's mark is refused (403).
     pub max_token_jump: Option<u64>,
+    /// Longest fence key, in bytes (`[fences] max_key_bytes`): a longer one is
+    /// refused (400 `bad-key`) before it reads or raises a mark.
+    pub max_key_bytes: usize,
 }
 
 impl Route {
@@ -94,8 +97,13 @@ impl Route {
 
     /// The fence key of a request for the canonical `path` and `query`, with
     /// this route's template and key case.
+    /// A key longer than `max_key_bytes` is refused: every key that reads or
+    /// raises a mark can hold memory and disk, so none may be unbounded.
     pub fn key_for(&self, path: &str, query: Option<&str>, headers: &HeaderMap) -> Result<String, KeyError> {
         let key = self.key.render_target(path, query, headers)?;
+        if key.len() > self.max_key_bytes {
+            return Err(KeyError::TooLong { len: key.len(), max: self.max_key_bytes });
+        }
         Ok(if self.fold_key_case { key.to_ascii_lowercase() } else { key })
     }
 }
@@ -122,5 +130,6 @@ pub(crate) fn test_route(name: &str, prefix: &str) -> Route {
         max_body: 1 << 20,
         signing_key: None,
         max_token_jump: None,
+        max_key_bytes: 1024,
     }
 }

@@ -24,7 +24,7 @@ use crate::admin::AdminState;
 use crate::body::BufferBudget;
 use crate::config::{Config, StoreKind};
 use crate::fence::store::FenceStore;
-use crate::fence::store::{AnyStore, FileStore, MemoryStore, OpenError};
+use crate::fence::store::{AnyStore, CacheBounds, FileStore, MemoryStore, OpenError};
 use crate::fence::KeyGate;
 use crate::metrics::Metrics;
 use crate::route::RouteTable;
@@ -73,8 +73,9 @@ impl Fencegate {
                 );
                 AnyStore::Memory(MemoryStore::default())
             }
-            StoreKind::File { path, require_existing, cache_keys } => {
-                AnyStore::File(FileStore::open(path, *require_existing, *cache_keys)?)
+            StoreKind::File { path, require_existing, cache_keys, cache_bytes } => {
+                let cache = CacheBounds { keys: *cache_keys, bytes: *cache_bytes };
+                AnyStore::File(FileStore::open_with(path, *require_existing, cache)?)
             }
         };
         // A restart on fences a previous process left: it may have died with
@@ -104,6 +105,7 @@ impl Fencegate {
             shared,
             draining: AtomicBool::new(false),
             auth_token: config.admin.auth_token.clone(),
+            max_key_bytes: config.fences.max_key_bytes,
         });
         Ok(Fencegate { config, proxy, admin, state })
     }

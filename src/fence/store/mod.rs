@@ -9,13 +9,14 @@ mod file;
 mod memory;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
-pub use file::{journal, FileStore, OpenError};
+pub use file::{journal, CacheBounds, FileStore, OpenError};
 pub use memory::MemoryStore;
 
 /// The result of an [`FenceStore::advance`].
@@ -72,6 +73,24 @@ pub enum StoreError {
     },
 }
 
+/// Which marks [`FenceStore::delete`] drops.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    /// The mark of exactly this key.
+    Key(String),
+    /// Every mark whose key starts with this.
+    Prefix(String),
+}
+
+/// What [`FenceStore::delete`] dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deleted {
+    /// How many marks.
+    pub count: u64,
+    /// For [`Selection::Key`], the mark the key had, if it had one.
+    pub token: Option<u64>,
+}
+
 /// Largest page [`FenceStore::list`] returns.
 pub const MAX_LIST_LIMIT: usize = 1000;
 
@@ -92,6 +111,18 @@ pub trait FenceStore: Send + Sync + 'static {
         after: Option<&str>,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<(String, u64)>, StoreError>> + Send;
+
+    /// Drops the marks `which` selects, so their keys accept any token again:
+    /// for operators removing marks of keys they know are dead. When this
+    /// returns, no restart brings a dropped mark back. A raise that races it is
+    /// ordered before it (and dropped) or after it (and kept), never half.
+    fn delete(&self, which: &Selection) -> impl Future<Output = Result<Deleted, StoreError>> + Send;
+
+    /// Bytes the store takes on disk, for stores that have a disk
+    /// (`fencegate_store_disk_bytes`). Cheap: read at every scrape.
+    fn disk_bytes(&self) -> Option<u64> {
+        None
+    }
 
     /// How many keys have a mark (the `fencegate_tracked_keys` gauge).
     fn tracked_keys(&self) -> usize;
@@ -122,6 +153,8 @@ pub struct CommitStats {
     pub fold_failures: Counter,
     /// Whether the most recent commit failed: readiness reports 503 until one succeeds.
     pub failing: AtomicBool,
+    /// The store's size on disk, set from [`FenceStore::disk_bytes`] at each scrape.
+    pub disk_bytes: Gauge<i64, AtomicI64>,
 }
 
 impl Default for CommitStats {
@@ -135,6 +168,7 @@ impl Default for CommitStats {
             folds: Counter::default(),
             fold_failures: Counter::default(),
             failing: AtomicBool::new(false),
+            disk_bytes: Gauge::default(),
         }
     }
 }
@@ -189,6 +223,20 @@ impl FenceStore for AnyStore {
         match self {
             AnyStore::Memory(s) => s.list(prefix, after, limit).await,
             AnyStore::File(s) => s.list(prefix, after, limit).await,
+        }
+    }
+
+    async fn delete(&self, which: &Selection) -> Result<Deleted, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.delete(which).await,
+            AnyStore::File(s) => s.delete(which).await,
+        }
+    }
+
+    fn disk_bytes(&self) -> Option<u64> {
+        match self {
+            AnyStore::Memory(s) => s.disk_bytes(),
+            AnyStore::File(s) => s.disk_bytes(),
         }
     }
 

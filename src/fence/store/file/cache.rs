@@ -1,5 +1,6 @@
 //! The mark cache in front of the disk: misses read the mark back (journal
-//! first, then B-tree), and a sweep thread keeps the cache near `cache_keys`.
+//! first, then B-tree), and a sweep thread keeps the cache near `cache_keys`
+//! and `cache_bytes`.
 //!
 //! The cache is what the fence enforces, so an entry leaves it only when its
 //! mark is on disk and a later miss can read it back.
@@ -25,6 +26,17 @@ pub(super) const MAX_READERS: usize = 16;
 const SWEEP_TARGET_PERCENT: usize = 90;
 /// The sweep thread looks at the cache at least this often.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// What a cached mark costs besides its key's bytes: the key's pointer and
+/// length and the [`Cached`] value in the map's table (about 56 bytes), the
+/// table's control byte and the room its load factor keeps free, and the
+/// allocator's rounding of the key's own allocation. An estimate on the
+/// generous side, so the bound holds for what the process really uses.
+pub(super) const ENTRY_OVERHEAD: u64 = 96;
+
+/// What the mark of `key` counts against `cache_bytes`.
+pub(super) fn charge(key: &str) -> u64 {
+    key.len() as u64 + ENTRY_OVERHEAD
+}
 
 #[derive(Debug)]
 pub(super) struct Cached {
@@ -46,6 +58,9 @@ impl FileStore {
     /// Reads `key` from disk into the cache unless it is there already.
     pub(super) async fn load(&self, key: &str) -> Result<(), StoreError> {
         let inner = &self.inner;
+        // A delete waits for this read, and this read for a delete: a mark
+        // read from disk before a delete never enters the cache after it.
+        let _turn = inner.turns.read().await;
         loop {
             let seen_evictions = inner.evictions.load(Ordering::SeqCst);
             let disk = {
@@ -60,10 +75,11 @@ impl FileStore {
                     if inner.evictions.load(Ordering::SeqCst) != seen_evictions {
                         continue;
                     }
+                    inner.cached_bytes.fetch_add(charge(key), Ordering::Relaxed);
                     slot.insert(Cached { mark: disk, durable: disk, referenced: AtomicBool::new(true) });
                 }
             }
-            if inner.cache.len() > inner.capacity {
+            if inner.over_bounds() {
                 inner.sweeper.wake();
             }
             return Ok(());
@@ -163,7 +179,7 @@ impl Sweeper {
         loop {
             {
                 let Some(store) = inner.upgrade() else { return };
-                if store.cache.len() > store.capacity {
+                if store.over_bounds() {
                     sweep(&store);
                 }
             }
@@ -174,26 +190,47 @@ impl Sweeper {
     }
 }
 
+impl Inner {
+    /// Whether the cache holds more marks or bytes than its bounds.
+    pub(super) fn over_bounds(&self) -> bool {
+        self.cache.len() > self.capacity || self.cached_bytes.load(Ordering::Relaxed) > self.max_cached_bytes
+    }
+
+    /// Accounts for `key`'s entry leaving the cache. Called under its shard
+    /// lock, before the entry is gone: see `load`.
+    pub(super) fn evicting(&self, key: &str) {
+        self.evictions.fetch_add(1, Ordering::SeqCst);
+        self.cached_bytes.fetch_sub(charge(key), Ordering::Relaxed);
+    }
+}
+
 /// Second-chance eviction: marks that are on disk and were not used since the
-/// previous pass leave the cache until it is under the target. A mark still on
-/// its way to disk never leaves.
+/// previous pass leave the cache until it is under both targets. A mark still
+/// on its way to disk never leaves.
 pub(super) fn sweep(store: &Inner) {
-    let target = store.capacity / 100 * SWEEP_TARGET_PERCENT;
-    let excess = store.cache.len().saturating_sub(target);
+    let target_keys = store.capacity / 100 * SWEEP_TARGET_PERCENT;
+    let target_bytes = store.max_cached_bytes / 100 * SWEEP_TARGET_PERCENT as u64;
+    // `len` locks every shard, so it can't be asked inside `retain`: count.
+    let excess = store.cache.len().saturating_sub(target_keys);
     let mut evicted = 0;
+    let over = |evicted: usize| evicted < excess || store.cached_bytes.load(Ordering::Relaxed) > target_bytes;
     for _pass in 0..2 {
-        store.cache.retain(|_, cached| {
-            if evicted >= excess || !cached.evictable() {
+        store.cache.retain(|key, cached| {
+            if !over(evicted) || !cached.evictable() {
                 return true;
             }
             evicted += 1;
-            // Under the shard lock, before the entry is gone (see `load`).
-            store.evictions.fetch_add(1, Ordering::SeqCst);
+            store.evicting(key);
             false
         });
-        if evicted >= excess {
+        if !over(evicted) {
             break;
         }
     }
-    tracing::debug!(evicted, cached = store.cache.len(), "fence cache swept");
+    tracing::debug!(
+        evicted,
+        cached = store.cache.len(),
+        bytes = store.cached_bytes.load(Ordering::Relaxed),
+        "fence cache swept"
+    );
 }

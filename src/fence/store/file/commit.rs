@@ -1,6 +1,7 @@
 //! Group commit: raises queue for one commit thread, which appends everything
 //! queued as one journal frame with one fsync and answers the whole batch at
-//! once; full journal files go to the fold thread.
+//! once; full journal files go to the fold thread. Deletes queue here too, so
+//! they are ordered with the raises (see [`super::delete`]).
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -10,6 +11,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use redb::Database;
+
+use super::delete::DeleteJob;
 use super::fold::{FoldJob, Unfolded};
 use super::journal::{self, Journal};
 use super::relay::Relay;
@@ -36,6 +40,8 @@ pub(super) struct Pending {
     frame: journal::Frame,
     /// Where the next commit's outcome will be posted.
     batch: Arc<Batch>,
+    /// Deletes, done after the raises queued before them are committed.
+    pub(super) deletes: Vec<DeleteJob>,
     /// The commit thread is waiting for work.
     idle: bool,
     /// The store is closing: no new raises; the commit thread writes what is
@@ -50,11 +56,31 @@ impl Pending {
     pub(super) fn stopping(&self) -> bool {
         self.closing || self.ended
     }
+
+    /// Why no more work is taken, if none is.
+    pub(super) fn refusal(&self) -> Option<StoreError> {
+        if self.closing {
+            Some(StoreError::Closing)
+        } else if self.ended {
+            Some(StoreError::CommitterStopped)
+        } else {
+            None
+        }
+    }
 }
 
 impl Queue {
     pub(super) fn lock(&self) -> MutexGuard<'_, Pending> {
         lock(&self.pending)
+    }
+
+    /// Wakes the commit thread if it is waiting for work.
+    pub(super) fn wake(&self) {
+        let mut pending = self.lock();
+        if pending.idle {
+            pending.idle = false;
+            self.wake.notify_one();
+        }
     }
 
     /// Refuses new raises and tells the commit thread to finish.
@@ -149,6 +175,8 @@ impl FileStore {
 /// frame (one fsync), posts the outcome to everyone in the batch, repeats; and
 /// hands full journal files to the fold thread.
 pub(super) struct Committer {
+    /// For deletes, which change the B-tree directly.
+    pub(super) db: Arc<Database>,
     pub(super) queue: Arc<Queue>,
     pub(super) stats: Arc<CommitStats>,
     pub(super) unfolded: Arc<Mutex<Unfolded>>,
@@ -170,7 +198,17 @@ impl Committer {
         // However this thread ends, nobody is left waiting for it.
         let _ended = EndOnExit(&queue);
         let mut frame = journal::Frame::default();
-        while let Some(batch) = self.next_batch(&mut frame) {
+        while let Some(work) = self.next_batch(&mut frame) {
+            let batch = match work {
+                Work::Commit(batch) => batch,
+                Work::Delete(jobs) => {
+                    for job in jobs {
+                        let result = self.delete(&job.which);
+                        let _ = job.reply.send(result);
+                    }
+                    continue;
+                }
+            };
             let started = Instant::now();
             let count = frame.records();
             let result = self.commit(&mut frame);
@@ -200,8 +238,9 @@ impl Committer {
     }
 
     /// Waits for raises and swaps their frame with `frame` (empty, its buffer
-    /// reused); `None` once the store is closing and nothing is queued.
-    fn next_batch(&mut self, frame: &mut journal::Frame) -> Option<PostOnExit> {
+    /// reused), or for deletes, raises first; `None` once the store is closing
+    /// and nothing is queued.
+    fn next_batch(&mut self, frame: &mut journal::Frame) -> Option<Work> {
         let queue = self.queue.clone();
         let mut pending = queue.lock();
         loop {
@@ -215,7 +254,10 @@ impl Committer {
                 }
                 std::mem::swap(&mut pending.frame, frame);
                 self.concurrent = frame.records() > 1;
-                return Some(PostOnExit(Some(std::mem::take(&mut pending.batch))));
+                return Some(Work::Commit(PostOnExit(Some(std::mem::take(&mut pending.batch)))));
+            }
+            if !pending.deletes.is_empty() {
+                return Some(Work::Delete(std::mem::take(&mut pending.deletes)));
             }
             if pending.closing {
                 return None;
@@ -288,6 +330,29 @@ impl Committer {
         }
     }
 
+    /// Waits until every journaled mark is in the B-tree and both journal
+    /// files are empty: the fold in progress, then one of the file taking
+    /// appends. Each wait is bounded like an append's (`fold_wait`).
+    pub(super) fn fold_everything(&mut self) -> Result<(), StoreError> {
+        for _ in 0..2 {
+            if self.folding {
+                match self.done.recv_timeout(self.tuning.fold_wait) {
+                    Ok(()) => {
+                        self.folding = false;
+                        self.fold_stuck = false;
+                    }
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.fold_stuck = true;
+                        return Err(StoreError::FoldStuck);
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return Err(StoreError::FoldStopped),
+                }
+            }
+            self.fold_if(|len| len > 0);
+        }
+        Ok(())
+    }
+
     /// Hands the journal file to the fold thread when no fold is in progress and
     /// its length passes `due`; later appends go to the other file.
     fn fold_if(&mut self, due: impl Fn(u64) -> bool) {
@@ -307,6 +372,12 @@ impl Committer {
         self.folding = true;
         let _ = self.jobs.send(FoldJob { marks, file });
     }
+}
+
+/// What the commit thread does next.
+enum Work {
+    Commit(PostOnExit),
+    Delete(Vec<DeleteJob>),
 }
 
 /// A batch to answer: posts "stopped" if it is dropped unanswered (the commit panicked).
@@ -336,6 +407,8 @@ impl Drop for EndOnExit<'_> {
         let mut pending = self.0.lock();
         pending.ended = true;
         pending.frame.clear();
+        // Their senders dropped: each delete is answered "stopped".
+        pending.deletes.clear();
         pending.batch.post(Err(StoreError::CommitterStopped));
     }
 }

@@ -13,15 +13,20 @@
 //!   background, one transaction for everything since the previous fold, then
 //!   empties it. Until a raise is folded, its mark is also kept in memory, where
 //!   cache misses and listings look before they read the B-tree.
-//! - The cache ([`cache`]) holds at most about `cache_keys` marks. Marks that are
-//!   on disk and were not used since the last sweep leave memory (never the
-//!   disk); a miss reads the mark back before deciding.
+//! - The cache ([`cache`]) holds at most about `cache_keys` marks and
+//!   `cache_bytes` bytes. Marks that are on disk and were not used since the
+//!   last sweep leave memory (never the disk); a miss reads the mark back
+//!   before deciding.
+//! - An operator's delete ([`delete`]) runs on the commit thread, between
+//!   commits, once the journal is folded: no replay can bring a deleted mark
+//!   back.
 //!
 //! Lifecycle: [`FileStore::open`] starts the commit, fold and sweep threads and
 //! needs no runtime; [`FileStore::close`] stops them once their work is on disk.
 
 mod cache;
 mod commit;
+mod delete;
 mod fold;
 pub mod journal;
 mod open;
@@ -38,7 +43,7 @@ use std::time::Duration;
 use redb::{Database, TableDefinition};
 use tokio::sync::Semaphore;
 
-use super::{Advance, CommitStats, FenceStore, StoreError};
+use super::{Advance, CommitStats, Deleted, FenceStore, Selection, StoreError};
 use crate::fence::KeyMap;
 use cache::{Cached, Sweeper};
 use commit::Queue;
@@ -90,6 +95,23 @@ impl Default for Tuning {
     }
 }
 
+/// How much the mark cache may hold: it is swept when either bound is passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheBounds {
+    /// About this many marks (`[fences] cache_keys`).
+    pub keys: usize,
+    /// About this many bytes (`[fences] cache_bytes`): each mark counts its
+    /// key's length plus a fixed overhead for its map entry and allocation.
+    pub bytes: u64,
+}
+
+impl CacheBounds {
+    /// Bounded in keys only.
+    pub fn keys(keys: usize) -> CacheBounds {
+        CacheBounds { keys, bytes: u64::MAX }
+    }
+}
+
 /// Durable marks with a bounded cache; see the module docs.
 ///
 /// Its async methods run on a tokio runtime: cache misses and listings read the
@@ -115,6 +137,13 @@ struct Inner {
     path: PathBuf,
     cache: KeyMap<Cached>,
     capacity: usize,
+    /// `cache_bytes`, and what the cached marks count against it (see [`cache::charge`]).
+    max_cached_bytes: u64,
+    cached_bytes: AtomicU64,
+    /// Read-held by every raise on its way to disk and every miss reading the
+    /// disk; write-held by a delete, which so never races either (see [`delete`]).
+    /// Hits of the cache, the hot path, never take it.
+    turns: tokio::sync::RwLock<()>,
     /// Bumped on every eviction: a miss that read the disk before an eviction
     /// it did not see reads again, so a stale read can never re-enter the cache.
     evictions: AtomicU64,
@@ -219,6 +248,7 @@ impl FenceStore for FileStore {
             Step::Stale(current) => Ok(Advance::Stale { current }),
             Step::Accepted(previous) => Ok(Advance::Accepted { previous }),
             Step::Persist(previous) => {
+                let _turn = self.inner.turns.read().await;
                 // On failure the mark stays raised in memory and not durable:
                 // fail closed, and the next request for the key tries again.
                 self.persist(key, token).await?;
@@ -231,6 +261,11 @@ impl FenceStore for FileStore {
                     if e.durable < Some(token) {
                         e.durable = Some(token);
                     }
+                    // A delete between the raise in memory and this turn may
+                    // have dropped the entry, and a miss read it back before
+                    // this raise reached the disk: the raise is ordered after
+                    // the delete, and the mark is never below the disk's.
+                    e.mark = e.mark.max(Some(token));
                 }
                 Ok(Advance::Accepted { previous })
             }
@@ -260,6 +295,14 @@ impl FenceStore for FileStore {
             }
         }
         Ok(found)
+    }
+
+    async fn delete(&self, which: &Selection) -> Result<Deleted, StoreError> {
+        self.delete_marks(which).await
+    }
+
+    fn disk_bytes(&self) -> Option<u64> {
+        Some(self.size_on_disk())
     }
 
     fn tracked_keys(&self) -> usize {

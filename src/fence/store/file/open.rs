@@ -16,7 +16,7 @@ use super::cache::{Sweeper, MAX_READERS};
 use super::commit::{Committer, Queue};
 use super::fold::{fold, set_clean, Folder, Unfolded};
 use super::journal::{self, Journal, Marks};
-use super::{FileStore, Inner, Tuning, CLEAN, DB_FILE, FENCES, META};
+use super::{CacheBounds, FileStore, Inner, Tuning, CLEAN, DB_FILE, FENCES, META};
 use crate::fence::store::CommitStats;
 use crate::fence::KeyMap;
 
@@ -60,14 +60,30 @@ impl FileStore {
     /// Opens (or, unless `require_existing`, creates) the store in directory
     /// `dir`, replays its journal, and starts its commit, fold and sweep
     /// threads. Needs no runtime; blocks on disk I/O while it recovers.
+    /// Its cache holds about `cache_keys` marks, however many bytes they take.
     pub fn open(dir: &Path, require_existing: bool, cache_keys: usize) -> Result<FileStore, OpenError> {
-        FileStore::open_tuned(dir, require_existing, cache_keys, Tuning::default())
+        FileStore::open_with(dir, require_existing, CacheBounds::keys(cache_keys))
     }
 
+    /// [`open`](Self::open), with the cache bounded in keys and in bytes.
+    pub fn open_with(dir: &Path, require_existing: bool, cache: CacheBounds) -> Result<FileStore, OpenError> {
+        FileStore::open_tuned_with(dir, require_existing, cache, Tuning::default())
+    }
+
+    #[cfg(test)]
     pub(super) fn open_tuned(
         dir: &Path,
         require_existing: bool,
         cache_keys: usize,
+        tuning: Tuning,
+    ) -> Result<FileStore, OpenError> {
+        FileStore::open_tuned_with(dir, require_existing, CacheBounds::keys(cache_keys), tuning)
+    }
+
+    pub(super) fn open_tuned_with(
+        dir: &Path,
+        require_existing: bool,
+        cache: CacheBounds,
         tuning: Tuning,
     ) -> Result<FileStore, OpenError> {
         let file = dir.join(DB_FILE);
@@ -114,7 +130,7 @@ impl FileStore {
             set_clean(&db, false).map_err(|e| corrupt(e.to_string()))?;
         }
         tracing::info!(path = %file.display(), fences = recovered, replayed, "fence store opened");
-        start(db, file, journal, recovered, cache_keys, tuning)
+        start(db, file, journal, recovered, cache, tuning)
     }
 }
 
@@ -173,7 +189,7 @@ fn start(
     path: PathBuf,
     journal: Journal,
     recovered: u64,
-    cache_keys: usize,
+    cache: CacheBounds,
     tuning: Tuning,
 ) -> Result<FileStore, OpenError> {
     let db = Arc::new(db);
@@ -185,6 +201,7 @@ fn start(
     let (done_tx, done) = mpsc::channel();
     let folder = Folder { db: db.clone(), queue: queue.clone(), stats: stats.clone(), unfolded: unfolded.clone() };
     let committer = Committer {
+        db: db.clone(),
         queue: queue.clone(),
         stats: stats.clone(),
         unfolded: unfolded.clone(),
@@ -203,7 +220,10 @@ fn start(
         db,
         path,
         cache: KeyMap::default(),
-        capacity: cache_keys.max(1),
+        capacity: cache.keys.max(1),
+        max_cached_bytes: cache.bytes.max(1),
+        cached_bytes: AtomicU64::new(0),
+        turns: tokio::sync::RwLock::new(()),
         evictions: AtomicU64::new(0),
         tracked: Arc::new(AtomicU64::new(recovered)),
         stats,

@@ -1,0 +1,247 @@
+//! Deleting marks, for operators who know their keys are dead, and the
+//! store's size on disk.
+//!
+//! A delete must never be undone by a restart, and must never take a mark it
+//! was not asked for. Every record in the journal says "this key's mark is at
+//! least this token", and replaying takes maxima, so a deleted key's old
+//! records would bring it back. So the delete runs on the commit thread,
+//! between commits: it first has the fold thread write every journaled mark
+//! into the B-tree and empty both journal files, then removes the marks from
+//! the B-tree in one transaction (fsync'd). A crash before that commit leaves
+//! every mark; after it, nothing on disk holds the deleted ones.
+//!
+//! Raises and misses take the store's turns (`Inner::turns`) for reading; a
+//! delete takes them for writing. So no raise is on its way to disk while a
+//! delete runs: each raise is wholly before the delete (and deleted) or wholly
+//! after it (and kept, as a new mark). No miss reads the disk while it runs
+//! either, so a mark read before the delete never enters the cache after it.
+
+// redb's error type is large; these results travel between blocking threads,
+// never through the request hot path.
+#![allow(clippy::result_large_err)]
+
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use redb::{Database, ReadableTable};
+use tokio::sync::oneshot;
+
+use super::commit::Committer;
+use super::{journal, FileStore, DB_FILE, FENCES};
+use crate::fence::store::{Deleted, Selection, StoreError};
+
+/// A delete on its way to the commit thread.
+pub(super) struct DeleteJob {
+    pub(super) which: Selection,
+    pub(super) reply: oneshot::Sender<Result<Deleted, StoreError>>,
+}
+
+impl std::fmt::Debug for DeleteJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeleteJob").field("which", &self.which).finish_non_exhaustive()
+    }
+}
+
+impl FileStore {
+    /// See [`FenceStore::delete`](crate::fence::store::FenceStore::delete) and the module docs.
+    pub(super) async fn delete_marks(&self, which: &Selection) -> Result<Deleted, StoreError> {
+        let _all = self.inner.turns.write().await;
+        let (reply, answer) = oneshot::channel();
+        {
+            let mut pending = self.queue.lock();
+            if let Some(refusal) = pending.refusal() {
+                return Err(refusal);
+            }
+            pending.deletes.push(DeleteJob { which: which.clone(), reply });
+        }
+        self.queue.wake();
+        let deleted = answer.await.map_err(|_| StoreError::CommitterStopped)??;
+        // Only now that the disk no longer holds them, or a miss could read
+        // them back.
+        self.forget(which);
+        let _ = self
+            .inner
+            .tracked
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(deleted.count)));
+        Ok(deleted)
+    }
+
+    /// Drops the cached marks `which` selects.
+    fn forget(&self, which: &Selection) {
+        let inner = &self.inner;
+        match which {
+            Selection::Key(key) => {
+                inner.cache.remove_if(key.as_str(), |key, _| {
+                    inner.evicting(key);
+                    true
+                });
+            }
+            // A walk over the cache (bounded by `cache_keys`), for a rare
+            // operator's call: cheaper than keeping the cache in order.
+            Selection::Prefix(prefix) => inner.cache.retain(|key, _| {
+                if !key.starts_with(prefix.as_str()) {
+                    return true;
+                }
+                inner.evicting(key);
+                false
+            }),
+        }
+    }
+
+    /// Bytes the B-tree file and the journal files take on disk (allocated
+    /// blocks, as `du` counts them): three `stat` calls.
+    pub(super) fn size_on_disk(&self) -> u64 {
+        let Some(dir) = self.inner.path.parent() else { return 0 };
+        std::iter::once(DB_FILE)
+            .chain(journal::FILES)
+            .filter_map(|name| std::fs::metadata(dir.join(name)).ok())
+            .map(|meta| meta.blocks() * 512)
+            .sum()
+    }
+}
+
+impl Committer {
+    /// Runs one delete on the commit thread: folds the whole journal, then
+    /// removes the marks from the B-tree.
+    pub(super) fn delete(&mut self, which: &Selection) -> Result<Deleted, StoreError> {
+        self.fold_everything()?;
+        remove_from_tree(&self.db, which)
+            .map_err(|e| StoreError::Database { context: "deleting from the fence store", source: Arc::new(e) })
+    }
+}
+
+/// Removes the marks `which` selects from the B-tree, in one transaction.
+fn remove_from_tree(db: &Database, which: &Selection) -> Result<Deleted, redb::Error> {
+    let txn = db.begin_write()?;
+    let deleted = {
+        let mut table = txn.open_table(FENCES)?;
+        match which {
+            Selection::Key(key) => {
+                let token = table.remove(key.as_str())?.map(|v| v.value());
+                Deleted { count: u64::from(token.is_some()), token }
+            }
+            Selection::Prefix(prefix) => {
+                let mut keys = Vec::new();
+                for item in table.range::<&str>(prefix.as_str()..)? {
+                    let (key, _) = item?;
+                    if !key.value().starts_with(prefix.as_str()) {
+                        break;
+                    }
+                    keys.push(key.value().to_string());
+                }
+                for key in &keys {
+                    table.remove(key.as_str())?;
+                }
+                Deleted { count: keys.len() as u64, token: None }
+            }
+        }
+    };
+    txn.commit()?;
+    Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::super::{CacheBounds, Tuning};
+    use super::*;
+    use crate::fence::store::{Advance, FenceStore};
+
+    async fn raise_all(store: &FileStore, keys: &[(&str, u64)]) {
+        for (key, token) in keys {
+            assert!(matches!(store.advance(key, *token).await.unwrap(), Advance::Accepted { .. }), "{key}");
+        }
+    }
+
+    #[tokio::test]
+    async fn deleted_marks_stay_deleted_across_a_clean_and_an_unclean_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        // Folding after every append: some marks are in the tree, some only in the journal.
+        let tuning = Tuning { fold_bytes: 64, ..Tuning::default() };
+        let store = FileStore::open_tuned_with(dir.path(), false, CacheBounds::keys(100), tuning).unwrap();
+        raise_all(&store, &[("/a", 5), ("/b", 6), ("/p/1", 7), ("/p/2", 8), ("/pq", 9), ("/a", 10)]).await;
+        assert_eq!(store.tracked_keys(), 5);
+        let deleted = store.delete(&Selection::Key("/a".into())).await.unwrap();
+        assert_eq!(deleted, Deleted { count: 1, token: Some(10) });
+        assert_eq!(store.delete(&Selection::Key("/a".into())).await.unwrap(), Deleted { count: 0, token: None });
+        let deleted = store.delete(&Selection::Prefix("/p/".into())).await.unwrap();
+        assert_eq!(deleted, Deleted { count: 2, token: None });
+        assert_eq!(store.tracked_keys(), 2);
+        assert_eq!(store.get("/a").await.unwrap(), None);
+        assert_eq!(store.list("", None, 10).await.unwrap(), [("/b".into(), 6), ("/pq".into(), 9)]);
+        // A raise after the delete starts over, and is durable as any raise.
+        raise_all(&store, &[("/p/1", 1)]).await;
+        // Dropped without closing: the threads stop where they are and the
+        // next start replays the journal, as after a crash.
+        drop(store);
+        let store = loop {
+            match FileStore::open(dir.path(), true, 100) {
+                Ok(store) => break store,
+                Err(super::super::OpenError::InUse(_)) => tokio::time::sleep(Duration::from_millis(10)).await,
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let marks = store.list("", None, 10).await.unwrap();
+        assert_eq!(marks, [("/b".into(), 6), ("/p/1".into(), 1), ("/pq".into(), 9)]);
+        store.close().await;
+        drop(store);
+        let store = FileStore::open(dir.path(), true, 100).unwrap();
+        assert_eq!(store.get("/a").await.unwrap(), None);
+        assert_eq!(store.get("/p/2").await.unwrap(), None);
+        store.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn raises_racing_a_delete_are_wholly_before_or_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FileStore::open(dir.path(), false, 1000).unwrap());
+        let raisers: Vec<_> = (0..4u64)
+            .map(|t| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    for i in 0..50u64 {
+                        store.advance("/k", i * 4 + t).await.ok();
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..5 {
+            store.delete(&Selection::Key("/k".into())).await.unwrap();
+        }
+        for raiser in raisers {
+            raiser.await.unwrap();
+        }
+        // Whatever the interleaving, what the cache enforces is what the disk holds.
+        let enforced = store.get("/k").await.unwrap();
+        store.close().await;
+        let path = store.path().parent().unwrap().to_path_buf();
+        drop(store);
+        let reopened = FileStore::open(&path, true, 1000).unwrap();
+        assert_eq!(reopened.get("/k").await.unwrap(), enforced);
+        reopened.close().await;
+    }
+
+    #[tokio::test]
+    async fn the_cache_stays_within_its_bytes_and_every_mark_stays_enforced() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = 64 * 1024;
+        let store = FileStore::open_with(dir.path(), false, CacheBounds { keys: 1_000_000, bytes }).unwrap();
+        let long = "x".repeat(900);
+        for i in 0..400u64 {
+            raise_all(&store, &[(&format!("/{i}/{long}"), i + 1)]).await;
+            super::super::cache::sweep(&store.inner);
+        }
+        let cached = store.inner.cached_bytes.load(Ordering::Relaxed);
+        assert!(cached <= bytes, "{cached} bytes cached, bound {bytes}");
+        assert!(store.cached_keys() < 100, "{} marks cached", store.cached_keys());
+        for i in 0..400u64 {
+            let key = format!("/{i}/{long}");
+            assert_eq!(store.advance(&key, i).await.unwrap(), Advance::Stale { current: i + 1 }, "{i}");
+        }
+        assert!(store.size_on_disk() > 400 * 900);
+        store.close().await;
+    }
+}
