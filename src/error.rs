@@ -100,6 +100,7 @@ impl ProxyError {
             E::BodyNotAllowed(_) => (O::BadRequest, P::BODY_NOT_ALLOWED),
             E::BadDestination(_) => (O::BadRequest, P::BAD_DESTINATION),
             E::BufferFull(_) => (O::BufferFull, P::BUFFER_FULL),
+            E::Upstream(e) if e.is_busy() => (O::UpstreamBusy, P::UPSTREAM_BUSY),
             E::Upstream(e) if e.may_have_sent() => (O::UpstreamError, P::UPSTREAM_FAILED),
             E::Upstream(_) => (O::UpstreamError, P::UPSTREAM_UNREACHABLE),
             E::UpstreamTimeout(_) => (O::UpstreamTimeout, P::UPSTREAM_TIMEOUT),
@@ -134,7 +135,11 @@ impl ProxyError {
     /// Refusals about load or a passing failure: the same request may succeed
     /// shortly, so the response says when to try again.
     fn retry_soon(&self) -> bool {
-        matches!(self, ProxyError::QueueTimeout(_) | ProxyError::StoreUnavailable(_) | ProxyError::BufferFull(_))
+        match self {
+            ProxyError::QueueTimeout(_) | ProxyError::StoreUnavailable(_) | ProxyError::BufferFull(_) => true,
+            ProxyError::Upstream(e) => e.is_busy(),
+            _ => false,
+        }
     }
 }
 

@@ -28,13 +28,15 @@ pub enum Outcome {
     UpstreamTimeout,
     QueueTimeout,
     StoreUnavailable,
+    /// Every upstream connection the route may open was busy; nothing was sent.
+    UpstreamBusy,
     /// The global budget for buffered bodies was spent.
     BufferFull,
     Internal,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 18] = [
+    pub const ALL: [Outcome; 19] = [
         Outcome::Forwarded,
         Outcome::Unfenced,
         Outcome::Stale,
@@ -51,6 +53,7 @@ impl Outcome {
         Outcome::UpstreamTimeout,
         Outcome::QueueTimeout,
         Outcome::StoreUnavailable,
+        Outcome::UpstreamBusy,
         Outcome::BufferFull,
         Outcome::Internal,
     ];
@@ -73,6 +76,7 @@ impl Outcome {
             Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::QueueTimeout => "queue_timeout",
             Outcome::StoreUnavailable => "store_unavailable",
+            Outcome::UpstreamBusy => "upstream_busy",
             Outcome::BufferFull => "buffer_full",
             Outcome::Internal => "internal",
         }

@@ -11,6 +11,7 @@ use super::file::RouteSection;
 use super::problems::Problems;
 use crate::canonical::{canonical_path, EscapedSlashes, PathOptions};
 use crate::fence::signature::SigningKey;
+use crate::proxy::UpstreamSlots;
 use crate::route::{KeyTemplate, PathPattern, Route, Upstream};
 
 /// How problems of the route at index `i` are labelled: `route[1] 'objects'`,
@@ -148,6 +149,14 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
         }
     };
     let max_body = p.size(&field("max_body"), s.max_body.as_ref(), DEFAULT_MAX_BODY);
+    let max_upstream_connections = match s.max_upstream_connections {
+        None => DEFAULT_MAX_UPSTREAM_CONNECTIONS,
+        Some(0) => {
+            p.add(field("max_upstream_connections"), "must be at least 1");
+            DEFAULT_MAX_UPSTREAM_CONNECTIONS
+        }
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+    };
 
     if p.count() != before {
         return None;
@@ -173,6 +182,7 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
         // until then the route refuses every signature.
         signing_key: s.signing_key_file.as_ref().map(|_| SigningKey::unread()),
         max_token_jump: s.max_token_jump,
+        upstream_slots: UpstreamSlots::new(max_upstream_connections),
     })
 }
 

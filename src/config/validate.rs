@@ -86,6 +86,14 @@ fn admin(s: &AdminSection, p: &mut Problems) -> AdminConfig {
         listen: p.addr("admin.listen", s.listen.as_deref(), DEFAULT_ADMIN_LISTEN),
         // An empty token means unset.
         auth_token: s.auth_token.clone().filter(|t| !t.is_empty()),
+        max_connections: match s.max_connections {
+            None => DEFAULT_ADMIN_MAX_CONNECTIONS,
+            Some(0) => {
+                p.add("admin.max_connections", "must be at least 1");
+                DEFAULT_ADMIN_MAX_CONNECTIONS
+            }
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        },
     }
 }
 
