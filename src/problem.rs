@@ -57,11 +57,8 @@ impl ProblemType {
         Self::urn(StatusCode::BAD_GATEWAY, "urn:fencegate:problem:upstream-error", "Upstream unreachable");
     pub const UPSTREAM_FAILED: Self =
         Self::urn(StatusCode::BAD_GATEWAY, "urn:fencegate:problem:upstream-error", "Upstream failed");
-    pub const UPSTREAM_BUSY: Self = Self::urn(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "urn:fencegate:problem:upstream-busy",
-        "Upstream connections busy",
-    );
+    pub const UPSTREAM_BUSY: Self =
+        Self::urn(StatusCode::SERVICE_UNAVAILABLE, "urn:fencegate:problem:upstream-busy", "Upstream connections busy");
     /// Written by the listener itself, outside the stack: the process is out
     /// of file descriptors and answers a new connection, then closes it.
     pub const DESCRIPTORS_EXHAUSTED: Self = Self::urn(

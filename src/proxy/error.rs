@@ -50,10 +50,7 @@ impl UpstreamError {
 
     /// The route's `cap` upstream connections stayed busy for `waited`.
     pub fn busy(cap: usize, waited: Duration) -> Self {
-        let what = format!(
-            "all {cap} connections of this route were busy for {}",
-            humantime::format_duration(waited)
-        );
+        let what = format!("all {cap} connections of this route were busy for {}", humantime::format_duration(waited));
         UpstreamError { stage: UpstreamStage::Busy, source: what.into() }
     }
 

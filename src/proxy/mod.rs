@@ -22,8 +22,8 @@ use tower::Service;
 
 pub(crate) use error::BoxError;
 pub use error::UpstreamError;
-pub use upstream::UpstreamSlots;
 pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
+pub use upstream::UpstreamSlots;
 
 use crate::body::RequestBody;
 use crate::error::ProxyError;

@@ -16,7 +16,9 @@ use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::{info, warn};
 
@@ -85,7 +87,11 @@ pub(crate) fn check(account: Account) {
         let wanted = total.min(hard);
         match rlimit::setrlimit(rlimit::Resource::NOFILE, wanted, hard) {
             Ok(()) => {
-                info!(from = soft, to = wanted, "raised the open-file limit (RLIMIT_NOFILE) toward the descriptor account");
+                info!(
+                    from = soft,
+                    to = wanted,
+                    "raised the open-file limit (RLIMIT_NOFILE) toward the descriptor account"
+                );
                 limit = wanted;
             }
             Err(e) => warn!(error = %e, soft, hard, "cannot raise the open-file limit (RLIMIT_NOFILE)"),
@@ -166,20 +172,28 @@ pub(crate) fn out_of_descriptors(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(23 | 24))
 }
 
+/// How long a refusal waits for the client's request to arrive, and then
+/// for its answer to be written: the spare is not held longer than this.
+const REFUSAL_PATIENCE: Duration = Duration::from_millis(100);
+
 /// Answers a connection taken on the spare descriptor with a 503 problem and
-/// closes it. It never waits: what the client sent so far is read (so the
-/// close does not reset the answer away), the answer fits the socket buffer
-/// of a fresh connection. An HTTP/2 client with prior knowledge sees a
-/// closed connection instead.
-pub(crate) fn refuse(stream: TcpStream) {
+/// closes it. The client's first bytes are read first, so that the close does
+/// not reset the answer away; every wait is bounded by [`REFUSAL_PATIENCE`].
+/// An HTTP/2 client with prior knowledge sees a closed connection instead.
+pub(crate) async fn refuse(mut stream: TcpStream) {
     let mut head = [0u8; 4096];
-    let _ = stream.try_read(&mut head);
+    let _ = tokio::time::timeout(REFUSAL_PATIENCE, stream.read(&mut head)).await;
     let problem = Problem::new(
         ProblemType::DESCRIPTORS_EXHAUSTED,
         "fencegate has no file descriptor free for this connection; try again shortly",
     )
     .retry_soon();
-    let _ = stream.try_write(&problem.into_http1_bytes());
+    let answer = problem.into_http1_bytes();
+    let _ = tokio::time::timeout(REFUSAL_PATIENCE, async {
+        stream.write_all(&answer).await?;
+        stream.shutdown().await
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -105,7 +105,8 @@ impl Connections {
     }
 
     /// Out of descriptors with a connection waiting: takes it on the spare
-    /// descriptor, answers it 503 and closes it. Without the spare (the other
+    /// descriptor, answers it 503 and closes it (within a fraction of a
+    /// second, so one refusal at a time). Without the spare (the other
     /// listener holds it, or it could not be taken back), waits until one of
     /// this listener's connections closes, or a short backoff.
     async fn refuse_one(&self, listener: &TcpListener) {
@@ -114,8 +115,8 @@ impl Connections {
             // The connection is waiting, so this does not block; the bound is
             // for the descriptor being taken by another thread first.
             if let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::from_millis(100), listener.accept()).await {
-                refuse(stream);
                 self.spare.note_refusal(self.name);
+                refuse(stream).await;
             }
             self.spare.restore();
             return;
