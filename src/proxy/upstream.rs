@@ -141,8 +141,11 @@ enum Way {
 /// The client connection's idle upstream connections.
 #[derive(Clone, Default)]
 pub struct Upstreams {
-    idle: Arc<Mutex<Vec<(Authority, Arc<Parked>)>>>,
+    idle: Arc<Mutex<Vec<Kept>>>,
 }
+
+/// A kept connection: where it goes, and the cell its sender is parked in.
+type Kept = (Authority, Arc<Parked>);
 
 impl std::fmt::Debug for Upstreams {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -213,14 +216,20 @@ impl Upstreams {
         }
     }
 
-    /// An idle, still open connection to `authority`; closed ones (and ones
-    /// closed to make room) are dropped.
+    /// An idle, still open connection to `authority` that has finished its
+    /// last response; closed ones (and ones closed to make room) are dropped,
+    /// and ones still sending a response body are left for later: at the
+    /// route's cap a request then waits for a slot instead of being refused
+    /// by a busy connection of its own client's.
     fn take(&self, authority: &Authority) -> Option<(Arc<Parked>, Sender)> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         idle.retain(|(_, parked)| {
             parked.sender.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| !s.is_closed())
         });
-        let at = idle.iter().rposition(|(to, _)| to == authority)?;
+        let at = idle.iter().rposition(|(to, parked)| {
+            to == authority
+                && parked.sender.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(Sender::is_ready)
+        })?;
         let (_, parked) = idle.swap_remove(at);
         let sender = parked.sender.lock().unwrap_or_else(PoisonError::into_inner).take()?;
         Some((parked, sender))

@@ -151,6 +151,11 @@ impl Spare {
     /// A connection was refused for want of descriptors.
     pub(crate) fn note_refusal(&self, listener: &'static str) {
         self.refused.fetch_add(1, Ordering::Relaxed);
+        self.note_exhausted(listener);
+    }
+
+    /// Accept failed for want of descriptors.
+    pub(crate) fn note_exhausted(&self, listener: &'static str) {
         if !self.exhausted.swap(true, Ordering::Relaxed) {
             warn!(listener, "out of file descriptors: new connections get 503 and are closed until some are freed");
         }

@@ -121,7 +121,7 @@ impl Connections {
             self.spare.restore();
             return;
         }
-        self.spare.note_refusal(self.name);
+        self.spare.note_exhausted(self.name);
         let _ = tokio::time::timeout(Duration::from_millis(50), freed).await;
         self.spare.restore();
     }
