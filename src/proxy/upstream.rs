@@ -297,6 +297,9 @@ async fn drive(conn: Connection, _slot: OwnedSemaphorePermit, slots: UpstreamSlo
     loop {
         let shed = slots.inner.shed.notified();
         tokio::select! {
+            // The connection first: polled, it notes that its last response
+            // is done, so an idle connection reads as idle below.
+            biased;
             ended = conn.as_mut() => {
                 if let Err(e) = ended {
                     tracing::debug!(error = %e, "upstream connection ended with an error");
@@ -334,5 +337,64 @@ mod tests {
         drop(a);
         assert!(waiting.await.unwrap(), "a slot given back goes to the request waiting for one");
         assert_eq!(slots.fresh().open(), 0, "a fresh cap shares nothing");
+    }
+}
+
+#[cfg(test)]
+mod shedding {
+    use std::convert::Infallible;
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// An upstream that answers every request 200 "ok", keeping connections alive.
+    async fn upstream() -> Authority {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority = Authority::try_from(listener.local_addr().unwrap().to_string()).unwrap();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(
+                    TokioIo::new(stream),
+                    hyper::service::service_fn(|_| async {
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("ok"))))
+                    }),
+                ));
+            }
+        });
+        authority
+    }
+
+    async fn get(upstreams: &Upstreams, authority: &Authority, slots: &UpstreamSlots) -> Result<(), UpstreamError> {
+        let checkout = upstreams.checkout(authority, slots, Duration::from_secs(5)).await?;
+        let request = Request::get("/").body(RequestBody::Buffered { bytes: None, _held: None }).unwrap();
+        let response = upstreams.send(authority, slots, checkout, request).await?;
+        response.into_body().collect().await.unwrap();
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_another_clients_idle_connection_closes_to_make_room() {
+        let authority = upstream().await;
+        let slots = UpstreamSlots::new(1);
+        let (first, second) = (Upstreams::default(), Upstreams::default());
+        get(&first, &authority, &slots).await.unwrap();
+        assert_eq!(slots.open(), 1, "the first client keeps its connection");
+        get(&second, &authority, &slots).await.unwrap();
+        assert_eq!(slots.open(), 1, "the cap held");
+        assert!(first.take(&authority).is_none(), "the first client's idle connection was closed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_route_refuses_with_nothing_sent() {
+        let slots = UpstreamSlots::new(1);
+        let _taken = slots.acquire(Duration::ZERO).await.unwrap();
+        let authority = Authority::from_static("127.0.0.1:1");
+        let Err(refused) = Upstreams::default().checkout(&authority, &slots, Duration::from_millis(300)).await else {
+            panic!("a slot past the cap");
+        };
+        assert!(refused.is_busy() && !refused.may_have_sent(), "{refused}");
     }
 }
