@@ -239,6 +239,19 @@ mod tests {
     }
 
     #[test]
+    fn connection_caps_have_defaults_and_refuse_zero_by_name() {
+        let c = Config::from_toml_str(MINIMAL).unwrap();
+        assert_eq!(c.admin.max_connections, 64);
+        assert_eq!(c.routes[0].upstream_slots.cap(), 256);
+        let c =
+            Config::from_toml_str(&format!("[admin]\nmax_connections = 3\n{MINIMAL}max_upstream_connections = 5\n"))
+                .unwrap();
+        assert_eq!((c.admin.max_connections, c.routes[0].upstream_slots.cap()), (3, 5));
+        let text = format!("[admin]\nmax_connections = 0\n{MINIMAL}max_upstream_connections = 0\n");
+        assert_eq!(fields(&text), ["admin.max_connections", "route[0] 'objects'.max_upstream_connections"]);
+    }
+
+    #[test]
     fn an_unknown_store_names_the_field() {
         let text = format!("[fences]\nstore = \"etcd\"\n{MINIMAL}");
         let p = problems(&text);

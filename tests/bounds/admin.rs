@@ -48,6 +48,7 @@ async fn idle_admin_connections_are_capped_and_the_proxy_keeps_serving() {
     }
     // Proxy connections close with their requests; the admin holds its cap.
     let held = open_descriptors(&fg);
+    eprintln!("measured: {held} descriptors with 100 idle admin connections, {before} before");
     assert!(held <= before + ADMIN_CAP + 4, "{held} descriptors, {before} before the attack");
 
     // The idle connections leave: the admin listener answers again.

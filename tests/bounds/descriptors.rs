@@ -99,6 +99,11 @@ async fn unread_http2_streams_pin_at_most_the_route_cap() {
         }
         held.push(response);
     }
+    eprintln!(
+        "measured: {served} streams served, {busy} refused busy, {} upstream connections, {} descriptors",
+        connections_to(upstream.addr),
+        open_descriptors(&fg)
+    );
     assert!(served <= CAP, "{served} streams were given an upstream connection; the cap is {CAP}");
     assert_eq!(served + busy, STREAMS);
     assert!(connections_to(upstream.addr) <= CAP, "{} upstream connections open", connections_to(upstream.addr));
@@ -160,6 +165,7 @@ async fn out_of_descriptors_a_new_connection_is_answered_503_and_logged_once() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
+    eprintln!("measured: {} descriptors at exhaustion (ulimit -n 64)", open_descriptors(&fg));
     // A new connection gets an answer, not a hang.
     for _ in 0..5 {
         let reply = RawRequest::new("GET", "/objects/a").send(fg.proxy).await;
@@ -174,6 +180,7 @@ async fn out_of_descriptors_a_new_connection_is_answered_503_and_logged_once() {
     assert_eq!(warnings("out of file descriptors"), 1, "{}", fg.output());
     assert_eq!(warnings("accept failed"), 0, "{}", fg.output());
     assert!(events.len() < 20, "{} log lines:\n{}", events.len(), fg.output());
+    eprintln!("measured: {} log lines in all after the refusals", events.len());
 
     // The attacker leaves: the normal client is served again.
     drop(idle);
