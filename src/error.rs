@@ -111,6 +111,7 @@ impl ProxyError {
             E::BodyNotAllowed(_) => (O::BadRequest, P::BODY_NOT_ALLOWED),
             E::BadDestination(_) => (O::BadRequest, P::BAD_DESTINATION),
             E::BufferFull(_) => (O::BufferFull, P::BUFFER_FULL),
+            E::Upstream(e) if e.is_busy() => (O::UpstreamBusy, P::UPSTREAM_BUSY),
             E::ConnectionBufferFull(_) => (O::BufferFull, P::BUFFER_FULL),
             E::TooManyHeaders { .. } => (O::BadRequest, P::TOO_MANY_HEADERS),
             E::HeaderRate(_) => (O::RateLimited, P::HEADER_RATE),
@@ -148,14 +149,15 @@ impl ProxyError {
     /// Refusals about load or a passing failure: the same request may succeed
     /// shortly, so the response says when to try again.
     fn retry_soon(&self) -> bool {
-        matches!(
-            self,
+        match self {
             ProxyError::QueueTimeout(_)
-                | ProxyError::StoreUnavailable(_)
-                | ProxyError::BufferFull(_)
-                | ProxyError::ConnectionBufferFull(_)
-                | ProxyError::HeaderRate(_)
-        )
+            | ProxyError::StoreUnavailable(_)
+            | ProxyError::BufferFull(_)
+            | ProxyError::ConnectionBufferFull(_)
+            | ProxyError::HeaderRate(_) => true,
+            ProxyError::Upstream(e) => e.is_busy(),
+            _ => false,
+        }
     }
 }
 

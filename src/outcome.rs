@@ -28,6 +28,8 @@ pub enum Outcome {
     UpstreamTimeout,
     QueueTimeout,
     StoreUnavailable,
+    /// Every upstream connection the route may open was busy; nothing was sent.
+    UpstreamBusy,
     /// The global budget for buffered bodies, or the connection's share of
     /// it, was spent.
     BufferFull,
@@ -37,7 +39,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 19] = [
+    pub const ALL: [Outcome; 20] = [
         Outcome::Forwarded,
         Outcome::Unfenced,
         Outcome::Stale,
@@ -54,6 +56,7 @@ impl Outcome {
         Outcome::UpstreamTimeout,
         Outcome::QueueTimeout,
         Outcome::StoreUnavailable,
+        Outcome::UpstreamBusy,
         Outcome::BufferFull,
         Outcome::Internal,
         Outcome::RateLimited,
@@ -77,6 +80,7 @@ impl Outcome {
             Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::QueueTimeout => "queue_timeout",
             Outcome::StoreUnavailable => "store_unavailable",
+            Outcome::UpstreamBusy => "upstream_busy",
             Outcome::BufferFull => "buffer_full",
             Outcome::Internal => "internal",
             Outcome::RateLimited => "rate_limited",

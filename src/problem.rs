@@ -64,6 +64,15 @@ impl ProblemType {
         Self::urn(StatusCode::BAD_GATEWAY, "urn:fencegate:problem:upstream-error", "Upstream unreachable");
     pub const UPSTREAM_FAILED: Self =
         Self::urn(StatusCode::BAD_GATEWAY, "urn:fencegate:problem:upstream-error", "Upstream failed");
+    pub const UPSTREAM_BUSY: Self =
+        Self::urn(StatusCode::SERVICE_UNAVAILABLE, "urn:fencegate:problem:upstream-busy", "Upstream connections busy");
+    /// Written by the listener itself, outside the stack: the process is out
+    /// of file descriptors and answers a new connection, then closes it.
+    pub const DESCRIPTORS_EXHAUSTED: Self = Self::urn(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "urn:fencegate:problem:descriptors-exhausted",
+        "Out of file descriptors",
+    );
     pub const UPSTREAM_TIMEOUT: Self =
         Self::urn(StatusCode::GATEWAY_TIMEOUT, "urn:fencegate:problem:upstream-timeout", "Upstream timeout");
     pub const QUEUE_TIMEOUT: Self =
@@ -122,6 +131,24 @@ impl Problem {
     /// the same request may succeed shortly.
     pub fn retry_soon(self) -> Self {
         self.header(RETRY_AFTER, HeaderValue::from_static("1"))
+    }
+
+    /// The whole HTTP/1.1 response, `Connection: close`, for a listener that
+    /// answers a connection it cannot serve (no stack, no hyper).
+    pub fn into_http1_bytes(self) -> Vec<u8> {
+        let body = Value::Object(self.body).to_string();
+        let mut text = format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: application/problem+json\r\ncontent-length: {}\r\nconnection: close\r\n",
+            self.status.as_u16(),
+            self.status.canonical_reason().unwrap_or_default(),
+            body.len()
+        );
+        for (name, value) in &self.headers {
+            text.push_str(&format!("{name}: {}\r\n", value.to_str().unwrap_or_default()));
+        }
+        text.push_str("\r\n");
+        text.push_str(&body);
+        text.into_bytes()
     }
 
     pub fn into_response(self) -> Response<Full<Bytes>> {

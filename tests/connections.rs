@@ -493,8 +493,15 @@ async fn the_admin_listener_refuses_an_oversized_head_with_431() {
 #[tokio::test]
 async fn the_admin_listener_has_a_connection_limit_of_its_own() {
     let up = RecordingUpstream::start().await;
-    // idle_timeout far beyond the deadline: silent connections keep their slots.
-    let proxy = start(&format!("max_connections = 2\n{SLOW_HEAD}"), &route("objects", "/objects/", &up, "")).await;
+    // idle_timeout far beyond the deadline: silent connections keep their
+    // slots. Two slots on each listener, each its own field.
+    let proxy = start_in_process(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\nmax_connections = 2\n{SLOW_HEAD}\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\nmax_connections = 2\n\
+         {MEMORY_STORE}\n{}",
+        route("objects", "/objects/", &up, "")
+    ))
+    .await;
     let healthz = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
 
     // The proxy's slots taken: the admin listener still answers.

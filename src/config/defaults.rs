@@ -18,6 +18,9 @@ pub(super) const DEFAULT_MAX_HEADER_BYTES: u64 = 64 * 1024;
 /// hyper cannot buffer a request head smaller than this.
 pub(super) const MIN_HEADER_BYTES: u64 = 8192;
 pub(super) const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Default `[admin] max_connections`: probes, scrapers and operators need a
+/// few; every one is a file descriptor the proxy cannot use.
+pub(super) const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
 pub(super) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// More serving threads than this is a typo, not a machine.
 pub(super) const MAX_WORKERS: u64 = 1024;
@@ -57,6 +60,8 @@ pub const DEFAULT_MAX_KEY_BYTES: usize = 1024;
 
 pub(super) const DEFAULT_LOG_LEVEL: &str = "info";
 
+/// Default route `max_upstream_connections`.
+pub(super) const DEFAULT_MAX_UPSTREAM_CONNECTIONS: usize = 256;
 pub(super) const DEFAULT_MAX_BODY: u64 = 16 * 1024 * 1024;
 pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub(super) const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -50,6 +50,7 @@ pub struct AdminSection {
     pub listen: Option<String>,
     pub auth_token: Option<String>,
     pub auth_token_file: Option<String>,
+    pub max_connections: Option<u64>,
 }
 
 /// `[fences]`: where marks are kept.
@@ -98,4 +99,5 @@ pub struct RouteSection {
     pub max_body: Option<Size>,
     pub signing_key_file: Option<String>,
     pub max_token_jump: Option<u64>,
+    pub max_upstream_connections: Option<u64>,
 }

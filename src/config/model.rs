@@ -59,6 +59,8 @@ pub struct AdminConfig {
     pub listen: SocketAddr,
     /// Bearer token for mutating admin calls (the fence API).
     pub auth_token: Option<String>,
+    /// Most admin connections open at once; further ones wait in the backlog.
+    pub max_connections: usize,
 }
 
 /// Where fence marks live.

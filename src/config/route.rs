@@ -11,6 +11,7 @@ use super::file::RouteSection;
 use super::problems::Problems;
 use crate::canonical::{canonical_path, EscapedSlashes, PathOptions};
 use crate::fence::signature::SigningKey;
+use crate::proxy::UpstreamSlots;
 use crate::route::{KeyTemplate, PathPattern, Route, Upstream};
 
 /// How problems of the route at index `i` are labelled: `route[1] 'objects'`,
@@ -148,6 +149,14 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
         }
     };
     let max_body = p.size(&field("max_body"), s.max_body.as_ref(), DEFAULT_MAX_BODY);
+    let max_upstream_connections = match s.max_upstream_connections {
+        None => DEFAULT_MAX_UPSTREAM_CONNECTIONS,
+        Some(0) => {
+            p.add(field("max_upstream_connections"), "must be at least 1");
+            DEFAULT_MAX_UPSTREAM_CONNECTIONS
+        }
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+    };
 
     if p.count() != before {
         return None;
@@ -175,6 +184,7 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
         max_token_jump: s.max_token_jump,
         // The `[fences]` value; set for every route once that section is read.
         max_key_bytes: super::defaults::DEFAULT_MAX_KEY_BYTES,
+        upstream_slots: UpstreamSlots::new(max_upstream_connections),
     })
 }
 

@@ -151,6 +151,14 @@ fn admin(s: &AdminSection, p: &mut Problems) -> AdminConfig {
         listen: p.addr("admin.listen", s.listen.as_deref(), DEFAULT_ADMIN_LISTEN),
         // An empty token means unset.
         auth_token: s.auth_token.clone().filter(|t| !t.is_empty()),
+        max_connections: match s.max_connections {
+            None => DEFAULT_ADMIN_MAX_CONNECTIONS,
+            Some(0) => {
+                p.add("admin.max_connections", "must be at least 1");
+                DEFAULT_ADMIN_MAX_CONNECTIONS
+            }
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        },
     }
 }
 
@@ -346,6 +354,19 @@ mod tests {
         assert_eq!(fields(&text), ["fences.max_key_bytes", "fences.cache_bytes"]);
         let text = format!("[fences]\nstore = \"memory\"\ncache_bytes = 5\nmax_key_bytes = 64\n{MINIMAL}");
         assert_eq!(fields(&text), ["fences.cache_bytes"]);
+    }
+
+    #[test]
+    fn connection_caps_have_defaults_and_refuse_zero_by_name() {
+        let c = Config::from_toml_str(MINIMAL).unwrap();
+        assert_eq!(c.admin.max_connections, 64);
+        assert_eq!(c.routes[0].upstream_slots.cap(), 256);
+        let c =
+            Config::from_toml_str(&format!("[admin]\nmax_connections = 3\n{MINIMAL}max_upstream_connections = 5\n"))
+                .unwrap();
+        assert_eq!((c.admin.max_connections, c.routes[0].upstream_slots.cap()), (3, 5));
+        let text = format!("[admin]\nmax_connections = 0\n{MINIMAL}max_upstream_connections = 0\n");
+        assert_eq!(fields(&text), ["admin.max_connections", "route[0] 'objects'.max_upstream_connections"]);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! the upstream may have the request, and why.
 
 use std::error::Error;
+use std::time::Duration;
 
 pub(crate) type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -13,6 +14,9 @@ pub enum UpstreamStage {
     /// Sending the request or awaiting its response head: the upstream may
     /// have received it, and may still act on it.
     Exchange,
+    /// Waiting for one of the route's upstream connections: every one was
+    /// busy. Not a byte of the request left.
+    Busy,
 }
 
 /// An upstream exchange that ended without a response head.
@@ -44,6 +48,17 @@ impl UpstreamError {
         UpstreamError { stage: UpstreamStage::Exchange, source: source.into() }
     }
 
+    /// The route's `cap` upstream connections stayed busy for `waited`.
+    pub fn busy(cap: usize, waited: Duration) -> Self {
+        let what = format!("all {cap} connections of this route were busy for {}", humantime::format_duration(waited));
+        UpstreamError { stage: UpstreamStage::Busy, source: what.into() }
+    }
+
+    /// Whether the route's connection cap refused the request.
+    pub fn is_busy(&self) -> bool {
+        self.stage == UpstreamStage::Busy
+    }
+
     /// Whether the upstream may have received the request: if so, its outcome
     /// is unknown and it must never be sent again.
     pub fn may_have_sent(&self) -> bool {
@@ -54,6 +69,7 @@ impl UpstreamError {
         match self.stage {
             UpstreamStage::Connect => "the upstream could not be reached, nothing was sent",
             UpstreamStage::Exchange => "the upstream connection failed after the request was sent",
+            UpstreamStage::Busy => "no upstream connection was free, nothing was sent",
         }
     }
 }

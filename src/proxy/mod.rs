@@ -1,6 +1,7 @@
 //! Forwarding to the upstream: each client connection's own HTTP/1.1 upstream
-//! connections, URI and header rewrite, timeouts, and protocol upgrades. This module knows nothing of tokens: the
-//! fence has decided before a request gets here.
+//! connections within each route's cap, URI and header rewrite, timeouts, and
+//! protocol upgrades. This module knows nothing of tokens: the fence has
+//! decided before a request gets here.
 
 mod error;
 mod headers;
@@ -22,6 +23,7 @@ use tower::Service;
 pub(crate) use error::BoxError;
 pub use error::UpstreamError;
 pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
+pub use upstream::UpstreamSlots;
 
 use crate::body::RequestBody;
 use crate::error::ProxyError;
@@ -120,7 +122,13 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
     *request.method_mut() = parts.method;
     *request.uri_mut() = parts.uri;
     *request.headers_mut() = parts.headers;
-    let send = connection.upstreams.send(&route.upstream.authority, request);
+    // A way to the upstream first, outside the timeout: at the route's cap
+    // the wait for a slot is bounded by `queue_timeout` and ends, if no slot
+    // frees, in a refusal with nothing sent, never in an unknown outcome.
+    let authority = &route.upstream.authority;
+    let slots = &route.upstream_slots;
+    let checkout = connection.upstreams.checkout(authority, slots, route.queue_timeout).await?;
+    let send = connection.upstreams.send(authority, slots, checkout, request);
     // The timeout covers connecting, retries and backoff included.
     let mut response = match tokio::time::timeout(route.timeout, send).await {
         Ok(Ok(response)) => response,

@@ -21,6 +21,7 @@ pub use upstream::Upstream;
 
 use crate::canonical::PathOptions;
 use crate::fence::signature::SigningKey;
+use crate::proxy::UpstreamSlots;
 
 /// Which route a response belongs to: its index in config order and its name.
 #[derive(Debug, Clone)]
@@ -71,9 +72,18 @@ pub struct Route {
     /// Longest fence key, in bytes (`[fences] max_key_bytes`): a longer one is
     /// refused (400 `bad-key`) before it reads or raises a mark.
     pub max_key_bytes: usize,
+    /// The cap on this route's open upstream connections
+    /// (`max_upstream_connections`), over every client connection and stream.
+    pub upstream_slots: UpstreamSlots,
 }
 
 impl Route {
+    /// This route with a connection cap of its own: each running fencegate
+    /// counts its own upstream connections, even when built from one config.
+    pub fn with_own_slots(&self) -> Route {
+        Route { upstream_slots: self.upstream_slots.fresh(), ..self.clone() }
+    }
+
     /// Whether the fence reads header `name` on this route: the token, or a
     /// header the key is made from. The upstream must see those as read.
     pub fn reads_header(&self, name: &HeaderName) -> bool {
@@ -131,5 +141,6 @@ pub(crate) fn test_route(name: &str, prefix: &str) -> Route {
         signing_key: None,
         max_token_jump: None,
         max_key_bytes: 1024,
+        upstream_slots: UpstreamSlots::new(8),
     }
 }

@@ -5,6 +5,11 @@
 //!
 //! The drain is tokio-util's `TaskTracker` and `CancellationToken`: both work
 //! across the worker runtimes, and the cut after the grace is one more token.
+//!
+//! Out of file descriptors, accept does not spin: the spare descriptor
+//! (descriptors.rs) takes the waiting connection, which gets a 503 and is
+//! closed; without a spare, accepting waits until one of the listener's
+//! connections closes, or a short backoff.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,10 +17,12 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+use super::descriptors::{out_of_descriptors, refuse, Spare};
 
 /// One listener's open connections.
 #[derive(Debug, Clone)]
@@ -27,6 +34,12 @@ pub(crate) struct Connections {
     closing: CancellationToken,
     /// The shutdown grace ran out: close at once.
     cut: CancellationToken,
+    /// The process's spare descriptor, for answering when out of them.
+    spare: Arc<Spare>,
+    /// Which listener, for the log.
+    name: &'static str,
+    /// One of this listener's connections closed: a descriptor was freed.
+    freed: Arc<Notify>,
 }
 
 /// What an accepted connection holds until it ends: a slot of its listener's
@@ -36,16 +49,26 @@ pub(crate) struct Admission {
     _slot: OwnedSemaphorePermit,
     closing: CancellationToken,
     cut: CancellationToken,
+    freed: Arc<Notify>,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.freed.notify_waiters();
+    }
 }
 
 impl Connections {
-    /// At most `max` connections open at once.
-    pub(crate) fn new(max: usize) -> Connections {
+    /// At most `max` connections open at once on the listener `name`.
+    pub(crate) fn new(name: &'static str, max: usize, spare: Arc<Spare>) -> Connections {
         Connections {
             slots: Arc::new(Semaphore::new(max.clamp(1, Semaphore::MAX_PERMITS))),
             tasks: TaskTracker::new(),
             closing: CancellationToken::new(),
             cut: CancellationToken::new(),
+            spare,
+            name,
+            freed: Arc::new(Notify::new()),
         }
     }
 
@@ -60,16 +83,46 @@ impl Connections {
         loop {
             match listener.accept().await {
                 Ok((stream, peer)) => {
-                    let admission = Admission { _slot: slot, closing: self.closing.clone(), cut: self.cut.clone() };
+                    self.spare.note_accept();
+                    let admission = Admission {
+                        _slot: slot,
+                        closing: self.closing.clone(),
+                        cut: self.cut.clone(),
+                        freed: self.freed.clone(),
+                    };
                     return (stream, peer, admission);
                 }
+                Err(e) if out_of_descriptors(&e) => self.refuse_one(listener).await,
                 Err(e) => {
-                    // Usually out of file descriptors: back off instead of spinning.
+                    // A failure of the one connection (it was reset while
+                    // waiting, say): back off a little instead of spinning.
                     crate::telemetry::warn_limited!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
         }
+    }
+
+    /// Out of descriptors with a connection waiting: takes it on the spare
+    /// descriptor, answers it 503 and closes it (within a fraction of a
+    /// second, so one refusal at a time). Without the spare (the other
+    /// listener holds it, or it could not be taken back), waits until one of
+    /// this listener's connections closes, or a short backoff.
+    async fn refuse_one(&self, listener: &TcpListener) {
+        let freed = self.freed.notified();
+        if self.spare.release() {
+            // The connection is waiting, so this does not block; the bound is
+            // for the descriptor being taken by another thread first.
+            if let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::from_millis(100), listener.accept()).await {
+                self.spare.note_refusal(self.name);
+                refuse(stream).await;
+            }
+            self.spare.restore();
+            return;
+        }
+        self.spare.note_exhausted(self.name);
+        let _ = tokio::time::timeout(Duration::from_millis(50), freed).await;
+        self.spare.restore();
     }
 
     /// Runs a connection's task on `runtime` (this one if `None`), tracked so
@@ -126,7 +179,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn at_the_limit_the_next_connection_waits_for_a_slot() {
         let (listener, addr) = listener().await;
-        let connections = Connections::new(1);
+        let connections = Connections::new("test", 1, Arc::new(Spare::new()));
         let _first = TcpStream::connect(addr).await.unwrap();
         let (_, _, held) = connections.accept(&listener).await;
         let _second = TcpStream::connect(addr).await.unwrap();
@@ -138,7 +191,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_drain_waits_for_graceful_closes() {
-        let connections = Connections::new(4);
+        let connections = Connections::new("test", 4, Arc::new(Spare::new()));
         let (listener, addr) = listener().await;
         let _client = TcpStream::connect(addr).await.unwrap();
         let (_, _, admission) = connections.accept(&listener).await;
@@ -157,7 +210,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_drain_cuts_what_outlasts_the_grace() {
-        let connections = Connections::new(4);
+        let connections = Connections::new("test", 4, Arc::new(Spare::new()));
         let (listener, addr) = listener().await;
         let _client = TcpStream::connect(addr).await.unwrap();
         let (_, _, admission) = connections.accept(&listener).await;

@@ -1,12 +1,14 @@
 //! Listeners, connections and graceful shutdown, in the order a connection
 //! meets them: accepted within its listener's limit (guard.rs), dealt to a
 //! worker thread (workers.rs, proxy.rs; the admin listener in admin.rs serves
-//! on this runtime), served under the slow-head and idle guards until it
-//! closes (connection/), and, at shutdown, drained (guard.rs) in the order
-//! [`Fencegate::run`] spells out.
+//! on a thread of its own), served under the slow-head and idle guards until
+//! it closes (connection/), and, at shutdown, drained (guard.rs) in the order
+//! [`Fencegate::run`] spells out. Every descriptor they may hold is counted
+//! in one account, checked at start (descriptors.rs).
 
 mod admin;
 pub(crate) mod connection;
+mod descriptors;
 mod guard;
 mod proxy;
 mod workers;
@@ -27,8 +29,10 @@ use crate::fence::store::FenceStore;
 use crate::fence::store::{AnyStore, CacheBounds, FileStore, MemoryStore, OpenError};
 use crate::fence::KeyGate;
 use crate::metrics::Metrics;
-use crate::route::RouteTable;
+use crate::route::{Route, RouteTable};
 use crate::stack::{ConnectionLimits, Shared};
+use admin::AdminListener;
+use descriptors::{Account, Spare};
 use guard::Connections;
 use workers::Workers;
 
@@ -61,6 +65,8 @@ impl Fencegate {
         {
             return Err(StartError::UnreadSigningKey(route.name.to_string()));
         }
+        // Before anything is opened: the limit may need raising first.
+        descriptors::check(Account::of(&config));
         // Listeners first: a port already in use must not leave a store
         // opened and never closed behind it.
         let proxy = bind("proxy", config.server.listen).await?;
@@ -87,7 +93,7 @@ impl Fencegate {
             }
             _ => KeyGate::default(),
         };
-        let routes = RouteTable::new(config.routes.iter().cloned());
+        let routes = RouteTable::new(config.routes.iter().map(Route::with_own_slots));
         let names = routes.names();
         let shared = Arc::new(Shared {
             metrics: Arc::new(Metrics::new(names.iter().map(|n| &**n), store.stats())),
@@ -134,36 +140,32 @@ impl Fencegate {
         let mut workers = Workers::start_or_inline(server.workers);
         info!(workers = workers.len(), "serving client connections");
         // Each listener has a limit of its own: a full proxy listener leaves
-        // `/healthz`, `/readyz` and `/metrics` answering.
-        let proxy_connections = Connections::new(server.max_connections);
-        let admin_connections = Connections::new(server.max_connections);
+        // `/healthz`, `/readyz` and `/metrics` answering, and idle admin
+        // connections cannot take the proxy's descriptors. One spare
+        // descriptor lets either answer when the process runs out.
+        let spare = Arc::new(Spare::new());
+        let proxy_connections = Connections::new("proxy", server.max_connections, spare.clone());
+        let admin_connections = Connections::new("admin", config.admin.max_connections, spare);
 
-        let admin_accepting = admin::accept(&admin, &admin_connections, &state, server);
-        let proxy_serving = async {
-            tokio::select! {
-                never = proxy::accept(&proxy, &proxy_connections, &mut workers, &state.shared, server) => match never {},
-                () = shutdown => {}
-            }
-            // 1. Not ready: load balancers stop sending.
-            state.draining.store(true, Ordering::Release);
-            // 2. The proxy listener closes: new connections are refused.
-            drop(proxy);
-            // 3. Every proxy connection finishes its request in flight and
-            //    closes, until the grace runs out; then the rest are cut.
-            let grace = server.shutdown_grace;
-            info!(grace = %humantime::format_duration(grace), "shutting down: draining in-flight requests");
-            let deadline = Instant::now() + grace;
-            (proxy_connections.drain(deadline).await, deadline)
-        };
-        // The admin listener answers throughout (`/readyz` says 503 once
-        // draining).
-        let (proxy_drained, deadline) = tokio::select! {
-            never = admin_accepting => match never {},
-            drained = proxy_serving => drained,
-        };
+        // The admin listener answers throughout, on its own thread (`/readyz`
+        // says 503 once draining).
+        let admin = AdminListener::start(admin, admin_connections, state.clone(), server.clone());
+        tokio::select! {
+            never = proxy::accept(&proxy, &proxy_connections, &mut workers, &state.shared, server) => match never {},
+            () = shutdown => {}
+        }
+        // 1. Not ready: load balancers stop sending.
+        state.draining.store(true, Ordering::Release);
+        // 2. The proxy listener closes: new connections are refused.
+        drop(proxy);
+        // 3. Every proxy connection finishes its request in flight and
+        //    closes, until the grace runs out; then the rest are cut.
+        let grace = server.shutdown_grace;
+        info!(grace = %humantime::format_duration(grace), "shutting down: draining in-flight requests");
+        let deadline = Instant::now() + grace;
+        let proxy_drained = proxy_connections.drain(deadline).await;
         // 4. The admin listener closes and drains, within the same grace.
-        drop(admin);
-        let admin_drained = admin_connections.drain(deadline).await;
+        let admin_drained = admin.stop(deadline).await;
         if proxy_drained && admin_drained {
             info!("all connections drained");
         } else {

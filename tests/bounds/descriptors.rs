@@ -1,1 +1,197 @@
-//! Bounds: descriptors.
+//! Bounds: descriptors. A fencegate child under a low `ulimit -n`: HTTP/2
+//! streams whose responses are never read pin at most their route's
+//! `max_upstream_connections`, and a process out of descriptors answers new
+//! connections with 503 instead of spinning on accept or filling its log.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use tokio::net::TcpStream;
+
+use crate::common::process::{config_text, Running, TempDir, BIN, DEADLINE, MEMORY_STORE};
+use crate::common::raw::RawRequest;
+use crate::common::{get, route, send, RecordingUpstream};
+
+/// `fencegate --config <config>` started by a shell that first lowers the
+/// open-file limit (soft and hard) to `nofile`, in a clean environment.
+pub fn limited(nofile: u32, dir: &Path, config: &Path) -> Command {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\""))
+        .arg(BIN)
+        .arg("--config")
+        .arg(config)
+        .current_dir(dir)
+        .env_remove("FENCEGATE_CONFIG")
+        .env_remove("RUST_LOG")
+        .env_remove("FENCEGATE_ADMIN_TOKEN");
+    cmd
+}
+
+/// Descriptors the process holds now.
+pub fn open_descriptors(fg: &Running) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", fg.pid())).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Established TCP connections (IPv4, this network namespace) whose far end
+/// is `to`: fencegate's connections to an upstream in this process.
+fn connections_to(to: SocketAddr) -> usize {
+    let port = format!(":{:04X}", to.port());
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.len() > 3 && fields[2].ends_with(&port) && fields[3] == "01"
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn unread_http2_streams_pin_at_most_the_route_cap() {
+    const CAP: usize = 4;
+    const STREAMS: usize = 24;
+    let upstream = RecordingUpstream::start().await;
+    // Large enough that its response can't be written while nobody reads it.
+    let big = vec![b'x'; 512 * 1024];
+    assert_eq!(send("PUT", &format!("{}/objects/big", upstream.url()), &[], big).await.status, 200);
+    let routes = route(
+        "objects",
+        "/objects/",
+        &upstream,
+        &format!("max_upstream_connections = {CAP}\nqueue_timeout = \"300ms\"\n"),
+    );
+    let text = config_text("max_connections = 8", MEMORY_STORE, &routes)
+        .replace("[server]\n", "[server]\nworkers = 2\nmax_connections = 64\n");
+    let dir = TempDir::new();
+    let path = dir.write("fencegate.toml", &text);
+    let fg = Running::start_cmd(&mut limited(256, dir.path(), &path)).await;
+
+    // One h2c connection that never opens its streams' receive windows.
+    let tcp = TcpStream::connect(fg.proxy).await.unwrap();
+    let (mut h2, conn) = h2::client::Builder::new().initial_window_size(0).handshake::<_, Bytes>(tcp).await.unwrap();
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut pending = Vec::new();
+    for _ in 0..STREAMS {
+        h2 = h2.ready().await.unwrap();
+        let req = Request::get(format!("http://{}/objects/big", fg.proxy)).body(()).unwrap();
+        let (response, _) = h2.send_request(req, true).unwrap();
+        pending.push(response);
+    }
+    let (mut served, mut busy, mut held) = (0, 0, Vec::new());
+    for response in pending {
+        let response = tokio::time::timeout(DEADLINE, response).await.expect("a stream got no response head").unwrap();
+        match response.status() {
+            StatusCode::OK => served += 1,
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert_eq!(response.headers()["content-type"], "application/problem+json");
+                assert_eq!(response.headers()["retry-after"], "1");
+                busy += 1;
+            }
+            other => panic!("unexpected {other}"),
+        }
+        held.push(response);
+    }
+    eprintln!(
+        "measured: {served} streams served, {busy} refused busy, {} upstream connections, {} descriptors",
+        connections_to(upstream.addr),
+        open_descriptors(&fg)
+    );
+    assert!(served <= CAP, "{served} streams were given an upstream connection; the cap is {CAP}");
+    assert_eq!(served + busy, STREAMS);
+    assert!(connections_to(upstream.addr) <= CAP, "{} upstream connections open", connections_to(upstream.addr));
+
+    // A normal client beside the attack gets an answer, never a timeout: the
+    // route's connections are all pinned, so it is refused with nothing sent.
+    let started = Instant::now();
+    let reply =
+        tokio::time::timeout(DEADLINE, get(&fg.url("/objects/big"))).await.expect("the normal client timed out");
+    if reply.status != 200 {
+        let problem = reply.problem(503);
+        assert_eq!(problem["type"], "urn:fencegate:problem:upstream-busy", "{problem}");
+        assert_eq!(reply.header("retry-after"), Some("1"));
+    }
+    assert!(started.elapsed() < DEADLINE);
+    // Every descriptor within the account: 64 + 8 + 4 + reserve.
+    assert!(open_descriptors(&fg) <= 64 + 8 + CAP + 16 + 2 * 4, "{} descriptors", open_descriptors(&fg));
+
+    // The attacker leaves: its upstream connections close, their slots free.
+    drop((held, h2));
+    driver.abort();
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let reply = get(&fg.url("/objects/big")).await;
+        if reply.status == 200 {
+            assert_eq!(reply.body.len(), 512 * 1024);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the route's slots were never given back: {}", reply.text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn out_of_descriptors_a_new_connection_is_answered_503_and_logged_once() {
+    let upstream = RecordingUpstream::start().await;
+    let routes = route("objects", "/objects/", &upstream, "");
+    // Far more connections than 64 descriptors hold: the account does not fit.
+    let text = config_text("max_connections = 4", MEMORY_STORE, &routes)
+        .replace("[server]\n", "[server]\nworkers = 1\nmax_connections = 500\nidle_timeout = \"60s\"\n");
+    let dir = TempDir::new();
+    let path = dir.write("fencegate.toml", &text);
+    let mut fg = Running::start_cmd(&mut limited(64, dir.path(), &path)).await;
+    let warning = fg
+        .wait_event("the account warning", |e| e["message"].as_str().is_some_and(|m| m.contains("does not fit")))
+        .await;
+    assert_eq!(warning["limit"], 64, "{warning}");
+    assert!(warning["needed"].as_u64().unwrap() > 500, "{warning}");
+    assert_eq!(warning["level"], "WARN");
+
+    // Idle connections until the process is out of descriptors.
+    let mut idle = Vec::new();
+    for _ in 0..80 {
+        idle.push(TcpStream::connect(fg.proxy).await.unwrap());
+    }
+    let deadline = Instant::now() + DEADLINE;
+    while open_descriptors(&fg) < 63 {
+        assert!(Instant::now() < deadline, "fencegate holds only {} descriptors", open_descriptors(&fg));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    eprintln!("measured: {} descriptors at exhaustion (ulimit -n 64)", open_descriptors(&fg));
+    // A new connection gets an answer, not a hang.
+    for _ in 0..5 {
+        let reply = RawRequest::new("GET", "/objects/a").send(fg.proxy).await;
+        assert_eq!(reply.status, 503, "{}", reply.text());
+        assert_eq!(reply.problem_type().as_deref(), Some("urn:fencegate:problem:descriptors-exhausted"));
+        assert_eq!(reply.header("retry-after"), Some("1"));
+    }
+    // One warning for the whole spell, and no accept loop in the log.
+    let events = fg.events();
+    let warnings =
+        |text: &str| events.iter().filter(|e| e["message"].as_str().is_some_and(|m| m.contains(text))).count();
+    assert_eq!(warnings("out of file descriptors"), 1, "{}", fg.output());
+    assert_eq!(warnings("accept failed"), 0, "{}", fg.output());
+    assert!(events.len() < 20, "{} log lines:\n{}", events.len(), fg.output());
+    eprintln!("measured: {} log lines in all after the refusals", events.len());
+
+    // The attacker leaves: the normal client is served again.
+    drop(idle);
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let reply = RawRequest::new("GET", "/objects/a").try_send(fg.proxy).await;
+        if reply.as_ref().is_ok_and(|r| r.status == 404) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never served again: {reply:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    fg.wait_event("the end of the spell", |e| e["message"] == "file descriptors are available again").await;
+}
