@@ -154,40 +154,45 @@ pub async fn long_keys(
     let mut tasks = Vec::new();
     for c in 0..connections {
         let prefix = prefix.to_string();
-        tasks.push(tokio::spawn(async move {
-            let mut seen = Seen { connections: 1, ..Seen::default() };
-            let mut stream = None;
-            let mut i = 0u64;
-            let pad = "k".repeat(key_bytes.saturating_sub(prefix.len() + 24));
-            while Instant::now() < deadline {
-                if stream.is_none() {
-                    stream = TcpStream::connect(addr).await.ok();
-                    seen.connections += 1;
-                }
-                let Some(conn) = stream.as_mut() else { continue };
-                i += 1;
-                let head = format!(
-                    "PUT {prefix}{c}-{i}-{pad} HTTP/1.1\r\nhost: bench\r\nx-fencing-token: 1\r\ncontent-length: 1\r\n\r\nx"
-                );
-                match timeout_at(deadline, http1_exchange(conn, head.as_bytes())).await {
-                    Ok(Ok((status, close))) => {
-                        seen.requests += 1;
-                        seen.count(status);
-                        if close {
-                            stream = None;
-                        }
-                    }
-                    Ok(Err(e)) => {
-                        seen.count(e);
-                        stream = None;
-                    }
-                    Err(_) => break,
-                }
-            }
-            seen
-        }));
+        let pad = "k".repeat(key_bytes.saturating_sub(prefix.len() + 24));
+        let mut i = 0u64;
+        tasks.push(tokio::spawn(http1_loop(addr, deadline, move || {
+            i += 1;
+            format!(
+                "PUT {prefix}{c}-{i}-{pad} HTTP/1.1\r\nhost: bench\r\nx-fencing-token: 1\r\ncontent-length: 1\r\n\r\nx"
+            )
+        })));
     }
     join(tasks).await
+}
+
+/// Sends the requests `next` writes one after another on one HTTP/1.1
+/// connection to `addr`, reconnecting whenever it closes, until `deadline`.
+async fn http1_loop(addr: SocketAddr, deadline: Instant, mut next: impl FnMut() -> String) -> Seen {
+    let mut seen = Seen::default();
+    let mut stream: Option<TcpStream> = None;
+    while Instant::now() < deadline {
+        if stream.is_none() {
+            stream = TcpStream::connect(addr).await.ok();
+            seen.connections += 1;
+        }
+        let Some(conn) = stream.as_mut() else { continue };
+        match timeout_at(deadline, http1_exchange(conn, next().as_bytes())).await {
+            Ok(Ok((status, close))) => {
+                seen.requests += 1;
+                seen.count(status);
+                if close {
+                    stream = None;
+                }
+            }
+            Ok(Err(e)) => {
+                seen.count(e);
+                stream = None;
+            }
+            Err(_) => break,
+        }
+    }
+    seen
 }
 
 /// Writes one request and reads one response: its status, and whether the
@@ -301,33 +306,8 @@ pub async fn h2_zero_window(
 pub async fn admin_listings(admin: SocketAddr, loops: usize, limit: usize, deadline: Instant) -> Seen {
     let mut tasks = Vec::new();
     for _ in 0..loops {
-        tasks.push(tokio::spawn(async move {
-            let mut seen = Seen::default();
-            let head = format!("GET /fences?prefix=%2F&limit={limit} HTTP/1.1\r\nhost: bench\r\n\r\n");
-            let mut stream: Option<TcpStream> = None;
-            while Instant::now() < deadline {
-                if stream.is_none() {
-                    stream = TcpStream::connect(admin).await.ok();
-                    seen.connections += 1;
-                }
-                let Some(conn) = stream.as_mut() else { continue };
-                match timeout_at(deadline, http1_exchange(conn, head.as_bytes())).await {
-                    Ok(Ok((status, close))) => {
-                        seen.requests += 1;
-                        seen.count(status);
-                        if close {
-                            stream = None;
-                        }
-                    }
-                    Ok(Err(e)) => {
-                        seen.count(e);
-                        stream = None;
-                    }
-                    Err(_) => break,
-                }
-            }
-            seen
-        }));
+        let head = format!("GET /fences?prefix=%2F&limit={limit} HTTP/1.1\r\nhost: bench\r\n\r\n");
+        tasks.push(tokio::spawn(http1_loop(admin, deadline, move || head.clone())));
     }
     join(tasks).await
 }
