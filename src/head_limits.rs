@@ -9,9 +9,15 @@
 //! MiB can make fencegate write GiB to the upstream. HTTP/1.1 heads are
 //! counted by hyper's parser (`max_headers`); HTTP/2 heads arrive decoded, so
 //! [`HeaderCount`] counts them before anything else acts on the request. The
-//! rate is a token bucket per connection holding one second of bytes, checked
-//! after routing and before the head checks, so a refused request never reads
-//! or raises a mark and nothing of it is forwarded.
+//! rate is a token bucket per connection holding at most one second of bytes,
+//! checked after routing and before the head checks, so a refused request
+//! never reads or raises a mark and nothing of it is forwarded.
+//!
+//! A new connection's bucket starts with one head's worth (`max_header_bytes`,
+//! so its first request always fits), not with the second of burst: the burst
+//! accrues at the rate while the connection lives. A client that reconnects
+//! whenever it is refused gets that one head per handshake, plus the rate
+//! for as long as each connection lasts, never a fresh second of burst.
 
 use std::future::{ready, Future};
 use std::pin::Pin;
@@ -85,8 +91,9 @@ struct Bucket {
 }
 
 impl Bucket {
-    fn new(rate: u64) -> Self {
-        Bucket { rate, tokens: rate as f64, at: Instant::now() }
+    /// A bucket holding `start` bytes (at most `rate`), filling from now.
+    fn new(rate: u64, start: u64) -> Self {
+        Bucket { rate, tokens: start.min(rate) as f64, at: Instant::now() }
     }
 
     /// Spends `bytes` if the bucket holds them.
@@ -105,16 +112,19 @@ impl Bucket {
 
 /// Bounds the bytes of request heads one connection sends upstream per
 /// second (429 past it); see the [module docs](self). One layer, one bucket:
-/// the stack is built per connection.
+/// the stack is built per connection, so the bucket starts filling when the
+/// connection is accepted.
 #[derive(Debug, Clone)]
 pub struct HeaderRateLayer {
     bucket: Arc<Mutex<Bucket>>,
 }
 
 impl HeaderRateLayer {
-    /// A bucket of `rate` bytes a second for one connection.
-    pub fn new(rate: u64) -> Self {
-        HeaderRateLayer { bucket: Arc::new(Mutex::new(Bucket::new(rate))) }
+    /// A bucket of `rate` bytes a second for one connection, starting with
+    /// `start` bytes (one largest head) rather than a full second: reconnecting
+    /// must not buy a fresh burst.
+    pub fn new(rate: u64, start: u64) -> Self {
+        HeaderRateLayer { bucket: Arc::new(Mutex::new(Bucket::new(rate, start))) }
     }
 }
 
@@ -183,8 +193,25 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn the_bucket_starts_with_one_head_and_the_burst_accrues() {
+        let mut bucket = Bucket::new(1000, 100);
+        assert!(!bucket.spend(101), "a new bucket holds only its start");
+        assert!(bucket.spend(100));
+        assert!(!bucket.spend(1));
+        // The rest of the second's burst comes with time.
+        tokio::time::advance(Duration::from_millis(900)).await;
+        assert!(bucket.spend(900));
+        assert!(!bucket.spend(1));
+        // A start above the rate is held to one second.
+        let mut bucket = Bucket::new(1000, 5000);
+        assert!(bucket.spend(1000));
+        assert!(!bucket.spend(1));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn the_bucket_holds_one_second_and_refills_at_the_rate() {
-        let mut bucket = Bucket::new(1000);
+        let mut bucket = Bucket::new(1000, 0);
+        tokio::time::advance(Duration::from_secs(1)).await;
         assert!(bucket.spend(600));
         assert!(!bucket.spend(600), "only 400 left");
         assert!(bucket.spend(400));

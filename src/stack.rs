@@ -48,6 +48,9 @@ pub struct ConnectionLimits {
     pub max_headers: usize,
     /// Bytes of request heads a connection may send upstream per second.
     pub header_rate: u64,
+    /// Bytes of heads a new connection may send at once (the largest head):
+    /// the rest of a second's burst accrues at `header_rate`.
+    pub header_start: u64,
 }
 
 /// The stack for one client connection, forwarding through `forward` (its own
@@ -94,8 +97,8 @@ pub fn proxy_service(
         // Per connection, the bytes of heads it may have sent upstream a
         // second: after routing, so the refusal is counted under its route,
         // and before the head checks, so a refused request reads and raises
-        // no mark.
-        .layer(HeaderRateLayer::new(limits.header_rate))
+        // no mark. Built here, per connection: the bucket starts at accept.
+        .layer(HeaderRateLayer::new(limits.header_rate, limits.header_start))
         // Everything the head can decide, before a body byte is read: token,
         // key, signature, stale and jump checks, and no body on unfenced
         // methods. A request already condemned never makes fencegate read

@@ -103,6 +103,7 @@ impl Fencegate {
                 buffer_share: config.server.max_connection_buffered_bytes,
                 max_headers: config.server.max_headers,
                 header_rate: config.server.max_upstream_header_rate,
+                header_start: config.server.max_header_bytes as u64,
             },
             store: Arc::new(store),
             gate: Arc::new(gate),

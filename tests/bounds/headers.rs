@@ -5,7 +5,8 @@
 //! (`max_header_bytes`, a plain 431 from the HTTP/2 layer, as over HTTP/1.1);
 //! and one connection may have at most `max_upstream_header_rate` bytes of
 //! heads a second sent upstream (429 `header-rate`), so the upstream's load
-//! stays bounded whatever a connection sends.
+//! stays bounded whatever a connection sends. A new connection starts with
+//! one head's worth of that, so reconnecting buys no fresh burst.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -303,15 +304,7 @@ async fn a_flood_of_heads_on_one_connection_is_rate_limited_and_the_upstream_get
     // What reached the upstream from the flood: at most one second's burst
     // plus the rate over the time it lasted (and the X-Forwarded-* fields
     // fencegate adds, a few percent here).
-    let flood: u64 = up
-        .seen()
-        .iter()
-        .filter(|(_, path, _)| path.starts_with("/objects/r"))
-        .map(|(method, path, headers)| {
-            let fields: usize = headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
-            (method.as_str().len() + path.len() + 13 + fields + 2) as u64
-        })
-        .sum();
+    let flood = head_bytes_upstream(&up, "/objects/r");
     let bound = RATE as f64 * (1.0 + elapsed.as_secs_f64()) * 1.1;
     eprintln!(
         "sent {} KiB on the wire, {} KiB of heads upstream in {elapsed:?} (bound {} KiB), {} of {} refused",
@@ -340,6 +333,72 @@ async fn a_flood_of_heads_on_one_connection_is_rate_limited_and_the_upstream_get
     let token = refused_put.expect("a fenced write was refused for its rate");
     let mark = get(&proxy.admin_url("/fences?key=/objects/fenced")).await.json()["token"].clone();
     assert!(mark.is_null() || mark.as_u64() < Some(token), "mark {mark} after a refused token {token}");
+}
+
+#[tokio::test]
+async fn a_client_that_reconnects_after_each_refusal_gets_one_head_per_connection_plus_the_rate() {
+    const HEAD: u64 = 8 * 1024;
+    const RATE: u64 = 1024 * 1024;
+    let up = RecordingUpstream::start().await;
+    let proxy = start(&format!("max_header_bytes = {HEAD}\nmax_upstream_header_rate = {RATE}"), &up).await;
+    let field = HeaderValue::from_str(&"f".repeat(3000)).unwrap();
+    let head = |path: String| {
+        let mut request = Request::get(format!("http://{}{path}", proxy.addr)).body(()).unwrap();
+        request.headers_mut().insert("x-big", field.clone());
+        request
+    };
+
+    // Each connection: one head alone, then heads twenty at a time until one
+    // is refused; then a new connection. What each may have had upstream is
+    // one head's worth (`max_header_bytes`) plus the rate for as long as it
+    // was open, measured here from before the connect to after the refusal.
+    let mut allowance = 0.0;
+    for conn in 0..20 {
+        let opened = Instant::now();
+        let (client, _) = h2c(proxy.addr).await;
+        // A new connection's first head always fits: it is served.
+        let (status, _, _) = exchange(&client, head(format!("/objects/c{conn}-first"))).await.unwrap();
+        assert_eq!(status, 404, "the first head on connection {conn} reached the upstream");
+        let mut refused = false;
+        for round in 0.. {
+            assert!(round < 1000, "connection {conn} was never refused");
+            let requests = (0..20).map(|i| exchange(&client, head(format!("/objects/c{conn}-{round}-{i}"))));
+            for (status, _, _) in futures_join(requests).await {
+                assert!(status == 404 || status == 429, "{status}");
+                refused |= status == 429;
+            }
+            if refused {
+                break;
+            }
+        }
+        drop(client);
+        allowance += HEAD as f64 + RATE as f64 * opened.elapsed().as_secs_f64();
+    }
+
+    // Reconnecting bought no second of burst: the upstream got no more than
+    // the allowance (and the X-Forwarded-* fields fencegate adds, a few
+    // percent here).
+    let flood = head_bytes_upstream(&up, "/objects/c");
+    eprintln!(
+        "20 connections: {} KiB of heads upstream, allowance {} KiB (a second of burst each would be {} KiB)",
+        flood / 1024,
+        allowance as u64 / 1024,
+        20 * RATE / 1024
+    );
+    assert!(flood as f64 <= allowance * 1.1, "{flood} bytes of heads upstream, allowance {allowance}");
+}
+
+/// The bytes of the heads the upstream saw for paths starting with `prefix`,
+/// counted as fencegate counts them (request line and fields as HTTP/1.1).
+fn head_bytes_upstream(up: &RecordingUpstream, prefix: &str) -> u64 {
+    up.seen()
+        .iter()
+        .filter(|(_, path, _)| path.starts_with(prefix))
+        .map(|(method, path, headers)| {
+            let fields: usize = headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
+            (method.as_str().len() + path.len() + 13 + fields + 2) as u64
+        })
+        .sum()
 }
 
 /// Runs the exchanges at once on the one connection; their results in order.
