@@ -1,7 +1,8 @@
 //! Bounds: descriptors. A fencegate child under a low `ulimit -n`: HTTP/2
 //! streams whose responses are never read pin at most their route's
-//! `max_upstream_connections`, and a process out of descriptors answers new
-//! connections with 503 instead of spinning on accept or filling its log.
+//! `max_upstream_connections`, one client connection's at most its share of
+//! them, and a process out of descriptors answers new connections with 503
+//! instead of spinning on accept or filling its log.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -14,7 +15,7 @@ use tokio::net::TcpStream;
 
 use crate::common::process::{config_text, Running, TempDir, BIN, DEADLINE, MEMORY_STORE};
 use crate::common::raw::RawRequest;
-use crate::common::{get, route, send, RecordingUpstream};
+use crate::common::{get, route, send, Proxy, RecordingUpstream};
 
 /// `fencegate --config <config>` started by a shell that first lowers the
 /// open-file limit (soft and hard) to `nofile`, in a clean environment.
@@ -135,6 +136,77 @@ async fn unread_http2_streams_pin_at_most_the_route_cap() {
         assert!(Instant::now() < deadline, "the route's slots were never given back: {}", reply.text());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// `streams` requests for `/objects/big` on one h2c connection that never
+/// opens its streams' receive windows: how many were served and refused
+/// busy, and the connection (its responses held, so their upstream
+/// connections stay busy).
+async fn unread_streams(proxy: SocketAddr, streams: usize) -> (usize, usize, impl Drop) {
+    let tcp = TcpStream::connect(proxy).await.unwrap();
+    let (mut h2, conn) = h2::client::Builder::new().initial_window_size(0).handshake::<_, Bytes>(tcp).await.unwrap();
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut pending = Vec::new();
+    for _ in 0..streams {
+        h2 = h2.ready().await.unwrap();
+        let req = Request::get(format!("http://{proxy}/objects/big")).body(()).unwrap();
+        pending.push(h2.send_request(req, true).unwrap().0);
+    }
+    let (mut served, mut refused, mut held) = (0, 0, Vec::new());
+    for response in pending {
+        let response = tokio::time::timeout(DEADLINE, response).await.expect("a stream got no response head").unwrap();
+        match response.status() {
+            StatusCode::OK => served += 1,
+            // The problem body can't arrive through a zero window: the head
+            // says what it is (the unit tests read the detail).
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert_eq!(response.headers()["content-type"], "application/problem+json");
+                assert_eq!(response.headers()["retry-after"], "1");
+                refused += 1;
+                continue;
+            }
+            other => panic!("unexpected {other}"),
+        }
+        held.push(response);
+    }
+    struct Attacker {
+        driver: tokio::task::JoinHandle<()>,
+        _held: Vec<http::Response<h2::RecvStream>>,
+    }
+    impl Drop for Attacker {
+        fn drop(&mut self) {
+            self.driver.abort();
+        }
+    }
+    (served, refused, Attacker { driver, _held: held })
+}
+
+#[tokio::test]
+async fn one_connections_unread_streams_pin_only_its_share_and_a_normal_client_is_served() {
+    const CAP: usize = 8;
+    const SHARE: usize = CAP / 4;
+    let upstream = RecordingUpstream::start().await;
+    let big = vec![b'x'; 512 * 1024];
+    assert_eq!(send("PUT", &format!("{}/objects/big", upstream.url()), &[], big).await.status, 200);
+    let extra = format!("max_upstream_connections = {CAP}\nqueue_timeout = \"300ms\"\n");
+    let fg = Proxy::start(&route("objects", "/objects/", &upstream, &extra)).await;
+
+    // Far more streams than the share: each past it waits its queue_timeout
+    // for one of the connection's own slots, then is refused.
+    let (served, refused, attacker) = unread_streams(fg.addr, 3 * SHARE).await;
+    eprintln!("measured: {served} streams served, {refused} refused busy");
+    assert_eq!(served, SHARE, "one client connection holds its share of the route's slots");
+    assert_eq!(refused, 2 * SHARE);
+
+    // A normal client on another connection is served, in full, while the
+    // attacker still pins its share.
+    let reply =
+        tokio::time::timeout(DEADLINE, get(&fg.url("/objects/big"))).await.expect("the normal client timed out");
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.body.len(), 512 * 1024);
+    drop(attacker);
 }
 
 #[tokio::test]
