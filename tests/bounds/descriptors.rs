@@ -267,3 +267,48 @@ async fn out_of_descriptors_a_new_connection_is_answered_503_and_logged_once() {
     }
     fg.wait_event("the end of the spell", |e| e["message"] == "file descriptors are available again").await;
 }
+
+#[tokio::test]
+async fn a_stream_reset_while_its_write_waits_for_an_upstream_slot_lets_the_key_go() {
+    let upstream = RecordingUpstream::start().await;
+    let keyed = "key = \"{header.x-k}\"\nqueue_timeout = \"30s\"\n";
+    let routes = route("objects", "/objects/", &upstream, &format!("{keyed}max_upstream_connections = 1\n"))
+        + &route("other", "/other/", &upstream, keyed);
+    let fg = Proxy::start(&routes).await;
+    // The route's one upstream connection is busy with a held write.
+    let pin = upstream.hold("/objects/pin");
+    let pinning = tokio::spawn({
+        let url = fg.url("/objects/pin");
+        async move { send("PUT", &url, &[("x-k", "pin"), ("x-fencing-token", "1")], "p").await }
+    });
+    pin.wait_arrived().await;
+
+    // A fenced write for key k on an HTTP/2 stream: its mark is raised, then
+    // it waits for the route's slot, holding the key's turn.
+    let tcp = TcpStream::connect(fg.addr).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let req = Request::put(fg.url("/objects/a")).header("x-k", "k").header("x-fencing-token", "5").body(()).unwrap();
+    let (response, mut stream) = h2.ready().await.unwrap().send_request(req, false).unwrap();
+    stream.send_data(Bytes::from_static(b"a"), true).unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    while get(&fg.admin_url("/fences?key=k")).await.json()["token"] != 5 {
+        assert!(Instant::now() < deadline, "the write's mark was never raised");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // The client resets the stream: the write gives up its wait, and with it
+    // the key's turn, so a newer write for k (on a route with free slots)
+    // goes through at once instead of waiting out a 30 s queue_timeout.
+    stream.send_reset(h2::Reason::CANCEL);
+    let newer = send("PUT", &fg.url("/other/b"), &[("x-k", "k"), ("x-fencing-token", "6")], "b").await;
+    assert_eq!(newer.status, 200, "{}", newer.text());
+
+    pin.release();
+    assert_eq!(pinning.await.unwrap().status, 200);
+    assert!(upstream.applied_for("/objects/a").is_empty(), "the reset write reached the upstream");
+    drop(response);
+    driver.abort();
+}
