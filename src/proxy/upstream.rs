@@ -217,8 +217,11 @@ pub struct Upstreams {
     idle: Arc<Mutex<Vec<Kept>>>,
     /// The share of each route this client connection has used, found by
     /// the route's pool (a client connection uses few routes).
-    shares: Arc<Mutex<Vec<(Arc<Pool>, Arc<Pool>)>>>,
+    shares: Arc<Mutex<Vec<Share>>>,
 }
+
+/// A route's slots, and this client connection's share of them.
+type Share = (Arc<Pool>, Arc<Pool>);
 
 /// A kept connection: where it goes, and the cell its sender is parked in.
 type Kept = (Authority, Arc<Parked>);
