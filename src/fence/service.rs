@@ -80,7 +80,7 @@ where
     St: FenceStore,
     B: Send + 'static,
 {
-    let Checked { routed, fence } = checked;
+    let Checked { mut routed, fence } = checked;
     let Some(fence) = fence else {
         return forward_unfenced(inner, routed).await;
     };
@@ -136,6 +136,10 @@ where
     // connection closes, its HTTP/2 stream is reset), the request still runs
     // to its end at the upstream, and only then do the turns pass on. Were it
     // dropped half-way, the next holder's write could land before this one.
+    // It gives up only while it waits for an upstream slot, if this future
+    // is dropped (the client left): nothing was sent then.
+    let (_caller, gone) = crate::proxy::CallerGone::watch();
+    routed.request.extensions_mut().insert(gone);
     let forward = tokio::spawn(async move {
         let turns = SettlingTurns { turns, settle };
         let result = inner.oneshot(routed).await;

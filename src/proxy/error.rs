@@ -54,6 +54,23 @@ impl UpstreamError {
         UpstreamError { stage: UpstreamStage::Busy, source: what.into() }
     }
 
+    /// The `share` upstream connections one client connection may hold on
+    /// this route stayed busy for `waited`.
+    pub fn busy_share(share: usize, waited: Duration) -> Self {
+        let what = format!(
+            "the {share} connections of this route that one client connection may hold were busy for {}",
+            humantime::format_duration(waited)
+        );
+        UpstreamError { stage: UpstreamStage::Busy, source: what.into() }
+    }
+
+    /// The request's caller went away while it waited for a slot: nobody
+    /// sees this, but the forward ends as a refusal with nothing sent.
+    pub fn caller_gone() -> Self {
+        let what = "the client went away while the request waited for a connection";
+        UpstreamError { stage: UpstreamStage::Busy, source: what.into() }
+    }
+
     /// Whether the route's connection cap refused the request.
     pub fn is_busy(&self) -> bool {
         self.stage == UpstreamStage::Busy

@@ -1,6 +1,6 @@
 //! Forwarding to the upstream: each client connection's own HTTP/1.1 upstream
-//! connections within each route's cap, URI and header rewrite, timeouts, and
-//! protocol upgrades. This module knows nothing of tokens: the fence has
+//! connections within each route's cap and the connection's share of it, URI
+//! and header rewrite, timeouts, and protocol upgrades. This module knows nothing of tokens: the fence has
 //! decided before a request gets here.
 
 mod error;
@@ -18,6 +18,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{Either, Full};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tower::Service;
 
 pub(crate) use error::BoxError;
@@ -44,6 +45,24 @@ impl ClientAddr {
     pub fn new(addr: SocketAddr) -> ClientAddr {
         let ip = HeaderValue::try_from(addr.ip().to_string()).expect("an IP address is a valid header value");
         ClientAddr { ip }
+    }
+}
+
+/// Put in a request's extensions by whoever runs its forward on a task of
+/// its own: tells the forward when the request's caller is gone (its client
+/// connection closed, its HTTP/2 stream was reset). A forward still waiting
+/// for an upstream slot then gives up, with nothing sent, instead of holding
+/// its key's turn and a task until `queue_timeout` for nobody. Once a slot
+/// is taken the forward runs to its end whatever the caller does.
+#[derive(Clone, Debug)]
+pub struct CallerGone(CancellationToken);
+
+impl CallerGone {
+    /// The mark for the request, and the guard its caller holds: dropping
+    /// the guard tells the forward.
+    pub fn watch() -> (DropGuard, CallerGone) {
+        let gone = CancellationToken::new();
+        (gone.clone().drop_guard(), CallerGone(gone))
     }
 }
 
@@ -84,6 +103,7 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
     // write must end with its response head, or the key's turn would never pass on.
     let upgrade = wants_upgrade(&parts.headers) && !fenced;
     let client_upgrade = if upgrade { parts.extensions.remove::<OnUpgrade>() } else { None };
+    let caller_gone = parts.extensions.remove::<CallerGone>();
 
     // The host the client asked for, made canonical by routing (no copy).
     let original_host = parts.headers.get(HOST).cloned();
@@ -127,7 +147,14 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
     // frees, in a refusal with nothing sent, never in an unknown outcome.
     let authority = &route.upstream.authority;
     let slots = &route.upstream_slots;
-    let checkout = connection.upstreams.checkout(authority, slots, route.queue_timeout).await?;
+    let checkout = connection.upstreams.checkout(authority, slots, route.queue_timeout);
+    let checkout = match caller_gone {
+        Some(CallerGone(gone)) => tokio::select! {
+            checkout = checkout => checkout?,
+            () = gone.cancelled() => return Err(UpstreamError::caller_gone().into()),
+        },
+        None => checkout.await?,
+    };
     let send = connection.upstreams.send(authority, slots, checkout, request);
     // The timeout covers connecting, retries and backoff included.
     let mut response = match tokio::time::timeout(route.timeout, send).await {

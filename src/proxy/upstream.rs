@@ -1,21 +1,26 @@
 //! The upstream connections: each client connection keeps the ones its
-//! requests used, and each route caps how many are open at once over all
-//! client connections.
+//! requests used, each route caps how many are open at once over all client
+//! connections, and each client connection may hold only a share of them.
 //!
 //! Each client connection keeps the upstream connections its requests used,
-//! idle between requests: an HTTP/1.1 client (one request at a time) needs one,
-//! an HTTP/2 client as many as it has requests in flight at once. There is no
-//! pool shared between client connections to look up, lock or hash on every
+//! idle between requests, each under the route it was opened for: an
+//! HTTP/1.1 client (one request at a time) needs one per route, an HTTP/2
+//! client as many as it has requests in flight at once. There is no pool
+//! shared between client connections to look up, lock or hash on every
 //! request, and the upstream exchange stays on the worker thread that serves
 //! the client. They close with the client connection.
 //!
 //! The cap: every open upstream connection, busy or idle, holds one of its
 //! route's [`UpstreamSlots`] until it closes, so HTTP/2 streams whose responses
-//! are never read pin at most `max_upstream_connections` of them. A request
-//! that needs a new connection when none is free asks the route's idle
-//! connections (those of every client connection) to close, and waits for a
-//! slot up to the route's `queue_timeout`; then it is refused (503
-//! `upstream-busy`) with nothing sent.
+//! are never read pin at most `max_upstream_connections` of them. Within it,
+//! one client connection holds at most its share of a route's slots (a
+//! quarter of the cap, at least one), so the streams of one connection can't
+//! take the whole route from every other client. A request that needs a new
+//! connection when none is free (of the route, or of its connection's share)
+//! waits for a slot up to the route's `queue_timeout`; then it is refused
+//! (503 `upstream-busy`) with nothing sent. While it waits, every connection
+//! it could take a slot from closes as soon as it is idle: the ones idle when
+//! the wait begins, and the ones that finish their response during it.
 //!
 //! Retries: only what never reached the upstream is sent again.
 //! - Connecting is retried (with backoff): it happens before the request is
@@ -26,7 +31,11 @@
 //!   retried: the upstream may have acted on it. That holds for every method,
 //!   fenced or not.
 
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::Poll;
 use std::time::Duration;
 
 use http::uri::Authority;
@@ -36,6 +45,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use super::error::{BoxError, UpstreamError};
 use crate::body::RequestBody;
@@ -52,20 +62,65 @@ const MAX_IDLE: usize = 32;
 
 type Sender = http1::SendRequest<RequestBody>;
 
+/// Slots for open upstream connections, with the requests waiting for one:
+/// a route's, or one client connection's share of a route's.
+struct Pool {
+    /// One permit per open upstream connection, busy or idle.
+    free: Arc<Semaphore>,
+    cap: usize,
+    /// Requests waiting for a slot now. While there are any, a connection
+    /// holding one of these slots closes as soon as it is idle.
+    waiting: AtomicUsize,
+    /// Wakes the connections holding these slots when a request starts
+    /// waiting, so the idle ones notice at once.
+    shed: Notify,
+}
+
+impl Pool {
+    fn new(cap: usize) -> Arc<Pool> {
+        let cap = cap.clamp(1, Semaphore::MAX_PERMITS);
+        Arc::new(Pool { free: Arc::new(Semaphore::new(cap)), cap, waiting: AtomicUsize::new(0), shed: Notify::new() })
+    }
+
+    /// A slot: at once if one is free; otherwise the connections holding
+    /// these slots close as they become idle, and the wait for one lasts
+    /// until `deadline` at most.
+    async fn acquire(&self, deadline: Instant) -> Option<OwnedSemaphorePermit> {
+        if let Ok(slot) = self.free.clone().try_acquire_owned() {
+            return Some(slot);
+        }
+        let _waiting = Waiting::enter(&self.waiting);
+        self.shed.notify_waiters();
+        tokio::time::timeout_at(deadline, self.free.clone().acquire_owned()).await.ok()?.ok()
+    }
+
+    /// Whether a request waits for one of these slots.
+    fn wanted(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) > 0
+    }
+}
+
+/// One request counted in [`Pool::waiting`] while it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn enter(count: &'a AtomicUsize) -> Waiting<'a> {
+        count.fetch_add(1, Ordering::AcqRel);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// One route's cap on open upstream connections, shared by every client
 /// connection and HTTP/2 stream. Clones share the cap.
 #[derive(Clone)]
 pub struct UpstreamSlots {
-    inner: Arc<SlotsInner>,
-}
-
-struct SlotsInner {
-    /// One permit per open upstream connection, busy or idle.
-    free: Arc<Semaphore>,
-    cap: usize,
-    /// Asks every idle connection of the route to close: a request is
-    /// waiting for a slot.
-    shed: Notify,
+    inner: Arc<Pool>,
 }
 
 impl std::fmt::Debug for UpstreamSlots {
@@ -77,8 +132,7 @@ impl std::fmt::Debug for UpstreamSlots {
 impl UpstreamSlots {
     /// At most `cap` upstream connections open at once (at least one).
     pub fn new(cap: usize) -> UpstreamSlots {
-        let cap = cap.clamp(1, Semaphore::MAX_PERMITS);
-        UpstreamSlots { inner: Arc::new(SlotsInner { free: Arc::new(Semaphore::new(cap)), cap, shed: Notify::new() }) }
+        UpstreamSlots { inner: Pool::new(cap) }
     }
 
     /// A cap of the same size that shares nothing with this one: each running
@@ -91,29 +145,47 @@ impl UpstreamSlots {
         self.inner.cap
     }
 
+    /// The slots one client connection may hold at once: a quarter of the
+    /// cap, at least one.
+    pub fn share(&self) -> usize {
+        (self.inner.cap / 4).max(1)
+    }
+
     /// Upstream connections open now.
     pub fn open(&self) -> usize {
         self.inner.cap - self.inner.free.available_permits()
     }
 
-    /// A slot for a new connection: at once if one is free; otherwise the
-    /// route's idle connections are asked to close, and the wait for one of
-    /// theirs, or of a busy one that ends, lasts at most `wait`.
+    #[cfg(test)]
     async fn acquire(&self, wait: Duration) -> Option<OwnedSemaphorePermit> {
-        if let Ok(slot) = self.inner.free.clone().try_acquire_owned() {
-            return Some(slot);
-        }
-        self.inner.shed.notify_waiters();
-        tokio::time::timeout(wait, self.inner.free.clone().acquire_owned()).await.ok()?.ok()
+        self.inner.acquire(Instant::now() + wait).await
     }
 }
 
-/// An upstream connection's sender while no request uses it. The client
-/// connection owns the cell; the connection's driver task only looks into it,
-/// to close the connection if it is idle when its route needs the slot.
-#[derive(Default)]
+/// What an open upstream connection holds until it closes: a slot of its
+/// route's and one of its client connection's share.
+struct Slot {
+    route: Arc<Pool>,
+    share: Arc<Pool>,
+    _route_slot: OwnedSemaphorePermit,
+    _share_slot: OwnedSemaphorePermit,
+}
+
+impl Slot {
+    /// Whether a request waits for a slot this connection could give back.
+    fn wanted(&self) -> bool {
+        self.route.wanted() || self.share.wanted()
+    }
+}
+
+/// An upstream connection's sender while no request uses it, and the route
+/// it was opened for. The client connection owns the cell; the connection's
+/// driver task only looks into it, to close the connection if it is idle
+/// when a request waits for its slot.
 struct Parked {
     sender: Mutex<Option<Sender>>,
+    route: Arc<Pool>,
+    share: Arc<Pool>,
 }
 
 impl Parked {
@@ -135,14 +207,21 @@ pub struct Checkout(Way);
 
 enum Way {
     Kept(Arc<Parked>, Sender),
-    Slot(OwnedSemaphorePermit),
+    Slot(Slot),
 }
 
-/// The client connection's idle upstream connections.
+/// The client connection's idle upstream connections, and its share of each
+/// route's slots.
 #[derive(Clone, Default)]
 pub struct Upstreams {
     idle: Arc<Mutex<Vec<Kept>>>,
+    /// The share of each route this client connection has used, found by
+    /// the route's pool (a client connection uses few routes).
+    shares: Arc<Mutex<Vec<Share>>>,
 }
+
+/// A route's slots, and this client connection's share of them.
+type Share = (Arc<Pool>, Arc<Pool>);
 
 /// A kept connection: where it goes, and the cell its sender is parked in.
 type Kept = (Authority, Arc<Parked>);
@@ -154,22 +233,47 @@ impl std::fmt::Debug for Upstreams {
 }
 
 impl Upstreams {
-    /// A way to `authority`: an idle connection of this client connection's,
-    /// or a slot of `slots` for a new one, waiting for it at most `wait`.
-    /// Nothing is sent yet, so a refusal here leaves the upstream untouched.
+    /// A way to `authority` for a request of the route of `slots`: an idle
+    /// connection this client connection opened for that route, or a slot of
+    /// the route's (within this client connection's share) for a new one,
+    /// waiting for it at most `wait`. Nothing is sent yet, so a refusal here
+    /// leaves the upstream untouched.
     pub async fn checkout(
         &self,
         authority: &Authority,
         slots: &UpstreamSlots,
         wait: Duration,
     ) -> Result<Checkout, UpstreamError> {
-        if let Some((parked, sender)) = self.take(authority) {
+        if let Some((parked, sender)) = self.take(&slots.inner, authority) {
             return Ok(Checkout(Way::Kept(parked, sender)));
         }
-        match slots.acquire(wait).await {
-            Some(slot) => Ok(Checkout(Way::Slot(slot))),
-            None => Err(UpstreamError::busy(slots.cap(), wait)),
+        Ok(Checkout(Way::Slot(self.slot(slots, Instant::now() + wait).await?)))
+    }
+
+    /// A slot of this client connection's share of the route, then one of the
+    /// route's, both by `deadline`.
+    async fn slot(&self, slots: &UpstreamSlots, deadline: Instant) -> Result<Slot, UpstreamError> {
+        let started = Instant::now();
+        let share = self.share(slots);
+        let Some(share_slot) = share.acquire(deadline).await else {
+            return Err(UpstreamError::busy_share(share.cap, started.elapsed()));
+        };
+        let route = slots.inner.clone();
+        let Some(route_slot) = route.acquire(deadline).await else {
+            return Err(UpstreamError::busy(route.cap, started.elapsed()));
+        };
+        Ok(Slot { route, share, _route_slot: route_slot, _share_slot: share_slot })
+    }
+
+    /// This client connection's share of the route of `slots`.
+    fn share(&self, slots: &UpstreamSlots) -> Arc<Pool> {
+        let mut shares = self.shares.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, share)) = shares.iter().find(|(route, _)| Arc::ptr_eq(route, &slots.inner)) {
+            return share.clone();
         }
+        let share = Pool::new(slots.share());
+        shares.push((slots.inner.clone(), share.clone()));
+        share
     }
 
     /// Sends `req` to `authority` the way `checkout` gives.
@@ -197,16 +301,13 @@ impl Upstreams {
                         req = unsent;
                         drop(sender);
                         tokio::task::yield_now().await;
-                        match slots.acquire(Duration::ZERO).await {
-                            Some(slot) => slot,
-                            None => return Err(UpstreamError::busy(slots.cap(), Duration::ZERO)),
-                        }
+                        self.slot(slots, Instant::now()).await?
                     }
                     None => return Err(UpstreamError::exchange(e.into_error())),
                 },
             },
         };
-        let (parked, mut sender) = connect(authority, slot, slots).await?;
+        let (parked, mut sender) = connect(authority, slot).await?;
         match sender.send_request(req).await {
             Ok(response) => {
                 self.put_back(authority, parked, sender);
@@ -216,18 +317,19 @@ impl Upstreams {
         }
     }
 
-    /// An idle, still open connection to `authority` that has finished its
-    /// last response; closed ones (and ones closed to make room) are dropped,
-    /// and ones still sending a response body are left for later: at the
-    /// route's cap a request then waits for a slot instead of being refused
-    /// by a busy connection of its own client's.
-    fn take(&self, authority: &Authority) -> Option<(Arc<Parked>, Sender)> {
+    /// An idle, still open connection to `authority` opened for `route`, that
+    /// has finished its last response; closed ones (and ones closed to make
+    /// room) are dropped, and ones still sending a response body are left
+    /// for later: at the cap a request then waits for a slot instead of being
+    /// refused by a busy connection of its own client's.
+    fn take(&self, route: &Arc<Pool>, authority: &Authority) -> Option<(Arc<Parked>, Sender)> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         idle.retain(|(_, parked)| {
             parked.sender.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| !s.is_closed())
         });
         let at = idle.iter().rposition(|(to, parked)| {
             to == authority
+                && Arc::ptr_eq(&parked.route, route)
                 && parked.sender.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(Sender::is_ready)
         })?;
         let (_, parked) = idle.swap_remove(at);
@@ -242,6 +344,11 @@ impl Upstreams {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         if idle.len() < MAX_IDLE {
             *parked.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
+            // Its driver looks for waiters only when the connection turns
+            // idle; if that happened before it was parked, look here.
+            if (parked.route.wanted() || parked.share.wanted()) && parked.take_if_idle().is_some() {
+                return;
+            }
             idle.push((authority.clone(), parked));
         }
     }
@@ -249,18 +356,15 @@ impl Upstreams {
 
 /// Opens a connection to `authority` in `slot`, retrying failures with
 /// backoff: nothing has been sent yet, so a retry can't apply anything twice.
-async fn connect(
-    authority: &Authority,
-    slot: OwnedSemaphorePermit,
-    slots: &UpstreamSlots,
-) -> Result<(Arc<Parked>, Sender), UpstreamError> {
+async fn connect(authority: &Authority, slot: Slot) -> Result<(Arc<Parked>, Sender), UpstreamError> {
     let mut backoff = FIRST_BACKOFF;
     let mut attempt = 0;
     loop {
         match try_connect(authority).await {
             Ok((sender, conn)) => {
-                let parked = Arc::new(Parked::default());
-                tokio::spawn(drive(conn, slot, slots.clone(), Arc::downgrade(&parked)));
+                let parked =
+                    Arc::new(Parked { sender: Mutex::new(None), route: slot.route.clone(), share: slot.share.clone() });
+                tokio::spawn(drive(conn, slot, Arc::downgrade(&parked)));
                 return Ok((parked, sender));
             }
             Err(e) if attempt == MAX_RETRIES => return Err(UpstreamError::connect(e)),
@@ -289,35 +393,56 @@ async fn try_connect(authority: &Authority) -> Result<(Sender, Connection), BoxE
     Ok(http1::Builder::new().handshake(TokioIo::new(stream)).await?)
 }
 
-/// Runs one upstream connection until it ends, holding its route slot; closes
-/// it early if it is idle when the route needs the slot.
-async fn drive(conn: Connection, _slot: OwnedSemaphorePermit, slots: UpstreamSlots, parked: Weak<Parked>) {
-    let conn = conn.with_upgrades();
-    tokio::pin!(conn);
+/// What woke a connection's driver.
+enum Woken {
+    /// The connection ended.
+    Ended,
+    /// It was idle while a request waited for its slot, and was closed.
+    Shed,
+    /// A request started waiting: look again with fresh notifications.
+    Asked,
+}
+
+/// Runs one upstream connection until it ends, holding its slot; closes it
+/// early once it is idle while a request waits for that slot. A connection
+/// only turns idle while it is polled here (its last response's end is read
+/// in that poll), so looking after every poll misses none, and a request
+/// that starts waiting wakes the idle ones.
+async fn drive(conn: Connection, slot: Slot, parked: Weak<Parked>) {
+    let mut conn = pin!(conn.with_upgrades());
     loop {
-        let shed = slots.inner.shed.notified();
-        tokio::select! {
-            // The connection first: polled, it notes that its last response
-            // is done, so an idle connection reads as idle below.
-            biased;
-            ended = conn.as_mut() => {
+        let mut route_asks = pin!(slot.route.shed.notified());
+        let mut share_asks = pin!(slot.share.shed.notified());
+        let woken = std::future::poll_fn(|cx| {
+            if let Poll::Ready(ended) = conn.as_mut().poll(cx) {
                 if let Err(e) = ended {
                     tracing::debug!(error = %e, "upstream connection ended with an error");
                 }
+                return Poll::Ready(Woken::Ended);
+            }
+            // Taken out of its cell, the sender can no longer be handed a
+            // request; dropping the connection closes the socket.
+            if slot.wanted() && parked.upgrade().and_then(|p| p.take_if_idle()).is_some() {
+                return Poll::Ready(Woken::Shed);
+            }
+            let asked = route_asks.as_mut().poll(cx).is_ready() | share_asks.as_mut().poll(cx).is_ready();
+            if asked {
+                Poll::Ready(Woken::Asked)
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        match woken {
+            Woken::Ended => return,
+            Woken::Shed => {
+                tracing::debug!("closing an idle upstream connection: a request waits for its slot");
                 return;
             }
-            () = shed => {
-                // Taken out of its cell, the sender can no longer be handed a
-                // request; dropping the connection closes the socket.
-                if parked.upgrade().and_then(|p| p.take_if_idle()).is_some() {
-                    tracing::debug!("closing an idle upstream connection: its route needs the slot");
-                    return;
-                }
-            }
+            Woken::Asked => {}
         }
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,7 +510,114 @@ mod shedding {
         assert_eq!(slots.open(), 1, "the first client keeps its connection");
         get(&second, &authority, &slots).await.unwrap();
         assert_eq!(slots.open(), 1, "the cap held");
-        assert!(first.take(&authority).is_none(), "the first client's idle connection was closed");
+        assert!(first.take(&slots.inner, &authority).is_none(), "the first client's idle connection was closed");
+    }
+
+    /// An upstream that answers every request 200 with a two-byte body whose
+    /// bytes it sends only once `release` is notified, one response each.
+    async fn holding_upstream(release: Arc<Semaphore>) -> Authority {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority = Authority::try_from(listener.local_addr().unwrap().to_string()).unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let release = release.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0; 1024];
+                    loop {
+                        let Ok(n @ 1..) = stream.read(&mut buf).await else { return };
+                        head.extend_from_slice(&buf[..n]);
+                        if !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                            continue;
+                        }
+                        head.clear();
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n";
+                        if stream.write_all(answer).await.is_err() {
+                            return;
+                        }
+                        release.acquire().await.unwrap().forget();
+                        if stream.write_all(b"ok").await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        authority
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_a_connection_that_turns_idle_during_the_wait_gives_its_slot() {
+        let release = Arc::new(Semaphore::new(0));
+        let authority = holding_upstream(release.clone()).await;
+        let slots = UpstreamSlots::new(2);
+        let clients: Vec<Upstreams> = (0..3).map(|_| Upstreams::default()).collect();
+        // Two clients' downloads fill the route's cap.
+        let mut downloads = Vec::new();
+        for client in &clients[..2] {
+            let checkout = client.checkout(&authority, &slots, Duration::ZERO).await.unwrap();
+            let response = client.send(&authority, &slots, checkout, request()).await.unwrap();
+            downloads.push(response);
+        }
+        assert_eq!(slots.open(), 2);
+        // The third waits: both connections are still sending their bodies.
+        let waiting = tokio::spawn({
+            let (client, authority, slots) = (clients[2].clone(), authority.clone(), slots.clone());
+            async move { client.checkout(&authority, &slots, Duration::from_secs(30)).await.map(|_| ()) }
+        });
+        while !slots.inner.wanted() {
+            tokio::task::yield_now().await;
+        }
+        // Both downloads end; their connections sit idle in their clients.
+        release.add_permits(2);
+        for response in downloads {
+            assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
+        }
+        waiting.await.unwrap().expect("an idle connection gave its slot to the waiting request");
+    }
+
+    #[tokio::test]
+    async fn kept_connections_serve_only_the_route_they_were_opened_for() {
+        let authority = upstream().await;
+        let (a, b) = (UpstreamSlots::new(4), UpstreamSlots::new(4));
+        let client = Upstreams::default();
+        get(&client, &authority, &a).await.unwrap();
+        get(&client, &authority, &b).await.unwrap();
+        assert_eq!((a.open(), b.open()), (1, 1), "route b opened its own connection");
+        get(&client, &authority, &a).await.unwrap();
+        get(&client, &authority, &b).await.unwrap();
+        assert_eq!((a.open(), b.open()), (1, 1), "each route reused its own");
+    }
+
+    #[tokio::test]
+    async fn one_client_connection_holds_at_most_its_share() {
+        let release = Arc::new(Semaphore::new(0));
+        let authority = holding_upstream(release.clone()).await;
+        let slots = UpstreamSlots::new(8);
+        assert_eq!(slots.share(), 2);
+        let (greedy, other) = (Upstreams::default(), Upstreams::default());
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let checkout = greedy.checkout(&authority, &slots, Duration::ZERO).await.unwrap();
+            held.push(greedy.send(&authority, &slots, checkout, request()).await.unwrap());
+        }
+        let Err(refused) = greedy.checkout(&authority, &slots, Duration::from_millis(200)).await else {
+            panic!("a slot past the client connection's share");
+        };
+        assert!(refused.is_busy() && !refused.may_have_sent(), "{refused}");
+        assert!(refused.to_string().contains("one client connection may hold"), "{refused}");
+        // Another client connection is served beside it (every upstream
+        // connection may now send its body).
+        release.add_permits(3);
+        let checkout = other.checkout(&authority, &slots, Duration::ZERO).await.unwrap();
+        let response = other.send(&authority, &slots, checkout, request()).await.unwrap();
+        assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
+        assert_eq!(slots.open(), 3);
+    }
+
+    fn request() -> Request<RequestBody> {
+        Request::get("/").body(RequestBody::Buffered { blocks: Default::default(), _held: None }).unwrap()
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,7 +1,8 @@
 //! Bounds: descriptors. A fencegate child under a low `ulimit -n`: HTTP/2
 //! streams whose responses are never read pin at most their route's
-//! `max_upstream_connections`, and a process out of descriptors answers new
-//! connections with 503 instead of spinning on accept or filling its log.
+//! `max_upstream_connections`, one client connection's at most its share of
+//! them, and a process out of descriptors answers new connections with 503
+//! instead of spinning on accept or filling its log.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -14,7 +15,7 @@ use tokio::net::TcpStream;
 
 use crate::common::process::{config_text, Running, TempDir, BIN, DEADLINE, MEMORY_STORE};
 use crate::common::raw::RawRequest;
-use crate::common::{get, route, send, RecordingUpstream};
+use crate::common::{get, route, send, Proxy, RecordingUpstream};
 
 /// `fencegate --config <config>` started by a shell that first lowers the
 /// open-file limit (soft and hard) to `nofile`, in a clean environment.
@@ -137,6 +138,77 @@ async fn unread_http2_streams_pin_at_most_the_route_cap() {
     }
 }
 
+/// `streams` requests for `/objects/big` on one h2c connection that never
+/// opens its streams' receive windows: how many were served and refused
+/// busy, and the connection (its responses held, so their upstream
+/// connections stay busy).
+async fn unread_streams(proxy: SocketAddr, streams: usize) -> (usize, usize, impl Drop) {
+    let tcp = TcpStream::connect(proxy).await.unwrap();
+    let (mut h2, conn) = h2::client::Builder::new().initial_window_size(0).handshake::<_, Bytes>(tcp).await.unwrap();
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut pending = Vec::new();
+    for _ in 0..streams {
+        h2 = h2.ready().await.unwrap();
+        let req = Request::get(format!("http://{proxy}/objects/big")).body(()).unwrap();
+        pending.push(h2.send_request(req, true).unwrap().0);
+    }
+    let (mut served, mut refused, mut held) = (0, 0, Vec::new());
+    for response in pending {
+        let response = tokio::time::timeout(DEADLINE, response).await.expect("a stream got no response head").unwrap();
+        match response.status() {
+            StatusCode::OK => served += 1,
+            // The problem body can't arrive through a zero window: the head
+            // says what it is (the unit tests read the detail).
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert_eq!(response.headers()["content-type"], "application/problem+json");
+                assert_eq!(response.headers()["retry-after"], "1");
+                refused += 1;
+                continue;
+            }
+            other => panic!("unexpected {other}"),
+        }
+        held.push(response);
+    }
+    struct Attacker {
+        driver: tokio::task::JoinHandle<()>,
+        _held: Vec<http::Response<h2::RecvStream>>,
+    }
+    impl Drop for Attacker {
+        fn drop(&mut self) {
+            self.driver.abort();
+        }
+    }
+    (served, refused, Attacker { driver, _held: held })
+}
+
+#[tokio::test]
+async fn one_connections_unread_streams_pin_only_its_share_and_a_normal_client_is_served() {
+    const CAP: usize = 8;
+    const SHARE: usize = CAP / 4;
+    let upstream = RecordingUpstream::start().await;
+    let big = vec![b'x'; 512 * 1024];
+    assert_eq!(send("PUT", &format!("{}/objects/big", upstream.url()), &[], big).await.status, 200);
+    let extra = format!("max_upstream_connections = {CAP}\nqueue_timeout = \"300ms\"\n");
+    let fg = Proxy::start(&route("objects", "/objects/", &upstream, &extra)).await;
+
+    // Far more streams than the share: each past it waits its queue_timeout
+    // for one of the connection's own slots, then is refused.
+    let (served, refused, attacker) = unread_streams(fg.addr, 3 * SHARE).await;
+    eprintln!("measured: {served} streams served, {refused} refused busy");
+    assert_eq!(served, SHARE, "one client connection holds its share of the route's slots");
+    assert_eq!(refused, 2 * SHARE);
+
+    // A normal client on another connection is served, in full, while the
+    // attacker still pins its share.
+    let reply =
+        tokio::time::timeout(DEADLINE, get(&fg.url("/objects/big"))).await.expect("the normal client timed out");
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.body.len(), 512 * 1024);
+    drop(attacker);
+}
+
 #[tokio::test]
 async fn out_of_descriptors_a_new_connection_is_answered_503_and_logged_once() {
     let upstream = RecordingUpstream::start().await;
@@ -194,4 +266,49 @@ async fn out_of_descriptors_a_new_connection_is_answered_503_and_logged_once() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     fg.wait_event("the end of the spell", |e| e["message"] == "file descriptors are available again").await;
+}
+
+#[tokio::test]
+async fn a_stream_reset_while_its_write_waits_for_an_upstream_slot_lets_the_key_go() {
+    let upstream = RecordingUpstream::start().await;
+    let keyed = "key = \"{header.x-k}\"\nqueue_timeout = \"30s\"\n";
+    let routes = route("objects", "/objects/", &upstream, &format!("{keyed}max_upstream_connections = 1\n"))
+        + &route("other", "/other/", &upstream, keyed);
+    let fg = Proxy::start(&routes).await;
+    // The route's one upstream connection is busy with a held write.
+    let pin = upstream.hold("/objects/pin");
+    let pinning = tokio::spawn({
+        let url = fg.url("/objects/pin");
+        async move { send("PUT", &url, &[("x-k", "pin"), ("x-fencing-token", "1")], "p").await }
+    });
+    pin.wait_arrived().await;
+
+    // A fenced write for key k on an HTTP/2 stream: its mark is raised, then
+    // it waits for the route's slot, holding the key's turn.
+    let tcp = TcpStream::connect(fg.addr).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let req = Request::put(fg.url("/objects/a")).header("x-k", "k").header("x-fencing-token", "5").body(()).unwrap();
+    let (response, mut stream) = h2.ready().await.unwrap().send_request(req, false).unwrap();
+    stream.send_data(Bytes::from_static(b"a"), true).unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    while get(&fg.admin_url("/fences?key=k")).await.json()["token"] != 5 {
+        assert!(Instant::now() < deadline, "the write's mark was never raised");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // The client resets the stream: the write gives up its wait, and with it
+    // the key's turn, so a newer write for k (on a route with free slots)
+    // goes through at once instead of waiting out a 30 s queue_timeout.
+    stream.send_reset(h2::Reason::CANCEL);
+    let newer = send("PUT", &fg.url("/other/b"), &[("x-k", "k"), ("x-fencing-token", "6")], "b").await;
+    assert_eq!(newer.status, 200, "{}", newer.text());
+
+    pin.release();
+    assert_eq!(pinning.await.unwrap().status, 200);
+    assert!(upstream.applied_for("/objects/a").is_empty(), "the reset write reached the upstream");
+    drop(response);
+    driver.abort();
 }
