@@ -293,10 +293,23 @@ async fn delete(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) ->
         }
         _ => return problem(StatusCode::BAD_REQUEST, "Bad query", usage),
     };
-    match state.shared.store.delete(&which).await {
+    // The delete and its audit line run on a task of their own: a client
+    // that goes away (or the admin drain at shutdown) then cannot leave a
+    // delete done and unlogged.
+    let store = state.shared.store.clone();
+    match tokio::spawn(async move { delete_and_log(&*store, peer, &which).await }).await {
+        Ok(response) => response,
+        Err(e) => unavailable(format!("fence store unavailable: delete task failed: {e}")),
+    }
+}
+
+/// Deletes the marks `which` selects, logs it at target `fencegate::audit`,
+/// and says what was deleted.
+async fn delete_and_log(store: &impl FenceStore, peer: SocketAddr, which: &Selection) -> Response<Full<Bytes>> {
+    match store.delete(which).await {
         Ok(deleted) => {
             // A deleted mark readmits every holder of its key: always worth a line.
-            let body = match &which {
+            let body = match which {
                 Selection::Key(key) => {
                     tracing::warn!(target: "fencegate::audit", caller = %peer, key, deleted = deleted.count,
                         token = deleted.token, "fence deleted");

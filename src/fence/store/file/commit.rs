@@ -32,6 +32,9 @@ pub(super) struct Queue {
     /// Times the commit thread waited for a fold to empty the journal.
     #[cfg(test)]
     pub(super) fold_waits: std::sync::atomic::AtomicU64,
+    /// Times the commit thread took deletes off the queue.
+    #[cfg(test)]
+    pub(super) deletes_taken: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -52,6 +55,12 @@ pub(super) struct Pending {
 }
 
 impl Pending {
+    /// Whether raises are queued for the next commit.
+    #[cfg(test)]
+    pub(super) fn has_raises(&self) -> bool {
+        !self.frame.is_empty()
+    }
+
     /// Whether the store's threads should give up what they are retrying.
     pub(super) fn stopping(&self) -> bool {
         self.closing || self.ended
@@ -203,6 +212,12 @@ impl Committer {
                 Work::Commit(batch) => batch,
                 Work::Delete(jobs) => {
                     for job in jobs {
+                        // Nobody waits for it (the runtime it was asked on is
+                        // gone): its turns are released, so raises may have
+                        // passed it; running it now could wipe their marks.
+                        if job.reply.is_closed() {
+                            continue;
+                        }
                         let result = self.delete(&job.which);
                         let _ = job.reply.send(result);
                     }
@@ -257,6 +272,8 @@ impl Committer {
                 return Some(Work::Commit(PostOnExit(Some(std::mem::take(&mut pending.batch)))));
             }
             if !pending.deletes.is_empty() {
+                #[cfg(test)]
+                self.queue.deletes_taken.fetch_add(1, Ordering::SeqCst);
                 return Some(Work::Delete(std::mem::take(&mut pending.deletes)));
             }
             if pending.closing {

@@ -27,8 +27,8 @@ use std::sync::Arc;
 use redb::{Database, ReadableTable};
 use tokio::sync::oneshot;
 
-use super::commit::Committer;
-use super::{journal, FileStore, DB_FILE, FENCES};
+use super::commit::{Committer, Queue};
+use super::{journal, FileStore, Inner, DB_FILE, FENCES};
 use crate::fence::store::{Deleted, Selection, StoreError};
 
 /// A delete on its way to the commit thread.
@@ -45,31 +45,56 @@ impl std::fmt::Debug for DeleteJob {
 
 impl FileStore {
     /// See [`FenceStore::delete`](crate::fence::store::FenceStore::delete) and the module docs.
+    ///
+    /// The delete runs on a task of its own, which the caller only awaits:
+    /// dropping the caller (a client that goes away, a listener's drain) must
+    /// not release the turns while the job still waits on the commit thread,
+    /// or a raise could reach the disk before the delete and be wiped by it
+    /// while the cache keeps enforcing it.
     pub(super) async fn delete_marks(&self, which: &Selection) -> Result<Deleted, StoreError> {
-        let _all = self.inner.turns.write().await;
+        let (inner, queue, which) = (self.inner.clone(), self.queue.clone(), which.clone());
+        tokio::spawn(async move { inner.delete_whole(&queue, &which).await })
+            .await
+            .map_err(|e| StoreError::Task { context: "delete task", source: Arc::new(e) })?
+    }
+
+    /// Bytes the B-tree file and the journal files take on disk (allocated
+    /// blocks, as `du` counts them): three `stat` calls.
+    pub(super) fn size_on_disk(&self) -> u64 {
+        let Some(dir) = self.inner.path.parent() else { return 0 };
+        std::iter::once(DB_FILE)
+            .chain(journal::FILES)
+            .filter_map(|name| std::fs::metadata(dir.join(name)).ok())
+            .map(|meta| meta.blocks() * 512)
+            .sum()
+    }
+}
+
+impl Inner {
+    /// The delete, from taking the turns to forgetting the cached marks.
+    async fn delete_whole(&self, queue: &Queue, which: &Selection) -> Result<Deleted, StoreError> {
+        let _all = self.turns.write().await;
         let (reply, answer) = oneshot::channel();
         {
-            let mut pending = self.queue.lock();
+            let mut pending = queue.lock();
             if let Some(refusal) = pending.refusal() {
                 return Err(refusal);
             }
             pending.deletes.push(DeleteJob { which: which.clone(), reply });
         }
-        self.queue.wake();
+        queue.wake();
         let deleted = answer.await.map_err(|_| StoreError::CommitterStopped)??;
         // Only now that the disk no longer holds them, or a miss could read
         // them back.
         self.forget(which);
-        let _ = self
-            .inner
-            .tracked
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(deleted.count)));
+        let _ =
+            self.tracked.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(deleted.count)));
         Ok(deleted)
     }
 
     /// Drops the cached marks `which` selects.
     fn forget(&self, which: &Selection) {
-        let inner = &self.inner;
+        let inner = self;
         match which {
             Selection::Key(key) => {
                 inner.cache.remove_if(key.as_str(), |key, _| {
@@ -87,17 +112,6 @@ impl FileStore {
                 false
             }),
         }
-    }
-
-    /// Bytes the B-tree file and the journal files take on disk (allocated
-    /// blocks, as `du` counts them): three `stat` calls.
-    pub(super) fn size_on_disk(&self) -> u64 {
-        let Some(dir) = self.inner.path.parent() else { return 0 };
-        std::iter::once(DB_FILE)
-            .chain(journal::FILES)
-            .filter_map(|name| std::fs::metadata(dir.join(name)).ok())
-            .map(|meta| meta.blocks() * 512)
-            .sum()
     }
 }
 
@@ -192,6 +206,61 @@ mod tests {
         assert_eq!(store.get("/a").await.unwrap(), None);
         assert_eq!(store.get("/p/2").await.unwrap(), None);
         store.close().await;
+    }
+
+    /// Polls `fut` once, then drops it: a caller that goes away.
+    async fn poll_once_and_drop<F: std::future::Future>(fut: F) {
+        let mut fut = std::pin::pin!(fut);
+        std::future::poll_fn(|cx| {
+            let _ = fut.as_mut().poll(cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
+    }
+
+    async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(tokio::time::Instant::now() < deadline, "waited 20 s for {what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_delete_whose_caller_went_away_never_wipes_a_later_raise() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FileStore::open(dir.path(), false, 100).unwrap());
+        raise_all(&store, &[("/k", 5)]).await;
+        // Folds the journal: the deletes below go straight to the B-tree.
+        store.delete(&Selection::Key("/none".into())).await.unwrap();
+        let taken = || store.queue.deletes_taken.load(Ordering::SeqCst);
+        assert_eq!(taken(), 1);
+        // A write transaction of the test's own holds the commit thread in the
+        // next delete's removal, with the delete for /k queued behind it.
+        let held = store.inner.db.begin_write().unwrap();
+        poll_once_and_drop(store.delete(&Selection::Key("/other".into()))).await;
+        wait_until("the commit thread to take the first delete", || taken() == 2).await;
+        poll_once_and_drop(store.delete(&Selection::Key("/k".into()))).await;
+        // A raise of /k asked after the delete was: it must land after it.
+        let raise = tokio::spawn({
+            let store = store.clone();
+            async move { store.advance("/k", 12).await }
+        });
+        wait_until("the raise to be queued, or to wait for the delete", || {
+            let raised = store.inner.cache.get("/k").is_some_and(|e| e.mark == Some(12));
+            store.queue.lock().has_raises() || (raised && store.inner.turns.try_read().is_err())
+        })
+        .await;
+        drop(held);
+        assert!(matches!(raise.await.unwrap().unwrap(), Advance::Accepted { .. }));
+        let enforced = store.get("/k").await.unwrap();
+        assert_eq!(enforced, Some(12), "a raise after a delete is kept");
+        // What the disk holds once the queued work is done is what was enforced.
+        store.close().await;
+        drop(store);
+        let reopened = FileStore::open(dir.path(), true, 100).unwrap();
+        assert_eq!(reopened.get("/k").await.unwrap(), enforced);
+        reopened.close().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
