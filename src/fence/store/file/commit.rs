@@ -101,7 +101,7 @@ impl Queue {
 
 /// The outcome of one commit, posted once for every raise in it.
 #[derive(Debug, Default)]
-struct Batch {
+pub(super) struct Batch {
     outcome: OnceLock<Result<(), StoreError>>,
     /// Waiters on runtimes without a [`Relay`] wait here.
     posted: Notify,
@@ -110,7 +110,7 @@ struct Batch {
 }
 
 impl Batch {
-    async fn outcome(&self) -> Result<(), StoreError> {
+    pub(super) async fn outcome(&self) -> Result<(), StoreError> {
         let Some(relay) = Relay::current() else {
             return self.outcome_without_relay().await;
         };
@@ -156,27 +156,24 @@ impl Batch {
 }
 
 impl FileStore {
-    /// Queues a raise for the committer and waits until it is on disk.
-    pub(super) async fn persist(&self, key: &str, token: u64) -> Result<(), StoreError> {
-        let batch = {
-            let mut pending = self.queue.lock();
-            if pending.closing {
-                return Err(StoreError::Closing);
-            }
-            if pending.ended {
-                return Err(StoreError::CommitterStopped);
-            }
-            pending
-                .frame
-                .push(key, token)
-                .map_err(|e| StoreError::Io { context: "cannot journal the raise", source: Arc::new(e) })?;
-            if pending.idle {
-                pending.idle = false;
-                self.queue.wake.notify_one();
-            }
-            pending.batch.clone()
-        };
-        batch.outcome().await
+    /// Queues a raise for the committer; its outcome is posted on the batch returned.
+    pub(super) fn queue_raise(&self, key: &str, token: u64) -> Result<Arc<Batch>, StoreError> {
+        let mut pending = self.queue.lock();
+        if pending.closing {
+            return Err(StoreError::Closing);
+        }
+        if pending.ended {
+            return Err(StoreError::CommitterStopped);
+        }
+        pending
+            .frame
+            .push(key, token)
+            .map_err(|e| StoreError::Io { context: "cannot journal the raise", source: Arc::new(e) })?;
+        if pending.idle {
+            pending.idle = false;
+            self.queue.wake.notify_one();
+        }
+        Ok(pending.batch.clone())
     }
 }
 

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use redb::{Database, ReadableTable};
 use tokio::sync::oneshot;
 
+use super::cache::Cached;
 use super::commit::{Committer, Queue};
 use super::{journal, FileStore, Inner, DB_FILE, FENCES};
 use crate::fence::store::{Deleted, Selection, StoreError};
@@ -93,24 +94,28 @@ impl Inner {
     }
 
     /// Drops the cached marks `which` selects.
+    ///
+    /// An entry with a raise waiting for the turns stays: that raise comes
+    /// after the delete and keeps its mark in memory, but nothing of the key
+    /// is on disk any more, so the raise counts the key as new when it lands.
     fn forget(&self, which: &Selection) {
-        let inner = self;
+        let forget_one = |key: &str, e: &mut Cached| {
+            if e.raising > 0 {
+                e.durable = None;
+                return true;
+            }
+            self.evicting(key);
+            false
+        };
         match which {
             Selection::Key(key) => {
-                inner.cache.remove_if(key.as_str(), |key, _| {
-                    inner.evicting(key);
-                    true
-                });
+                self.cache.remove_if_mut(key.as_str(), |key, e| !forget_one(key, e));
             }
             // A walk over the cache (bounded by `cache_keys`), for a rare
             // operator's call: cheaper than keeping the cache in order.
-            Selection::Prefix(prefix) => inner.cache.retain(|key, _| {
-                if !key.starts_with(prefix.as_str()) {
-                    return true;
-                }
-                inner.evicting(key);
-                false
-            }),
+            Selection::Prefix(prefix) => {
+                self.cache.retain(|key, e| !key.starts_with(prefix.as_str()) || forget_one(key, e))
+            }
         }
     }
 }
@@ -160,6 +165,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use super::super::tests::{poll_once_and_drop, wait_until};
     use super::super::{CacheBounds, Tuning};
     use super::*;
     use crate::fence::store::{Advance, FenceStore};
@@ -208,24 +214,6 @@ mod tests {
         store.close().await;
     }
 
-    /// Polls `fut` once, then drops it: a caller that goes away.
-    async fn poll_once_and_drop<F: std::future::Future>(fut: F) {
-        let mut fut = std::pin::pin!(fut);
-        std::future::poll_fn(|cx| {
-            let _ = fut.as_mut().poll(cx);
-            std::task::Poll::Ready(())
-        })
-        .await;
-    }
-
-    async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while !done() {
-            assert!(tokio::time::Instant::now() < deadline, "waited 20 s for {what}");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-
     #[tokio::test]
     async fn a_delete_whose_caller_went_away_never_wipes_a_later_raise() {
         let dir = tempfile::tempdir().unwrap();
@@ -260,6 +248,43 @@ mod tests {
         drop(store);
         let reopened = FileStore::open(dir.path(), true, 100).unwrap();
         assert_eq!(reopened.get("/k").await.unwrap(), enforced);
+        reopened.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_raise_that_waited_for_a_delete_is_counted_as_a_new_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FileStore::open(dir.path(), false, 100).unwrap());
+        raise_all(&store, &[("/k", 5), ("/j", 1)]).await;
+        store.delete(&Selection::Key("/none".into())).await.unwrap();
+        assert_eq!(store.tracked_keys(), 2);
+        // The delete of /k is held on the commit thread while a raise of /k
+        // waits for it.
+        let held = store.inner.db.begin_write().unwrap();
+        let delete = tokio::spawn({
+            let store = store.clone();
+            async move { store.delete(&Selection::Key("/k".into())).await }
+        });
+        wait_until("the commit thread to take the delete", || store.queue.deletes_taken.load(Ordering::SeqCst) == 2)
+            .await;
+        let raise = tokio::spawn({
+            let store = store.clone();
+            async move { store.advance("/k", 12).await }
+        });
+        wait_until("the raise to wait for the delete", || {
+            store.inner.cache.get("/k").is_some_and(|e| e.mark == Some(12))
+        })
+        .await;
+        drop(held);
+        assert_eq!(delete.await.unwrap().unwrap(), Deleted { count: 1, token: Some(5) });
+        assert_eq!(raise.await.unwrap().unwrap(), Advance::Accepted { previous: Some(5) });
+        assert_eq!(store.get("/k").await.unwrap(), Some(12));
+        // /j and /k, as a restart counts them.
+        assert_eq!(store.tracked_keys(), 2);
+        store.close().await;
+        drop(store);
+        let reopened = FileStore::open(dir.path(), true, 100).unwrap();
+        assert_eq!(reopened.tracked_keys(), 2);
         reopened.close().await;
     }
 
