@@ -7,14 +7,17 @@
 //! records would bring it back. So the delete runs on the commit thread,
 //! between commits: it first has the fold thread write every journaled mark
 //! into the B-tree and empty both journal files, then removes the marks from
-//! the B-tree in one transaction (fsync'd). A crash before that commit leaves
-//! every mark; after it, nothing on disk holds the deleted ones.
+//! the B-tree (fsync'd): a key in one transaction, a prefix in batches of
+//! bounded size. A crash before a commit leaves every mark it would remove;
+//! after the last, nothing on disk holds the deleted ones. A prefix delete cut
+//! short by a crash has removed some of its marks: asking again finishes it.
 //!
 //! Raises and misses take the store's turns (`Inner::turns`) for reading; a
 //! delete takes them for writing. So no raise is on its way to disk while a
 //! delete runs: each raise is wholly before the delete (and deleted) or wholly
 //! after it (and kept, as a new mark). No miss reads the disk while it runs
 //! either, so a mark read before the delete never enters the cache after it.
+//! They wait for it at most `turn_wait` (5 s), then fail with 503.
 
 // redb's error type is large; these results travel between blocking threads,
 // never through the request hot path.
@@ -130,34 +133,56 @@ impl Committer {
     }
 }
 
-/// Removes the marks `which` selects from the B-tree, in one transaction.
+/// Most marks one transaction of a prefix delete removes.
+const BATCH_KEYS: usize = 4096;
+/// Most key bytes one transaction of a prefix delete holds in memory.
+const BATCH_KEY_BYTES: usize = 1 << 20;
+
+/// Removes the marks `which` selects from the B-tree: one key in one
+/// transaction; a prefix in transactions of at most [`BATCH_KEYS`] keys and
+/// [`BATCH_KEY_BYTES`] bytes of keys each, so memory stays bounded whatever
+/// the prefix matches.
 fn remove_from_tree(db: &Database, which: &Selection) -> Result<Deleted, redb::Error> {
-    let txn = db.begin_write()?;
-    let deleted = {
-        let mut table = txn.open_table(FENCES)?;
-        match which {
-            Selection::Key(key) => {
-                let token = table.remove(key.as_str())?.map(|v| v.value());
-                Deleted { count: u64::from(token.is_some()), token }
-            }
-            Selection::Prefix(prefix) => {
-                let mut keys = Vec::new();
-                for item in table.range::<&str>(prefix.as_str()..)? {
-                    let (key, _) = item?;
-                    if !key.value().starts_with(prefix.as_str()) {
-                        break;
-                    }
-                    keys.push(key.value().to_string());
-                }
-                for key in &keys {
-                    table.remove(key.as_str())?;
-                }
-                Deleted { count: keys.len() as u64, token: None }
-            }
+    let prefix = match which {
+        Selection::Key(key) => {
+            let txn = db.begin_write()?;
+            let token = txn.open_table(FENCES)?.remove(key.as_str())?.map(|v| v.value());
+            txn.commit()?;
+            return Ok(Deleted { count: u64::from(token.is_some()), token });
         }
+        Selection::Prefix(prefix) => prefix.as_str(),
     };
-    txn.commit()?;
-    Ok(deleted)
+    let mut count = 0;
+    loop {
+        let txn = db.begin_write()?;
+        let (removed, more) = {
+            let mut table = txn.open_table(FENCES)?;
+            // redb's range borrows the table: the keys are read first, then removed.
+            let (mut keys, mut bytes, mut more) = (Vec::new(), 0, false);
+            for item in table.range::<&str>(prefix..)? {
+                let (key, _) = item?;
+                let key = key.value();
+                if !key.starts_with(prefix) {
+                    break;
+                }
+                if keys.len() == BATCH_KEYS || bytes >= BATCH_KEY_BYTES {
+                    more = true;
+                    break;
+                }
+                bytes += key.len();
+                keys.push(key.to_string());
+            }
+            for key in &keys {
+                table.remove(key.as_str())?;
+            }
+            (keys.len() as u64, more)
+        };
+        txn.commit()?;
+        count += removed;
+        if !more {
+            return Ok(Deleted { count, token: None });
+        }
+    }
 }
 
 #[cfg(test)]
@@ -286,6 +311,50 @@ mod tests {
         let reopened = FileStore::open(dir.path(), true, 100).unwrap();
         assert_eq!(reopened.tracked_keys(), 2);
         reopened.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_prefix_delete_removes_more_marks_than_one_batch_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open(dir.path(), false, 100).unwrap();
+        let many = BATCH_KEYS * 2 + 5;
+        let txn = store.inner.db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(FENCES).unwrap();
+            for i in 0..many {
+                table.insert(format!("/p/{i}").as_str(), 1).unwrap();
+            }
+            table.insert("/q", 2).unwrap();
+            table.insert("/o", 3).unwrap();
+        }
+        txn.commit().unwrap();
+        let deleted = store.delete(&Selection::Prefix("/p/".into())).await.unwrap();
+        assert_eq!(deleted, Deleted { count: many as u64, token: None });
+        assert_eq!(store.list("", None, 10).await.unwrap(), [("/o".into(), 3), ("/q".into(), 2)]);
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn raises_and_misses_wait_for_a_delete_at_most_turn_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let tuning = Tuning { turn_wait: Duration::from_millis(50), ..Tuning::default() };
+        let store = Arc::new(FileStore::open_tuned_with(dir.path(), false, CacheBounds::keys(100), tuning).unwrap());
+        raise_all(&store, &[("/k", 5)]).await;
+        store.delete(&Selection::Key("/none".into())).await.unwrap();
+        // The delete is held on the commit thread, with the turns.
+        let held = store.inner.db.begin_write().unwrap();
+        let delete = tokio::spawn({
+            let store = store.clone();
+            async move { store.delete(&Selection::Key("/k".into())).await }
+        });
+        wait_until("the commit thread to take the delete", || store.queue.deletes_taken.load(Ordering::SeqCst) == 2)
+            .await;
+        assert!(matches!(store.advance("/k", 6).await, Err(StoreError::Deleting(_))));
+        assert!(matches!(store.get("/uncached").await, Err(StoreError::Deleting(_))));
+        drop(held);
+        assert_eq!(delete.await.unwrap().unwrap(), Deleted { count: 1, token: Some(5) });
+        assert_eq!(store.advance("/k", 1).await.unwrap(), Advance::Accepted { previous: None });
+        store.close().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
