@@ -8,8 +8,10 @@
 //!   with the current mark, and nothing changes.
 //! - `DELETE /fences?key=K` → `{"key": K, "deleted": 0|1, "token": N | null}`;
 //!   `DELETE /fences?prefix=P` → `{"prefix": P, "deleted": N}`. A prefix that
-//!   would match every key (`""` or `/`) also needs `all=true`. Deleting a mark
-//!   readmits every holder of the key, stale ones included: for keys known dead.
+//!   would match every key (`""` or `/`) also needs `all=true`; one with a dot
+//!   segment or a doubled slash is refused (made canonical, it would match more
+//!   than typed). Deleting a mark readmits every holder of the key, stale ones
+//!   included: for keys known dead.
 //!
 //! Changes need `Authorization: Bearer` matching `[admin] auth_token` (401
 //! otherwise); with no token configured, they are refused with 403. Every
@@ -98,6 +100,12 @@ fn parse_query(query: &str) -> Result<Query, QueryError> {
         }
     }
     Ok(q)
+}
+
+/// The `prefix` parameter as typed: percent-decoded once, not yet canonical.
+fn typed_prefix<B>(req: &Request<B>) -> Option<String> {
+    let query = req.uri().query()?.replace('+', "%2B");
+    form_urlencoded::parse(query.as_bytes()).find(|(name, _)| name == "prefix").map(|(_, v)| v.into_owned())
 }
 
 /// The refusal of a key or prefix longer than any key the proxy makes: such a
@@ -258,6 +266,28 @@ async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> 
     }
 }
 
+/// Why a delete's prefix, as typed (percent-decoded once), is refused: made
+/// canonical, a dot segment or a doubled slash would name a shorter prefix
+/// than the one typed (`/objects/tenant/..` is `/objects/`), and the delete
+/// would take marks nobody asked for.
+fn widening(typed: &str) -> Option<&'static str> {
+    if !typed.starts_with('/') {
+        return None;
+    }
+    let segments: Vec<&str> = typed.split('/').skip(1).collect();
+    let last = segments.len().saturating_sub(1);
+    for (i, segment) in segments.iter().enumerate() {
+        let dots = segment.replace("%2e", ".").replace("%2E", ".");
+        if dots == "." || dots == ".." {
+            return Some("a '.' or '..' segment");
+        }
+        if segment.is_empty() && i != last {
+            return Some("an empty segment ('//')");
+        }
+    }
+    None
+}
+
 /// Whether deleting by `prefix` would drop every mark of a `{path}` key, or
 /// every mark at all: that takes `all=true` too.
 fn matches_everything(prefix: &str) -> bool {
@@ -274,6 +304,13 @@ async fn delete(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) ->
     };
     if let Some(refused) = too_long(&query, state.max_key_bytes) {
         return refused;
+    }
+    if let Some(why) = typed_prefix(&req).as_deref().and_then(widening) {
+        let detail = format!(
+            "prefix has {why}: made canonical it would name a shorter prefix and delete more than typed; \
+             type the canonical prefix"
+        );
+        return problem(StatusCode::BAD_REQUEST, "Bad query", detail);
     }
     let usage = "DELETE /fences takes key=K, or prefix=P (and all=true when P is empty or '/')";
     let all = match query.all.as_deref() {
@@ -293,10 +330,23 @@ async fn delete(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) ->
         }
         _ => return problem(StatusCode::BAD_REQUEST, "Bad query", usage),
     };
-    match state.shared.store.delete(&which).await {
+    // The delete and its audit line run on a task of their own: a client
+    // that goes away (or the admin drain at shutdown) then cannot leave a
+    // delete done and unlogged.
+    let store = state.shared.store.clone();
+    match tokio::spawn(async move { delete_and_log(&*store, peer, &which).await }).await {
+        Ok(response) => response,
+        Err(e) => unavailable(format!("fence store unavailable: delete task failed: {e}")),
+    }
+}
+
+/// Deletes the marks `which` selects, logs it at target `fencegate::audit`,
+/// and says what was deleted.
+async fn delete_and_log(store: &impl FenceStore, peer: SocketAddr, which: &Selection) -> Response<Full<Bytes>> {
+    match store.delete(which).await {
         Ok(deleted) => {
             // A deleted mark readmits every holder of its key: always worth a line.
-            let body = match &which {
+            let body = match which {
                 Selection::Key(key) => {
                     tracing::warn!(target: "fencegate::audit", caller = %peer, key, deleted = deleted.count,
                         token = deleted.token, "fence deleted");
@@ -336,6 +386,16 @@ mod tests {
         assert_eq!(q.limit.as_deref(), Some("5"));
         assert!(matches!(parse_query("key=a&key=b"), Err(QueryError::Bad(d)) if d.contains("more than once")));
         assert!(matches!(parse_query("keys=a"), Err(QueryError::Bad(d)) if d.contains("unknown")));
+    }
+
+    #[test]
+    fn a_delete_prefix_that_canonical_form_would_widen_is_refused() {
+        for typed in ["/objects/tenant/..", "/objects/.", "/objects/%2e%2E", "/objects//", "/objects/./a", "//"] {
+            assert!(widening(typed).is_some(), "{typed}");
+        }
+        for typed in ["/objects/", "/objects/te", "/objects/.hidden", "/objects/a..", "/", "", "tenant:./.."] {
+            assert_eq!(widening(typed), None, "{typed}");
+        }
     }
 
     #[test]

@@ -169,6 +169,25 @@ async fn deletes_need_the_bearer_token_and_are_refused_without_one_configured() 
     assert_eq!(all.json(), serde_json::json!({"prefix": "/", "deleted": 1}));
 }
 
+#[tokio::test]
+async fn a_delete_prefix_with_dot_segments_or_doubled_slashes_is_refused_not_widened() {
+    let upstream = RecordingUpstream::start().await;
+    let routes = route("objects", "/objects/", &upstream, "");
+    let proxy = start_in_process(&config_text(&format!("auth_token = \"{TOKEN}\""), MEMORY_STORE, &routes)).await;
+    assert_eq!(put(&proxy.url("/objects/a"), 5, "x").await.status, 200);
+    assert_eq!(put(&proxy.url("/objects/tenant/b"), 6, "x").await.status, 200);
+    // Each would be `/objects/` once canonical: every mark under it.
+    for prefix in ["/objects/tenant/..", "/objects/.", "/objects/tenant/%2e%2E", "/objects//"] {
+        let url = proxy.admin_url(&format!("/fences?prefix={}", enc(prefix)));
+        let refused = admin_delete(&url, Some(TOKEN)).await;
+        assert!(refused.problem(400)["detail"].as_str().unwrap().contains("canonical"), "{prefix}");
+    }
+    assert_eq!(get(&proxy.admin_url("/fences?key=/objects/a")).await.json()["token"], 5);
+    let deleted = admin_delete(&proxy.admin_url("/fences?prefix=/objects/tenant/"), Some(TOKEN)).await;
+    assert_eq!(deleted.json(), serde_json::json!({"prefix": "/objects/tenant/", "deleted": 1}));
+    assert_eq!(get(&proxy.admin_url("/fences?key=/objects/a")).await.json()["token"], 5);
+}
+
 fn audit_events(running: &Running, message: &str) -> Vec<Value> {
     running.events().into_iter().filter(|e| e["target"] == "fencegate::audit" && e["message"] == message).collect()
 }

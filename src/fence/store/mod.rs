@@ -47,6 +47,9 @@ pub enum StoreError {
     /// The journal is full and the thread that folds it has stopped.
     #[error("fence store unavailable: the journal is full and the fold thread has stopped")]
     FoldStopped,
+    /// A delete of marks held the store longer than a raise or a read waits.
+    #[error("fence store unavailable: a delete of fences has held the store for {0:?}; try again")]
+    Deleting(std::time::Duration),
     /// The thread that makes raises durable has stopped.
     #[error("fence store unavailable: the commit thread has stopped")]
     CommitterStopped,

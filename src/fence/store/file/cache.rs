@@ -46,11 +46,17 @@ pub(super) struct Cached {
     pub(super) durable: Option<u64>,
     /// Used since the last sweep (second-chance eviction).
     pub(super) referenced: AtomicBool,
+    /// Raises of the key made in memory and not yet settled (see [`raise`](super::raise)).
+    pub(super) raising: u32,
 }
 
 impl Cached {
+    /// With no raise on its way, everything a request was forwarded on is on
+    /// disk. A mark above `durable` then is a raise that failed: nothing was
+    /// forwarded on it, so it may go too, or a failing disk would fill the
+    /// cache with them; the disk's mark is what a miss then enforces.
     fn evictable(&mut self) -> bool {
-        self.mark == self.durable && !self.referenced.swap(false, Ordering::Relaxed)
+        self.raising == 0 && !self.referenced.swap(false, Ordering::Relaxed)
     }
 }
 
@@ -60,7 +66,7 @@ impl FileStore {
         let inner = &self.inner;
         // A delete waits for this read, and this read for a delete: a mark
         // read from disk before a delete never enters the cache after it.
-        let _turn = inner.turns.read().await;
+        let _turn = inner.turn().await?;
         loop {
             let seen_evictions = inner.evictions.load(Ordering::SeqCst);
             let disk = {
@@ -76,7 +82,7 @@ impl FileStore {
                         continue;
                     }
                     inner.cached_bytes.fetch_add(charge(key), Ordering::Relaxed);
-                    slot.insert(Cached { mark: disk, durable: disk, referenced: AtomicBool::new(true) });
+                    slot.insert(Cached { mark: disk, durable: disk, referenced: AtomicBool::new(true), raising: 0 });
                 }
             }
             if inner.over_bounds() {

@@ -32,6 +32,9 @@ pub(super) struct Queue {
     /// Times the commit thread waited for a fold to empty the journal.
     #[cfg(test)]
     pub(super) fold_waits: std::sync::atomic::AtomicU64,
+    /// Times the commit thread took deletes off the queue.
+    #[cfg(test)]
+    pub(super) deletes_taken: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -52,6 +55,12 @@ pub(super) struct Pending {
 }
 
 impl Pending {
+    /// Whether raises are queued for the next commit.
+    #[cfg(test)]
+    pub(super) fn has_raises(&self) -> bool {
+        !self.frame.is_empty()
+    }
+
     /// Whether the store's threads should give up what they are retrying.
     pub(super) fn stopping(&self) -> bool {
         self.closing || self.ended
@@ -92,7 +101,7 @@ impl Queue {
 
 /// The outcome of one commit, posted once for every raise in it.
 #[derive(Debug, Default)]
-struct Batch {
+pub(super) struct Batch {
     outcome: OnceLock<Result<(), StoreError>>,
     /// Waiters on runtimes without a [`Relay`] wait here.
     posted: Notify,
@@ -101,7 +110,7 @@ struct Batch {
 }
 
 impl Batch {
-    async fn outcome(&self) -> Result<(), StoreError> {
+    pub(super) async fn outcome(&self) -> Result<(), StoreError> {
         let Some(relay) = Relay::current() else {
             return self.outcome_without_relay().await;
         };
@@ -147,27 +156,24 @@ impl Batch {
 }
 
 impl FileStore {
-    /// Queues a raise for the committer and waits until it is on disk.
-    pub(super) async fn persist(&self, key: &str, token: u64) -> Result<(), StoreError> {
-        let batch = {
-            let mut pending = self.queue.lock();
-            if pending.closing {
-                return Err(StoreError::Closing);
-            }
-            if pending.ended {
-                return Err(StoreError::CommitterStopped);
-            }
-            pending
-                .frame
-                .push(key, token)
-                .map_err(|e| StoreError::Io { context: "cannot journal the raise", source: Arc::new(e) })?;
-            if pending.idle {
-                pending.idle = false;
-                self.queue.wake.notify_one();
-            }
-            pending.batch.clone()
-        };
-        batch.outcome().await
+    /// Queues a raise for the committer; its outcome is posted on the batch returned.
+    pub(super) fn queue_raise(&self, key: &str, token: u64) -> Result<Arc<Batch>, StoreError> {
+        let mut pending = self.queue.lock();
+        if pending.closing {
+            return Err(StoreError::Closing);
+        }
+        if pending.ended {
+            return Err(StoreError::CommitterStopped);
+        }
+        pending
+            .frame
+            .push(key, token)
+            .map_err(|e| StoreError::Io { context: "cannot journal the raise", source: Arc::new(e) })?;
+        if pending.idle {
+            pending.idle = false;
+            self.queue.wake.notify_one();
+        }
+        Ok(pending.batch.clone())
     }
 }
 
@@ -203,6 +209,12 @@ impl Committer {
                 Work::Commit(batch) => batch,
                 Work::Delete(jobs) => {
                     for job in jobs {
+                        // Nobody waits for it (the runtime it was asked on is
+                        // gone): its turns are released, so raises may have
+                        // passed it; running it now could wipe their marks.
+                        if job.reply.is_closed() {
+                            continue;
+                        }
                         let result = self.delete(&job.which);
                         let _ = job.reply.send(result);
                     }
@@ -257,6 +269,8 @@ impl Committer {
                 return Some(Work::Commit(PostOnExit(Some(std::mem::take(&mut pending.batch)))));
             }
             if !pending.deletes.is_empty() {
+                #[cfg(test)]
+                self.queue.deletes_taken.fetch_add(1, Ordering::SeqCst);
                 return Some(Work::Delete(std::mem::take(&mut pending.deletes)));
             }
             if pending.closing {

@@ -7,14 +7,17 @@
 //! records would bring it back. So the delete runs on the commit thread,
 //! between commits: it first has the fold thread write every journaled mark
 //! into the B-tree and empty both journal files, then removes the marks from
-//! the B-tree in one transaction (fsync'd). A crash before that commit leaves
-//! every mark; after it, nothing on disk holds the deleted ones.
+//! the B-tree (fsync'd): a key in one transaction, a prefix in batches of
+//! bounded size. A crash before a commit leaves every mark it would remove;
+//! after the last, nothing on disk holds the deleted ones. A prefix delete cut
+//! short by a crash has removed some of its marks: asking again finishes it.
 //!
 //! Raises and misses take the store's turns (`Inner::turns`) for reading; a
 //! delete takes them for writing. So no raise is on its way to disk while a
 //! delete runs: each raise is wholly before the delete (and deleted) or wholly
 //! after it (and kept, as a new mark). No miss reads the disk while it runs
 //! either, so a mark read before the delete never enters the cache after it.
+//! They wait for it at most `turn_wait` (5 s), then fail with 503.
 
 // redb's error type is large; these results travel between blocking threads,
 // never through the request hot path.
@@ -27,8 +30,9 @@ use std::sync::Arc;
 use redb::{Database, ReadableTable};
 use tokio::sync::oneshot;
 
-use super::commit::Committer;
-use super::{journal, FileStore, DB_FILE, FENCES};
+use super::cache::Cached;
+use super::commit::{Committer, Queue};
+use super::{journal, FileStore, Inner, DB_FILE, FENCES};
 use crate::fence::store::{Deleted, Selection, StoreError};
 
 /// A delete on its way to the commit thread.
@@ -45,48 +49,17 @@ impl std::fmt::Debug for DeleteJob {
 
 impl FileStore {
     /// See [`FenceStore::delete`](crate::fence::store::FenceStore::delete) and the module docs.
+    ///
+    /// The delete runs on a task of its own, which the caller only awaits:
+    /// dropping the caller (a client that goes away, a listener's drain) must
+    /// not release the turns while the job still waits on the commit thread,
+    /// or a raise could reach the disk before the delete and be wiped by it
+    /// while the cache keeps enforcing it.
     pub(super) async fn delete_marks(&self, which: &Selection) -> Result<Deleted, StoreError> {
-        let _all = self.inner.turns.write().await;
-        let (reply, answer) = oneshot::channel();
-        {
-            let mut pending = self.queue.lock();
-            if let Some(refusal) = pending.refusal() {
-                return Err(refusal);
-            }
-            pending.deletes.push(DeleteJob { which: which.clone(), reply });
-        }
-        self.queue.wake();
-        let deleted = answer.await.map_err(|_| StoreError::CommitterStopped)??;
-        // Only now that the disk no longer holds them, or a miss could read
-        // them back.
-        self.forget(which);
-        let _ = self
-            .inner
-            .tracked
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(deleted.count)));
-        Ok(deleted)
-    }
-
-    /// Drops the cached marks `which` selects.
-    fn forget(&self, which: &Selection) {
-        let inner = &self.inner;
-        match which {
-            Selection::Key(key) => {
-                inner.cache.remove_if(key.as_str(), |key, _| {
-                    inner.evicting(key);
-                    true
-                });
-            }
-            // A walk over the cache (bounded by `cache_keys`), for a rare
-            // operator's call: cheaper than keeping the cache in order.
-            Selection::Prefix(prefix) => inner.cache.retain(|key, _| {
-                if !key.starts_with(prefix.as_str()) {
-                    return true;
-                }
-                inner.evicting(key);
-                false
-            }),
-        }
+        let (inner, queue, which) = (self.inner.clone(), self.queue.clone(), which.clone());
+        tokio::spawn(async move { inner.delete_whole(&queue, &which).await })
+            .await
+            .map_err(|e| StoreError::Task { context: "delete task", source: Arc::new(e) })?
     }
 
     /// Bytes the B-tree file and the journal files take on disk (allocated
@@ -101,6 +74,55 @@ impl FileStore {
     }
 }
 
+impl Inner {
+    /// The delete, from taking the turns to forgetting the cached marks.
+    async fn delete_whole(&self, queue: &Queue, which: &Selection) -> Result<Deleted, StoreError> {
+        let _all = self.turns.write().await;
+        let (reply, answer) = oneshot::channel();
+        {
+            let mut pending = queue.lock();
+            if let Some(refusal) = pending.refusal() {
+                return Err(refusal);
+            }
+            pending.deletes.push(DeleteJob { which: which.clone(), reply });
+        }
+        queue.wake();
+        let deleted = answer.await.map_err(|_| StoreError::CommitterStopped)??;
+        // Only now that the disk no longer holds them, or a miss could read
+        // them back.
+        self.forget(which);
+        let _ =
+            self.tracked.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(deleted.count)));
+        Ok(deleted)
+    }
+
+    /// Drops the cached marks `which` selects.
+    ///
+    /// An entry with a raise waiting for the turns stays: that raise comes
+    /// after the delete and keeps its mark in memory, but nothing of the key
+    /// is on disk any more, so the raise counts the key as new when it lands.
+    fn forget(&self, which: &Selection) {
+        let forget_one = |key: &str, e: &mut Cached| {
+            if e.raising > 0 {
+                e.durable = None;
+                return true;
+            }
+            self.evicting(key);
+            false
+        };
+        match which {
+            Selection::Key(key) => {
+                self.cache.remove_if_mut(key.as_str(), |key, e| !forget_one(key, e));
+            }
+            // A walk over the cache (bounded by `cache_keys`), for a rare
+            // operator's call: cheaper than keeping the cache in order.
+            Selection::Prefix(prefix) => {
+                self.cache.retain(|key, e| !key.starts_with(prefix.as_str()) || forget_one(key, e))
+            }
+        }
+    }
+}
+
 impl Committer {
     /// Runs one delete on the commit thread: folds the whole journal, then
     /// removes the marks from the B-tree.
@@ -111,34 +133,56 @@ impl Committer {
     }
 }
 
-/// Removes the marks `which` selects from the B-tree, in one transaction.
+/// Most marks one transaction of a prefix delete removes.
+const BATCH_KEYS: usize = 4096;
+/// Most key bytes one transaction of a prefix delete holds in memory.
+const BATCH_KEY_BYTES: usize = 1 << 20;
+
+/// Removes the marks `which` selects from the B-tree: one key in one
+/// transaction; a prefix in transactions of at most [`BATCH_KEYS`] keys and
+/// [`BATCH_KEY_BYTES`] bytes of keys each, so memory stays bounded whatever
+/// the prefix matches.
 fn remove_from_tree(db: &Database, which: &Selection) -> Result<Deleted, redb::Error> {
-    let txn = db.begin_write()?;
-    let deleted = {
-        let mut table = txn.open_table(FENCES)?;
-        match which {
-            Selection::Key(key) => {
-                let token = table.remove(key.as_str())?.map(|v| v.value());
-                Deleted { count: u64::from(token.is_some()), token }
-            }
-            Selection::Prefix(prefix) => {
-                let mut keys = Vec::new();
-                for item in table.range::<&str>(prefix.as_str()..)? {
-                    let (key, _) = item?;
-                    if !key.value().starts_with(prefix.as_str()) {
-                        break;
-                    }
-                    keys.push(key.value().to_string());
-                }
-                for key in &keys {
-                    table.remove(key.as_str())?;
-                }
-                Deleted { count: keys.len() as u64, token: None }
-            }
+    let prefix = match which {
+        Selection::Key(key) => {
+            let txn = db.begin_write()?;
+            let token = txn.open_table(FENCES)?.remove(key.as_str())?.map(|v| v.value());
+            txn.commit()?;
+            return Ok(Deleted { count: u64::from(token.is_some()), token });
         }
+        Selection::Prefix(prefix) => prefix.as_str(),
     };
-    txn.commit()?;
-    Ok(deleted)
+    let mut count = 0;
+    loop {
+        let txn = db.begin_write()?;
+        let (removed, more) = {
+            let mut table = txn.open_table(FENCES)?;
+            // redb's range borrows the table: the keys are read first, then removed.
+            let (mut keys, mut bytes, mut more) = (Vec::new(), 0, false);
+            for item in table.range::<&str>(prefix..)? {
+                let (key, _) = item?;
+                let key = key.value();
+                if !key.starts_with(prefix) {
+                    break;
+                }
+                if keys.len() == BATCH_KEYS || bytes >= BATCH_KEY_BYTES {
+                    more = true;
+                    break;
+                }
+                bytes += key.len();
+                keys.push(key.to_string());
+            }
+            for key in &keys {
+                table.remove(key.as_str())?;
+            }
+            (keys.len() as u64, more)
+        };
+        txn.commit()?;
+        count += removed;
+        if !more {
+            return Ok(Deleted { count, token: None });
+        }
+    }
 }
 
 #[cfg(test)]
@@ -146,6 +190,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use super::super::tests::{poll_once_and_drop, wait_until};
     use super::super::{CacheBounds, Tuning};
     use super::*;
     use crate::fence::store::{Advance, FenceStore};
@@ -191,6 +236,124 @@ mod tests {
         let store = FileStore::open(dir.path(), true, 100).unwrap();
         assert_eq!(store.get("/a").await.unwrap(), None);
         assert_eq!(store.get("/p/2").await.unwrap(), None);
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_delete_whose_caller_went_away_never_wipes_a_later_raise() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FileStore::open(dir.path(), false, 100).unwrap());
+        raise_all(&store, &[("/k", 5)]).await;
+        // Folds the journal: the deletes below go straight to the B-tree.
+        store.delete(&Selection::Key("/none".into())).await.unwrap();
+        let taken = || store.queue.deletes_taken.load(Ordering::SeqCst);
+        assert_eq!(taken(), 1);
+        // A write transaction of the test's own holds the commit thread in the
+        // next delete's removal, with the delete for /k queued behind it.
+        let held = store.inner.db.begin_write().unwrap();
+        poll_once_and_drop(store.delete(&Selection::Key("/other".into()))).await;
+        wait_until("the commit thread to take the first delete", || taken() == 2).await;
+        poll_once_and_drop(store.delete(&Selection::Key("/k".into()))).await;
+        // A raise of /k asked after the delete was: it must land after it.
+        let raise = tokio::spawn({
+            let store = store.clone();
+            async move { store.advance("/k", 12).await }
+        });
+        wait_until("the raise to be queued, or to wait for the delete", || {
+            let raised = store.inner.cache.get("/k").is_some_and(|e| e.mark == Some(12));
+            store.queue.lock().has_raises() || (raised && store.inner.turns.try_read().is_err())
+        })
+        .await;
+        drop(held);
+        assert!(matches!(raise.await.unwrap().unwrap(), Advance::Accepted { .. }));
+        let enforced = store.get("/k").await.unwrap();
+        assert_eq!(enforced, Some(12), "a raise after a delete is kept");
+        // What the disk holds once the queued work is done is what was enforced.
+        store.close().await;
+        drop(store);
+        let reopened = FileStore::open(dir.path(), true, 100).unwrap();
+        assert_eq!(reopened.get("/k").await.unwrap(), enforced);
+        reopened.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_raise_that_waited_for_a_delete_is_counted_as_a_new_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FileStore::open(dir.path(), false, 100).unwrap());
+        raise_all(&store, &[("/k", 5), ("/j", 1)]).await;
+        store.delete(&Selection::Key("/none".into())).await.unwrap();
+        assert_eq!(store.tracked_keys(), 2);
+        // The delete of /k is held on the commit thread while a raise of /k
+        // waits for it.
+        let held = store.inner.db.begin_write().unwrap();
+        let delete = tokio::spawn({
+            let store = store.clone();
+            async move { store.delete(&Selection::Key("/k".into())).await }
+        });
+        wait_until("the commit thread to take the delete", || store.queue.deletes_taken.load(Ordering::SeqCst) == 2)
+            .await;
+        let raise = tokio::spawn({
+            let store = store.clone();
+            async move { store.advance("/k", 12).await }
+        });
+        wait_until("the raise to wait for the delete", || {
+            store.inner.cache.get("/k").is_some_and(|e| e.mark == Some(12))
+        })
+        .await;
+        drop(held);
+        assert_eq!(delete.await.unwrap().unwrap(), Deleted { count: 1, token: Some(5) });
+        assert_eq!(raise.await.unwrap().unwrap(), Advance::Accepted { previous: Some(5) });
+        assert_eq!(store.get("/k").await.unwrap(), Some(12));
+        // /j and /k, as a restart counts them.
+        assert_eq!(store.tracked_keys(), 2);
+        store.close().await;
+        drop(store);
+        let reopened = FileStore::open(dir.path(), true, 100).unwrap();
+        assert_eq!(reopened.tracked_keys(), 2);
+        reopened.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_prefix_delete_removes_more_marks_than_one_batch_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open(dir.path(), false, 100).unwrap();
+        let many = BATCH_KEYS * 2 + 5;
+        let txn = store.inner.db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(FENCES).unwrap();
+            for i in 0..many {
+                table.insert(format!("/p/{i}").as_str(), 1).unwrap();
+            }
+            table.insert("/q", 2).unwrap();
+            table.insert("/o", 3).unwrap();
+        }
+        txn.commit().unwrap();
+        let deleted = store.delete(&Selection::Prefix("/p/".into())).await.unwrap();
+        assert_eq!(deleted, Deleted { count: many as u64, token: None });
+        assert_eq!(store.list("", None, 10).await.unwrap(), [("/o".into(), 3), ("/q".into(), 2)]);
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn raises_and_misses_wait_for_a_delete_at_most_turn_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let tuning = Tuning { turn_wait: Duration::from_millis(50), ..Tuning::default() };
+        let store = Arc::new(FileStore::open_tuned_with(dir.path(), false, CacheBounds::keys(100), tuning).unwrap());
+        raise_all(&store, &[("/k", 5)]).await;
+        store.delete(&Selection::Key("/none".into())).await.unwrap();
+        // The delete is held on the commit thread, with the turns.
+        let held = store.inner.db.begin_write().unwrap();
+        let delete = tokio::spawn({
+            let store = store.clone();
+            async move { store.delete(&Selection::Key("/k".into())).await }
+        });
+        wait_until("the commit thread to take the delete", || store.queue.deletes_taken.load(Ordering::SeqCst) == 2)
+            .await;
+        assert!(matches!(store.advance("/k", 6).await, Err(StoreError::Deleting(_))));
+        assert!(matches!(store.get("/uncached").await, Err(StoreError::Deleting(_))));
+        drop(held);
+        assert_eq!(delete.await.unwrap().unwrap(), Deleted { count: 1, token: Some(5) });
+        assert_eq!(store.advance("/k", 1).await.unwrap(), Advance::Accepted { previous: None });
         store.close().await;
     }
 

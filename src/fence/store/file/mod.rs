@@ -30,6 +30,7 @@ mod delete;
 mod fold;
 pub mod journal;
 mod open;
+mod raise;
 mod relay;
 #[cfg(test)]
 mod tests;
@@ -73,6 +74,9 @@ struct Tuning {
     max_journal_bytes: u64,
     /// How long an append waits for that fold before its batch fails (503).
     fold_wait: Duration,
+    /// How long a raise or a cache miss waits for a delete that holds the
+    /// store before it fails (503).
+    turn_wait: Duration,
     /// A journal with anything in it is folded after this long without raises,
     /// so a restart after a quiet spell has little to replay.
     idle_fold: Duration,
@@ -89,6 +93,7 @@ impl Default for Tuning {
             fold_bytes: 1 << 20,
             max_journal_bytes: 16 << 20,
             fold_wait: Duration::from_secs(5),
+            turn_wait: Duration::from_secs(5),
             idle_fold: Duration::from_secs(1),
             commit_delay: Duration::from_micros(150),
         }
@@ -143,7 +148,9 @@ struct Inner {
     /// Read-held by every raise on its way to disk and every miss reading the
     /// disk; write-held by a delete, which so never races either (see [`delete`]).
     /// Hits of the cache, the hot path, never take it.
-    turns: tokio::sync::RwLock<()>,
+    turns: Arc<tokio::sync::RwLock<()>>,
+    /// How long a raise or a miss waits for a delete (`Tuning::turn_wait`).
+    turn_wait: Duration,
     /// Bumped on every eviction: a miss that read the disk before an eviction
     /// it did not see reads again, so a stale read can never re-enter the cache.
     evictions: AtomicU64,
@@ -235,6 +242,7 @@ impl FenceStore for FileStore {
                         // Raised in memory first: a lower token is refused from
                         // now on, while the raise is still on its way to disk.
                         e.mark = Some(token);
+                        e.raising = e.raising.saturating_add(1);
                         Step::Persist(previous)
                     }
                 }
@@ -248,25 +256,9 @@ impl FenceStore for FileStore {
             Step::Stale(current) => Ok(Advance::Stale { current }),
             Step::Accepted(previous) => Ok(Advance::Accepted { previous }),
             Step::Persist(previous) => {
-                let _turn = self.inner.turns.read().await;
                 // On failure the mark stays raised in memory and not durable:
                 // fail closed, and the next request for the key tries again.
-                self.persist(key, token).await?;
-                // Still cached, unless a higher raise of the key made it durable
-                // in the meantime (then there is nothing left to record).
-                if let Some(mut e) = self.inner.cache.get_mut(key) {
-                    if e.durable.is_none() {
-                        self.inner.tracked.fetch_add(1, Ordering::Relaxed);
-                    }
-                    if e.durable < Some(token) {
-                        e.durable = Some(token);
-                    }
-                    // A delete between the raise in memory and this turn may
-                    // have dropped the entry, and a miss read it back before
-                    // this raise reached the disk: the raise is ordered after
-                    // the delete, and the mark is never below the disk's.
-                    e.mark = e.mark.max(Some(token));
-                }
+                self.persist_raised(key, token).await?;
                 Ok(Advance::Accepted { previous })
             }
         }

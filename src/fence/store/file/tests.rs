@@ -65,6 +65,71 @@ async fn a_closed_store_refuses_raises_and_still_answers_reads() {
     assert_eq!(in_tree(&store), [("k".into(), 5)]);
 }
 
+/// Polls `fut` once, then drops it: a caller that goes away.
+pub(super) async fn poll_once_and_drop<F: std::future::Future>(fut: F) {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        let _ = fut.as_mut().poll(cx);
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+pub(super) async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "waited 20 s for {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_raise_whose_caller_went_away_is_still_counted_and_made_durable() {
+    let dir = temp_dir();
+    // Every append fills a journal file; a second full file waits for the fold.
+    let tuning =
+        Tuning { fold_bytes: 1, max_journal_bytes: 1, fold_wait: Duration::from_secs(60), ..Tuning::default() };
+    let store = FileStore::open_tuned(dir.path(), false, 100, tuning).unwrap();
+    let blocker = store.inner.db.begin_write().unwrap();
+    assert_eq!(store.advance("a", 3).await.unwrap(), Advance::Accepted { previous: None });
+    assert_eq!(store.advance("b", 1).await.unwrap(), Advance::Accepted { previous: None });
+    // Cached (no mark), so the raise is queued at its first poll: behind the
+    // stuck fold. Then its caller goes away.
+    assert_eq!(store.get("k").await.unwrap(), None);
+    poll_once_and_drop(store.advance("k", 9)).await;
+    assert_eq!(store.inner.cache.get("k").map(|e| (e.mark, e.raising)), Some((Some(9), 1)));
+    drop(blocker);
+    wait_until("the raise to be settled", || {
+        store.inner.cache.get("k").is_some_and(|e| e.durable == Some(9) && e.raising == 0)
+    })
+    .await;
+    assert_eq!(store.tracked_keys(), 3);
+    close(store).await;
+}
+
+#[tokio::test]
+async fn raises_that_fail_stay_enforced_but_do_not_fill_the_cache() {
+    let dir = temp_dir();
+    let store = FileStore::open(dir.path(), false, 10).unwrap();
+    assert_eq!(store.advance("/kept", 3).await.unwrap(), Advance::Accepted { previous: None });
+    // A closed store fails every raise, as a failing disk does.
+    store.close().await;
+    for i in 0..100 {
+        assert!(matches!(store.advance(&format!("/{i}"), 7).await, Err(StoreError::Closing)), "{i}");
+    }
+    assert!(matches!(store.advance("/kept", 9).await, Err(StoreError::Closing)));
+    // Enforced while they are cached: fail closed.
+    assert_eq!(store.advance("/99", 6).await.unwrap(), Advance::Stale { current: 7 });
+    // Nothing was forwarded on them: when the room is needed, they go, and
+    // the disk's marks are enforced again.
+    sweep(&store.inner);
+    sweep(&store.inner);
+    assert!(store.cached_keys() <= 10, "{} marks cached, capacity 10", store.cached_keys());
+    assert_eq!(store.get("/kept").await.unwrap(), Some(3));
+    assert_eq!(store.get("/0").await.unwrap(), None);
+    assert_eq!(store.tracked_keys(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_raises_share_commits() {
     let dir = temp_dir();
