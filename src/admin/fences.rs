@@ -127,13 +127,10 @@ pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<In
     if req.method() == Method::DELETE {
         return delete(state, peer, req).await;
     }
-    let query = match parse_query(req.uri().query().unwrap_or("")) {
-        Ok(q) => q,
-        Err(e) => return e.into_response(),
+    let query = match checked_query(state, &req) {
+        Ok(query) => query,
+        Err(refused) => return *refused,
     };
-    if let Some(refused) = too_long(&query, state.max_key_bytes) {
-        return refused;
-    }
     let store = &state.shared.store;
     if query.all.is_some() {
         return problem(StatusCode::BAD_REQUEST, "Bad query", "all applies to DELETE only");
@@ -204,17 +201,24 @@ fn unauthorized<B>(state: &AdminState, peer: SocketAddr, req: &Request<B>) -> Op
     None
 }
 
+/// The request's query, parsed, with its key, prefix and cursor within
+/// `max_key_bytes`; or the refusal to answer with.
+fn checked_query<B>(state: &AdminState, req: &Request<B>) -> Result<Query, Box<Response<Full<Bytes>>>> {
+    let query = parse_query(req.uri().query().unwrap_or("")).map_err(|e| Box::new(e.into_response()))?;
+    match too_long(&query, state.max_key_bytes) {
+        Some(refused) => Err(Box::new(refused)),
+        None => Ok(query),
+    }
+}
+
 async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
     if let Some(refused) = unauthorized(state, peer, &req) {
         return refused;
     }
-    let query = match parse_query(req.uri().query().unwrap_or("")) {
-        Ok(q) => q,
-        Err(e) => return e.into_response(),
+    let query = match checked_query(state, &req) {
+        Ok(query) => query,
+        Err(refused) => return *refused,
     };
-    if let Some(refused) = too_long(&query, state.max_key_bytes) {
-        return refused;
-    }
     let (Some(key), None, None, None, None) = (query.key, query.prefix, query.after, query.limit, query.all) else {
         return problem(StatusCode::BAD_REQUEST, "Bad query", "PUT /fences takes exactly one parameter: key");
     };
@@ -298,13 +302,10 @@ async fn delete(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) ->
     if let Some(refused) = unauthorized(state, peer, &req) {
         return refused;
     }
-    let query = match parse_query(req.uri().query().unwrap_or("")) {
-        Ok(q) => q,
-        Err(e) => return e.into_response(),
+    let query = match checked_query(state, &req) {
+        Ok(query) => query,
+        Err(refused) => return *refused,
     };
-    if let Some(refused) = too_long(&query, state.max_key_bytes) {
-        return refused;
-    }
     if let Some(why) = typed_prefix(&req).as_deref().and_then(widening) {
         let detail = format!(
             "prefix has {why}: made canonical it would name a shorter prefix and delete more than typed; \
