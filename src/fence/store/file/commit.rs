@@ -302,17 +302,7 @@ impl Committer {
             if !wait.is_zero() {
                 self.queue.fold_waits.fetch_add(1, Ordering::SeqCst);
             }
-            match self.done.recv_timeout(wait) {
-                Ok(()) => {
-                    self.folding = false;
-                    self.fold_stuck = false;
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    self.fold_stuck = true;
-                    return Err(StoreError::FoldStuck);
-                }
-                Err(RecvTimeoutError::Disconnected) => return Err(StoreError::FoldStopped),
-            }
+            self.await_fold(wait)?;
             self.fold_if(|_| true);
         }
         self.journal.append(frame).map_err(|e| match e.kind() {
@@ -344,23 +334,30 @@ impl Committer {
         }
     }
 
+    /// Waits up to `wait` for the fold in progress to finish. A fold that
+    /// outlasts it marks the store stuck, so later appends fail at once.
+    fn await_fold(&mut self, wait: Duration) -> Result<(), StoreError> {
+        match self.done.recv_timeout(wait) {
+            Ok(()) => {
+                self.folding = false;
+                self.fold_stuck = false;
+                Ok(())
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                self.fold_stuck = true;
+                Err(StoreError::FoldStuck)
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(StoreError::FoldStopped),
+        }
+    }
+
     /// Waits until every journaled mark is in the B-tree and both journal
     /// files are empty: the fold in progress, then one of the file taking
     /// appends. Each wait is bounded like an append's (`fold_wait`).
     pub(super) fn fold_everything(&mut self) -> Result<(), StoreError> {
         for _ in 0..2 {
             if self.folding {
-                match self.done.recv_timeout(self.tuning.fold_wait) {
-                    Ok(()) => {
-                        self.folding = false;
-                        self.fold_stuck = false;
-                    }
-                    Err(RecvTimeoutError::Timeout) => {
-                        self.fold_stuck = true;
-                        return Err(StoreError::FoldStuck);
-                    }
-                    Err(RecvTimeoutError::Disconnected) => return Err(StoreError::FoldStopped),
-                }
+                self.await_fold(self.tuning.fold_wait)?;
             }
             self.fold_if(|len| len > 0);
         }
