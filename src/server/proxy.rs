@@ -10,7 +10,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::connection::{self, Activity, ActivityIo};
+use super::connection::{self, Activity, ActivityIo, REFUSALS_IN_A_ROW};
 use super::guard::{Admission, Connections};
 use super::workers::Workers;
 use crate::config::ServerConfig;
@@ -85,6 +85,13 @@ fn builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
         // Streams at once: with the connection's share of the buffer
         // budget, what bounds the memory one connection can take.
         .max_concurrent_streams(server.max_concurrent_streams)
+        // Streams h2 itself refuses or resets (over max_concurrent_streams,
+        // a header list over max_header_list_size, a flow-control breach)
+        // before the stack sees them: a client that earns this many gets
+        // GOAWAY, as one whose requests the stack refuses this many times in
+        // a row is closed (connection/activity.rs). h2's default, 1024,
+        // let a pipelined flood make it decode a thousand heads per handshake.
+        .max_local_error_reset_streams(REFUSALS_IN_A_ROW as usize)
         // Fixed windows: an adaptive window would let a client that reads
         // fast grow what it may leave unread.
         .adaptive_window(false)

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, StatusCode};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::common::process::{config_text, start_in_process, MEMORY_STORE};
@@ -153,13 +153,26 @@ async fn raw_h2c(addr: SocketAddr) -> Conn {
 /// Sends `block` as one HEADERS frame ending `stream`, and reads frames
 /// until the response on it ends: its `:status` and body.
 async fn raw_exchange(conn: &mut Conn, stream: u32, block: &[u8]) -> (u16, Vec<u8>) {
-    conn.send(&frame(HEADERS, END_HEADERS | END_STREAM, stream, block)).await;
+    match try_raw_exchange(conn, stream, block).await {
+        Some((Some(status), body)) => (status, body),
+        Some((None, _)) => panic!("no :status this test reads on stream {stream}"),
+        None => panic!("closed before the response on stream {stream}"),
+    }
+}
+
+/// [`raw_exchange`], or `None` if the connection ends (closed or reset)
+/// before the response does. The status is `None` if it is not one
+/// [`status_of`] reads (one the proxy's encoder indexed before).
+async fn try_raw_exchange(conn: &mut Conn, stream: u32, block: &[u8]) -> Option<(Option<u16>, Vec<u8>)> {
+    conn.stream.write_all(&frame(HEADERS, END_HEADERS | END_STREAM, stream, block)).await.ok()?;
     let (mut status, mut body) = (None, Vec::new());
     loop {
         while conn.buf.len() < 9
             || conn.buf.len() < 9 + u32::from_be_bytes([0, conn.buf[0], conn.buf[1], conn.buf[2]]) as usize
         {
-            assert!(conn.fill().await.unwrap() > 0, "closed before the response on stream {stream}");
+            if conn.fill().await.unwrap_or(0) == 0 {
+                return None;
+            }
         }
         let len = u32::from_be_bytes([0, conn.buf[0], conn.buf[1], conn.buf[2]]) as usize;
         let f: Vec<u8> = conn.buf.drain(..9 + len).collect();
@@ -169,13 +182,13 @@ async fn raw_exchange(conn: &mut Conn, stream: u32, block: &[u8]) -> (u16, Vec<u
             continue;
         }
         if kind == HEADERS && status.is_none() {
-            status = Some(status_of(payload).unwrap_or_else(|| panic!("no :status in {payload:?}")));
+            status = Some(status_of(payload));
         }
         if kind == 0x0 {
             body.extend_from_slice(payload);
         }
         if matches!(kind, HEADERS | 0x0) && flags & END_STREAM != 0 {
-            return (status.expect("a response ended before its head"), body);
+            return Some((status.expect("a response ended before its head"), body));
         }
     }
 }
@@ -268,11 +281,16 @@ async fn hpack_amplified_heads_are_refused_by_their_field_count_and_decoded_size
 #[tokio::test]
 async fn a_flood_of_heads_on_one_connection_is_rate_limited_and_the_upstream_gets_a_bounded_share() {
     const RATE: u64 = 64 * 1024;
+    const HEAD: u64 = 8 * 1024;
     let up = RecordingUpstream::start().await;
-    let proxy = start(&format!("max_header_bytes = \"8KiB\"\nmax_upstream_header_rate = {RATE}"), &up).await;
-    let (client, written) = h2c(proxy.addr).await;
+    let proxy = start(&format!("max_header_bytes = {HEAD}\nmax_upstream_header_rate = {RATE}"), &up).await;
+    let (mut client, written) = h2c(proxy.addr).await;
+    let mut written = vec![written];
 
     // Heads of about 3 KiB, sent a few bytes each: one field indexed once.
+    // A run of 64 refusals closes the connection (the test above): the
+    // flood then reconnects, and each new connection may send one head
+    // (`max_header_bytes`) beyond the rate.
     let field = "f".repeat(3000);
     let start = Instant::now();
     let mut statuses = Vec::new();
@@ -283,16 +301,26 @@ async fn a_flood_of_heads_on_one_connection_is_rate_limited_and_the_upstream_get
             request.headers_mut().insert("x-big", HeaderValue::from_str(&field).unwrap());
             exchange(&client, request)
         });
-        for (status, headers, body) in futures_join(requests).await {
+        let mut closed = false;
+        for result in futures_join(requests).await {
+            let Ok((status, headers, body)) = result else {
+                closed = true;
+                continue;
+            };
             if status == 429 && refusal.is_none() {
                 refusal = Some((headers, body));
             }
             statuses.push(status.as_u16());
         }
+        if closed {
+            let (fresh, counted) = h2c(proxy.addr).await;
+            (client, written) = (fresh, [written, vec![counted]].concat());
+        }
         // A normal client on another connection is served throughout.
         assert_eq!(put(&proxy.url("/objects/normal"), round + 1, "x").await.status, 200);
     }
     let elapsed = start.elapsed();
+    let connections = written.len() as u64;
     let (headers, body) = refusal.expect("the flood was never refused");
     assert_eq!(headers["content-type"], "application/problem+json");
     assert_eq!(headers["retry-after"], "1");
@@ -305,10 +333,11 @@ async fn a_flood_of_heads_on_one_connection_is_rate_limited_and_the_upstream_get
     // plus the rate over the time it lasted (and the X-Forwarded-* fields
     // fencegate adds, a few percent here).
     let flood = head_bytes_upstream(&up, "/objects/r");
-    let bound = RATE as f64 * (1.0 + elapsed.as_secs_f64()) * 1.1;
+    let bound = (RATE as f64 * (1.0 + elapsed.as_secs_f64()) + (connections * HEAD) as f64) * 1.1;
     eprintln!(
-        "sent {} KiB on the wire, {} KiB of heads upstream in {elapsed:?} (bound {} KiB), {} of {} refused",
-        written.load(Ordering::Relaxed) / 1024,
+        "sent {} KiB on the wire over {connections} connections, {} KiB of heads upstream in {elapsed:?} \
+         (bound {} KiB), {} of {} refused",
+        written.iter().map(|w| w.load(Ordering::Relaxed)).sum::<u64>() / 1024,
         flood / 1024,
         bound as u64 / 1024,
         statuses.iter().filter(|s| **s == 429).count(),
@@ -317,6 +346,7 @@ async fn a_flood_of_heads_on_one_connection_is_rate_limited_and_the_upstream_get
     assert!((flood as f64) <= bound, "{flood} bytes of heads upstream in {elapsed:?}");
 
     // A fenced write refused for its rate reads and raises no mark.
+    let (client, _) = h2c(proxy.addr).await;
     let mut refused_put = None;
     for i in 0..200 {
         let mut request = Request::put(format!("http://{}/objects/fenced", proxy.addr))
@@ -363,7 +393,8 @@ async fn a_client_that_reconnects_after_each_refusal_gets_one_head_per_connectio
         for round in 0.. {
             assert!(round < 1000, "connection {conn} was never refused");
             let requests = (0..20).map(|i| exchange(&client, head(format!("/objects/c{conn}-{round}-{i}"))));
-            for (status, _, _) in futures_join(requests).await {
+            for result in futures_join(requests).await {
+                let (status, _, _) = result.unwrap();
                 assert!(status == 404 || status == 429, "{status}");
                 refused |= status == 429;
             }
@@ -388,6 +419,64 @@ async fn a_client_that_reconnects_after_each_refusal_gets_one_head_per_connectio
     assert!(flood as f64 <= allowance * 1.1, "{flood} bytes of heads upstream, allowance {allowance}");
 }
 
+/// A connection whose requests keep being refused for their heads is closed
+/// after 64 refusals in a row (400, 429 or 431), over HTTP/1.1 and HTTP/2; an
+/// answer of another kind breaks the run, and a normal client is served
+/// throughout. A flood then pays a handshake per 64 requests.
+#[tokio::test]
+async fn a_connection_whose_requests_keep_being_refused_is_closed() {
+    const RUN: usize = 64;
+    let up = RecordingUpstream::start().await;
+    let proxy = start("", &up).await;
+
+    // HTTP/1.1, kept alive: malformed tokens get 400, one by one. A request
+    // served in the middle (the upstream's 404) starts the run again.
+    let mut conn = Conn::open(proxy.addr).await;
+    let bad = RawRequest::new("PUT", "/objects/k").header("x-fencing-token", "not-a-number").body("x").keep_alive();
+    for i in 0..RUN - 1 {
+        conn.send(&bad.bytes()).await;
+        assert_eq!(conn.response().await.status, 400, "request {i}");
+    }
+    conn.send(&RawRequest::new("GET", "/objects/served").keep_alive().bytes()).await;
+    assert_eq!(conn.response().await.status, 404);
+    let mut answered = 0;
+    for _ in 0..RUN + 10 {
+        if conn.stream.write_all(&bad.bytes()).await.is_err() {
+            break;
+        }
+        match conn.try_response_to("PUT").await {
+            Ok(reply) => {
+                assert_eq!(reply.status, 400);
+                answered += 1;
+            }
+            Err(_) => break,
+        }
+    }
+    // The close may overtake the last answer.
+    assert!((RUN - 1..=RUN).contains(&answered), "{answered} refusals answered after the served request");
+    assert_eq!(put(&proxy.url("/objects/normal"), 1, "x").await.status, 200);
+
+    // HTTP/2: heads with too many fields get 431 from the stack, one stream
+    // after another, until the connection ends.
+    let mut conn = raw_h2c(proxy.addr).await;
+    let block = amplified_block("/objects/counted", "x-pad", "abc", 150);
+    let mut answered = 0;
+    for stream in (1..).step_by(2).take(RUN + 10) {
+        match try_raw_exchange(&mut conn, stream, &block).await {
+            // The problem's own status: h2 indexes `:status` after the first.
+            Some((_, body)) => {
+                let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(problem["status"], 431, "{problem}");
+                answered += 1;
+            }
+            None => break,
+        }
+    }
+    assert!((RUN - 1..=RUN).contains(&answered), "{answered} refusals answered over HTTP/2");
+    assert_eq!(put(&proxy.url("/objects/normal"), 2, "x").await.status, 200);
+    assert!(up.seen().iter().all(|(_, path, _)| path != "/objects/counted" && path != "/objects/k"));
+}
+
 /// The bytes of the heads the upstream saw for paths starting with `prefix`,
 /// counted as fencegate counts them (request line and fields as HTTP/1.1).
 fn head_bytes_upstream(up: &RecordingUpstream, prefix: &str) -> u64 {
@@ -402,14 +491,16 @@ fn head_bytes_upstream(up: &RecordingUpstream, prefix: &str) -> u64 {
 }
 
 /// Runs the exchanges at once on the one connection; their results in order.
-async fn futures_join<F>(exchanges: impl Iterator<Item = F>) -> Vec<(StatusCode, http::HeaderMap, Bytes)>
+async fn futures_join<F>(
+    exchanges: impl Iterator<Item = F>,
+) -> Vec<Result<(StatusCode, http::HeaderMap, Bytes), h2::Error>>
 where
     F: std::future::Future<Output = Result<(StatusCode, http::HeaderMap, Bytes), h2::Error>> + Send + 'static,
 {
     let tasks: Vec<_> = exchanges.map(tokio::spawn).collect();
     let mut results = Vec::new();
     for task in tasks {
-        results.push(task.await.unwrap().unwrap());
+        results.push(task.await.unwrap());
     }
     results
 }

@@ -19,9 +19,12 @@
 //! later unit starting, the frame turning out to open a header block) only
 //! moves them later or drops one. Every deadline is then met exactly.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use http::StatusCode;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::frames::FramesRead;
@@ -31,6 +34,11 @@ use super::frames::FramesRead;
 /// [`Activity::close_grace`].
 pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
+/// How many answers in a row may refuse a connection's requests for what their
+/// heads are (400, 429, 431) before the connection is closed: see
+/// [`Activity::answered`].
+pub(crate) const REFUSALS_IN_A_ROW: u32 = 64;
+
 /// What the connection is doing, as far as the guards care. (`pub` only
 /// because `stack::proxy_service` takes it; it is not exported.)
 #[derive(Debug)]
@@ -38,6 +46,10 @@ pub struct Activity {
     state: Mutex<State>,
     header_read_timeout: Duration,
     idle_timeout: Duration,
+    /// Answers in a row that refused a request for its head.
+    refusals: AtomicU32,
+    /// Told once `refusals` reaches [`REFUSALS_IN_A_ROW`].
+    refusing: Notify,
 }
 
 #[derive(Debug)]
@@ -86,7 +98,34 @@ impl Activity {
             state: Mutex::new(State { in_flight: 0, idle_since: Instant::now(), arriving: None, incomplete: None }),
             header_read_timeout,
             idle_timeout,
+            refusals: AtomicU32::new(0),
+            refusing: Notify::new(),
         })
+    }
+
+    /// A request of this connection was answered with `status`. A client whose
+    /// requests keep being refused for what their heads are (400: malformed, a
+    /// bad token or key; 429: over the header rate; 431: too many or too large
+    /// fields) gets nothing more from the connection, and a flood of such
+    /// requests costs the proxy a decode and an answer each: after
+    /// [`REFUSALS_IN_A_ROW`] of them, with no other answer in between,
+    /// [`refusing`](Activity::refusing) resolves and the connection is closed.
+    /// A client that means well reconnects; a flood pays a handshake per few
+    /// dozen requests, and an HTTP/2 flood loses what it had queued.
+    pub(crate) fn answered(&self, status: StatusCode) {
+        if matches!(status.as_u16(), 400 | 429 | 431) {
+            if self.refusals.fetch_add(1, Ordering::Relaxed) + 1 == REFUSALS_IN_A_ROW {
+                self.refusing.notify_one();
+            }
+        } else if self.refusals.load(Ordering::Relaxed) != 0 {
+            self.refusals.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Resolves once [`REFUSALS_IN_A_ROW`] answers in a row have refused this
+    /// connection's requests (see [`answered`](Activity::answered)).
+    pub(crate) async fn refusing(&self) {
+        self.refusing.notified().await;
     }
 
     /// How long a connection asked to close gracefully may take to end once no
@@ -301,6 +340,31 @@ mod tests {
         }
         assert!(!waiting.is_finished());
         trips(waiting, Expiry::Idle, Duration::from_secs(60)).await;
+    }
+
+    // --- Refusals in a row --------------------------------------------------------
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_of_refusals_closes_and_any_other_answer_breaks_the_run() {
+        let a = activity();
+        let refusing = {
+            let a = a.clone();
+            tokio::spawn(async move { a.refusing().await })
+        };
+        let refused =
+            [StatusCode::BAD_REQUEST, StatusCode::TOO_MANY_REQUESTS, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE];
+        for i in 0..REFUSALS_IN_A_ROW - 1 {
+            a.answered(refused[i as usize % 3]);
+        }
+        // Answers that are not about the head do not count, and break the run.
+        a.answered(StatusCode::CONFLICT);
+        for _ in 0..REFUSALS_IN_A_ROW - 1 {
+            a.answered(StatusCode::TOO_MANY_REQUESTS);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!refusing.is_finished());
+        a.answered(StatusCode::BAD_REQUEST);
+        tokio::time::timeout(Duration::from_secs(1), refusing).await.expect("closed after the run").unwrap();
     }
 
     // --- Closing -----------------------------------------------------------------

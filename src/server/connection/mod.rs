@@ -37,7 +37,9 @@
 //!
 //! # Closing
 //!
-//! An idle HTTP/1 connection closes at once. An idle HTTP/2 connection gets
+//! A connection whose last [`REFUSALS_IN_A_ROW`](activity::REFUSALS_IN_A_ROW)
+//! answers all refused a request for its head (400, 429, 431) closes at once:
+//! see [`Activity::answered`]. An idle HTTP/1 connection closes at once. An idle HTTP/2 connection gets
 //! GOAWAY and a PING, and closes once the client has answered the PING; a
 //! client that never answers would keep it open for ever. So a connection
 //! asked to close gracefully (idle, or at shutdown) that has not ended
@@ -60,15 +62,16 @@ use hyper_util::server::graceful::GracefulConnection;
 use tokio::time::Instant;
 use tracing::debug;
 
-pub(crate) use activity::Activity;
 use activity::Expiry;
+pub(crate) use activity::{Activity, REFUSALS_IN_A_ROW};
 pub(crate) use io::ActivityIo;
 pub(crate) use requests::TrackRequestsLayer;
 
 use super::guard::Admission;
 
 /// Serves one client connection until it ends, closing it when a guard trips
-/// (a stuck request head at once, an idle connection gracefully) or when
+/// (a stuck request head or a run of refusals at once, an idle connection
+/// gracefully) or when
 /// shutdown begins (gracefully: the request in flight finishes first). A
 /// graceful close the client does not let happen (an HTTP/2 client that never
 /// answers the closing PING) becomes an abrupt one once the connection has no
@@ -103,6 +106,12 @@ where
                     closing = Some(Instant::now());
                 }
             },
+            // Refused again and again: whatever the connection is doing,
+            // nothing it sends is worth reading (see Activity::answered).
+            () = activity.refusing() => {
+                debug!(%peer, "closing a connection whose requests keep being refused");
+                break;
+            }
             () = admission.closing(), if closing.is_none() => {
                 conn.as_mut().graceful_shutdown();
                 closing = Some(Instant::now());

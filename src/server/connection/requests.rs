@@ -71,6 +71,9 @@ where
         let this = self.project();
         let response = std::task::ready!(this.inner.poll(cx))?;
         let guard = this.guard.take();
+        if let Some(InFlight(activity)) = &guard {
+            activity.answered(response.status());
+        }
         Poll::Ready(Ok(response.map(|body| TrackedBody { inner: body, _guard: guard })))
     }
 }
