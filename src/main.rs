@@ -131,7 +131,8 @@ fn main() -> ExitCode {
         Some(LogFormatArg::Human) => LogFormat::Human,
         None => config.log.format,
     };
-    telemetry::init(format, &config.log.level);
+    // Held to the end of main: dropping it writes out the queued lines.
+    let _log = telemetry::init(format, &config.log.level);
 
     // Accepting, the admin listener and signals: client connections are served
     // on worker threads of their own (`[server] workers`).

@@ -46,6 +46,21 @@ pub struct Metrics {
     buffered_bytes: Gauge<i64, AtomicI64>,
 }
 
+/// `fencegate_log_dropped_total`, read from the log writer at each scrape.
+#[derive(Debug)]
+struct DroppedLines;
+
+impl prometheus_client::encoding::EncodeMetric for DroppedLines {
+    fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder
+            .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&crate::telemetry::dropped_lines(), None)
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Counter
+    }
+}
+
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Metrics").finish_non_exhaustive()
@@ -124,6 +139,11 @@ impl Metrics {
             "fencegate_buffered_bytes",
             "Bytes of fenced request bodies held in memory now, over every connection (server.max_buffered_bytes bounds it)",
             buffered_bytes.clone(),
+        );
+        registry.register(
+            "fencegate_log_dropped",
+            "Log lines dropped because the log writer's queue was full (stdout slower than the lines; process-wide)",
+            DroppedLines,
         );
         registry.register(
             "fencegate_log_suppressed",

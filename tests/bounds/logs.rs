@@ -133,3 +133,35 @@ async fn rapid_reset_logs_a_few_lines_not_one_per_connection() {
     assert!(suppressed_metric(&fencegate).await >= 1.0, "{seen}");
     assert_eq!(get(&fencegate.url("/objects/normal")).await.status, 200);
 }
+
+/// The access log is written by a thread of its own, through a queue: a
+/// burst of requests is logged whole, `fencegate_log_dropped_total` says
+/// nothing was dropped, and a clean shutdown (SIGTERM right after the last
+/// answer) writes out every queued line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_loses_no_line_on_a_clean_shutdown() {
+    let upstream = RecordingUpstream::start().await;
+    let mut fencegate = start(&upstream).await;
+    let (writers, each) = (8, 250);
+    let mut tasks = Vec::new();
+    for writer in 0..writers {
+        let url = fencegate.url(&format!("/objects/burst-{writer}"));
+        tasks.push(tokio::spawn(async move {
+            let client = client();
+            for _ in 0..each {
+                let req = Request::get(&url).body(Full::<Bytes>::default()).unwrap();
+                client.request(req).await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let text = get(&fencegate.admin_url("/metrics")).await.text();
+    assert!(text.lines().any(|l| l == "fencegate_log_dropped_total 0"), "{text}");
+    fencegate.signal("TERM");
+    assert!(fencegate.wait_exit().await.success());
+    let events = fencegate.events();
+    let logged = lines(&events, |e| e["target"] == "fencegate::access" && e["route"] == "objects").count();
+    assert_eq!(logged, writers * each, "access lines for {} requests", writers * each);
+}
