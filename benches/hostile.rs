@@ -164,6 +164,22 @@ fn renice_this_thread(nice: i32) {
     }
 }
 
+/// Not an attack: one thread at the normal client's priority spinning until
+/// `deadline`, which is what one core of any work beside it costs the normal
+/// client on this machine. It tells a flood's refusals costing the proxy
+/// CPU apart from the proxy serving its clients unfairly.
+fn spin(deadline: Instant) -> Seen {
+    let deadline = deadline.into_std();
+    let spinner = std::thread::spawn(move || {
+        let mut spins = 0u64;
+        while std::time::Instant::now() < deadline {
+            spins = std::hint::black_box(spins + 1);
+        }
+    });
+    let _ = spinner.join();
+    Seen::default()
+}
+
 fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -181,6 +197,7 @@ async fn attack(name: &str, fg: &Fencegate, deadline: Instant, key_bytes: usize,
         "listings" => attacks::admin_listings(fg.admin, 2, 1000, deadline).await,
         "hpack" => attacks::hpack_amplification(fg.proxy, "/objects/amplified", 2, 3900, 16, deadline).await,
         "reset" => attacks::rapid_reset(fg.proxy, "/objects/", 4, deadline).await,
+        "spin" => spin(deadline),
         other => panic!("BENCH_ATTACKS: unknown attack {other:?} (known: {ALL})"),
     }
 }
