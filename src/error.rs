@@ -26,7 +26,12 @@ use crate::routing::{DestinationError, HostError};
 /// Why fencegate answered a request itself instead of the upstream.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
-    #[error("token {token} is lower than the fence {current} for this key")]
+    /// Below the mark; or equal to it, which only a `strict` route refuses.
+    #[error("{}", if token < current {
+        format!("token {token} is lower than the fence {current} for this key")
+    } else {
+        format!("token {token} equals the fence {current} for this key, and this route is strict: one write per token")
+    })]
     StaleToken { token: u64, current: u64 },
     #[error("this method is fenced on this route and the request has no {header} header")]
     MissingToken { header: HeaderName },

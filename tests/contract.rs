@@ -333,3 +333,32 @@ async fn admin_serves_health_readiness_and_metrics_that_count_each_request() {
     get(&proxy.admin_url("/nope")).await.problem(404);
     send("POST", &proxy.admin_url("/healthz"), &[], "").await.problem(405);
 }
+
+/// `strict = true`: one write per token. A token equal to the key's mark is
+/// refused with 409 like a lower one (nothing forwarded, the mark unchanged),
+/// a higher one is forwarded; without `strict` the holder of the mark may
+/// write again.
+#[tokio::test]
+async fn a_strict_route_refuses_a_token_equal_to_the_mark() {
+    let up = RecordingUpstream::start().await;
+    let routes = format!("{}{}", route("once", "/once/", &up, "strict = true"), route("again", "/again/", &up, ""));
+    let proxy = Proxy::start(&routes).await;
+
+    assert_eq!(put(&proxy.url("/once/x"), 5, "first").await.status, 200);
+    let r = put(&proxy.url("/once/x"), 5, "second").await;
+    let p = r.problem(409);
+    assert_eq!(p["type"], "urn:fencegate:problem:stale-token");
+    assert_eq!((p["token"].as_u64(), p["current"].as_u64()), (Some(5), Some(5)));
+    assert_eq!(r.header("x-fencing-token-current"), Some("5"));
+    assert!(p["detail"].as_str().unwrap().contains("strict"), "{p}");
+    put(&proxy.url("/once/x"), 4, "lower").await.problem(409);
+    assert_eq!(put(&proxy.url("/once/x"), 6, "third").await.status, 200);
+    assert_eq!(proxy.metric(r#"fencegate_requests_total{route="once",outcome="stale"}"#).await, Some(2.0));
+
+    assert_eq!(put(&proxy.url("/again/x"), 5, "first").await.status, 200);
+    assert_eq!(put(&proxy.url("/again/x"), 5, "second").await.status, 200);
+
+    let applied: Vec<(String, Option<String>)> = up.applied().into_iter().map(|w| (w.key, w.token)).collect();
+    let want = [("/once/x", "5"), ("/once/x", "6"), ("/again/x", "5"), ("/again/x", "5")];
+    assert_eq!(applied, want.map(|(k, t)| (k.to_string(), Some(t.to_string()))));
+}

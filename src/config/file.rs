@@ -99,5 +99,6 @@ pub struct RouteSection {
     pub max_body: Option<Size>,
     pub signing_key_file: Option<String>,
     pub max_token_jump: Option<u64>,
+    pub strict: Option<bool>,
     pub max_upstream_connections: Option<u64>,
 }

@@ -164,6 +164,7 @@ pub(super) mod tests {
         assert_eq!(r.max_body, 16 << 20);
         assert!(r.signing_key.is_none());
         assert_eq!(r.max_token_jump, None);
+        assert!(!r.strict);
         assert_eq!(c.server.header_read_timeout, Duration::from_secs(10));
         assert_eq!(c.server.max_header_bytes, 64 << 10);
         assert_eq!(c.server.max_connections, 10_000);

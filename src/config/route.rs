@@ -182,6 +182,7 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
         // until then the route refuses every signature.
         signing_key: s.signing_key_file.as_ref().map(|_| SigningKey::unread()),
         max_token_jump: s.max_token_jump,
+        strict: s.strict.unwrap_or(false),
         // The `[fences]` value; set for every route once that section is read.
         max_key_bytes: super::defaults::DEFAULT_MAX_KEY_BYTES,
         upstream_slots: UpstreamSlots::new(max_upstream_connections),

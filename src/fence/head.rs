@@ -161,8 +161,9 @@ fn check_signature(
     }
 }
 
-/// Refuses `token` when it is below `key`'s mark or jumps too far above it:
-/// early from the head, and again with the turn held.
+/// Refuses `token` when it is below `key`'s mark (on a `strict` route, also
+/// when it equals it) or jumps too far above it: early from the head, and
+/// again with the turn held.
 pub(super) async fn check_mark<St: FenceStore>(
     store: &St,
     route: &Route,
@@ -170,7 +171,9 @@ pub(super) async fn check_mark<St: FenceStore>(
     token: u64,
 ) -> Result<(), ProxyError> {
     match store.get(key).await? {
-        Some(current) if token < current => Err(ProxyError::StaleToken { token, current }),
+        Some(current) if token < current || (route.strict && token == current) => {
+            Err(ProxyError::StaleToken { token, current })
+        }
         Some(current) => check_jump(route.max_token_jump, token, current),
         None => Ok(()),
     }

@@ -69,6 +69,10 @@ pub struct Route {
     pub signing_key: Option<SigningKey>,
     /// A token more than this above the key's mark is refused (403).
     pub max_token_jump: Option<u64>,
+    /// One write per token: a token equal to the key's mark is stale too
+    /// (409), as `UPDATE ... WHERE last_token < :token` would have it. Off:
+    /// the holder of the mark may write again.
+    pub strict: bool,
     /// Longest fence key, in bytes (`[fences] max_key_bytes`): a longer one is
     /// refused (400 `bad-key`) before it reads or raises a mark.
     pub max_key_bytes: usize,
@@ -140,6 +144,7 @@ pub(crate) fn test_route(name: &str, prefix: &str) -> Route {
         max_body: 1 << 20,
         signing_key: None,
         max_token_jump: None,
+        strict: false,
         max_key_bytes: 1024,
         upstream_slots: UpstreamSlots::new(8),
     }
