@@ -1,0 +1,214 @@
+//! Heap allocations per fenced `PUT`, counted in the proxy's own process.
+//!
+//! `cargo bench --bench allocs`. This process runs fencegate in-process (the
+//! shipped allocator, mimalloc, behind a counter), with the access log on and
+//! written as deployed (stdout, here sent to `/dev/null`). The upstream and the
+//! client run in a child process (this binary again, `ALLOCS_ROLE=peer`), so
+//! their allocations are not counted. The child's client writes fenced `PUT`s
+//! on kept-alive connections, each raising its key's mark; after a warm-up it
+//! says `start`, sends `ALLOCS_REQUESTS` more and says `done`. Allocations
+//! counted between the two, divided by the requests, is the figure (every
+//! `alloc`, `alloc_zeroed` and `realloc` call, in any thread of the proxy).
+//!
+//! Environment:
+//! - `ALLOCS_REQUESTS` (20000): requests counted; `ALLOCS_WARMUP` (2000).
+//! - `ALLOCS_CONNECTIONS` (8): client connections, one task each.
+//! - `ALLOCS_LOG` (info): the `[log] level`; `warn` turns the access log off.
+//! - `ALLOCS_SAME_TOKEN` (0): 1 sends token 1 on every request (the holder
+//!   writing again: no mark moves) instead of raising each key's mark.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// mimalloc with a count of allocation calls.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is passed to mimalloc unchanged; the counter has no
+// effect on the memory handed out.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { mimalloc::MiMalloc.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a valid value")),
+        Err(_) => default,
+    }
+}
+
+fn main() {
+    if std::env::var("ALLOCS_ROLE").as_deref() == Ok("peer") {
+        peer::run();
+        return;
+    }
+    let requests: u64 = env_or("ALLOCS_REQUESTS", 20_000);
+    let level: String = env_or("ALLOCS_LOG", "info".to_string());
+
+    let mut child = Command::new(std::env::current_exe().expect("this binary's path"))
+        .env("ALLOCS_ROLE", "peer")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the peer process starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("the peer's stdout"));
+    let mut line = String::new();
+    let mut next = |what: &str| {
+        line.clear();
+        lines.read_line(&mut line).expect("a line from the peer");
+        let text = line.trim().to_string();
+        assert!(text.starts_with(what), "expected {what:?} from the peer, got {text:?}");
+        text
+    };
+    let upstream = next("upstream ").trim_start_matches("upstream ").to_string();
+
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [fences]\nstore = \"memory\"\n[log]\nlevel = \"{level}\"\n\
+         [[route]]\nname = \"objects\"\nprefix = \"/objects/\"\nupstream = \"http://{upstream}\"\n"
+    );
+    let config = fencegate::Config::from_toml_str(&config).and_then(|c| c.read_secrets()).expect("a valid config");
+    // The access log goes where it goes when deployed: stdout, here /dev/null.
+    silence_stdout();
+    let _log = fencegate::telemetry::init(fencegate::config::LogFormat::Human, &level);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let server = runtime.block_on(fencegate::Fencegate::bind(config)).expect("fencegate starts");
+    let proxy = server.proxy_addr();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = std::thread::spawn(move || {
+        runtime.block_on(server.run(async {
+            let _ = stopped.await;
+        }))
+    });
+
+    let mut to_peer = child.stdin.take().expect("the peer's stdin");
+    writeln!(to_peer, "{proxy}").expect("the peer reads the proxy's address");
+    next("start");
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let summary = next("done");
+    let counted = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let _ = stop.send(());
+    let _ = serving.join();
+    let _ = child.wait();
+    let tokens = if env_or::<u8>("ALLOCS_SAME_TOKEN", 0) != 0 { "same token" } else { "each raising its key" };
+    eprintln!(
+        "fenced PUT ({tokens}), log level {level}: {:.1} allocations per request ({counted} for {requests} requests; peer: {})",
+        counted as f64 / requests as f64,
+        summary.trim_start_matches("done").trim()
+    );
+}
+
+/// Points fd 1 at /dev/null (results go to stderr).
+fn silence_stdout() {
+    let null = std::fs::OpenOptions::new().write(true).open("/dev/null").expect("/dev/null opens");
+    // SAFETY: dup2 on two open descriptors; fd 1 is replaced, nothing else.
+    let rc = unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 1) };
+    assert!(rc >= 0, "dup2: {}", std::io::Error::last_os_error());
+}
+
+/// The child: an upstream answering every request 204, and the client.
+mod peer {
+    use std::convert::Infallible;
+    use std::io::BufRead;
+    use std::net::SocketAddr;
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Empty, Full};
+    use hyper::server::conn::http1;
+    use hyper::service::service_fn;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    use super::env_or;
+
+    pub fn run() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        runtime.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            println!("upstream {}", listener.local_addr().unwrap());
+            tokio::spawn(async move {
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else { continue };
+                    tokio::spawn(async move {
+                        let service = service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                            let _ = req.into_body().collect().await;
+                            Ok::<_, Infallible>(
+                                http::Response::builder().status(204).body(Empty::<Bytes>::new()).unwrap(),
+                            )
+                        });
+                        let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                    });
+                }
+            });
+            let mut line = String::new();
+            std::io::stdin().lock().read_line(&mut line).unwrap();
+            let proxy: SocketAddr = line.trim().parse().unwrap();
+            load(proxy).await;
+        });
+    }
+
+    async fn load(proxy: SocketAddr) {
+        let requests: u64 = env_or("ALLOCS_REQUESTS", 20_000);
+        let warmup: u64 = env_or("ALLOCS_WARMUP", 2_000);
+        let connections: u64 = env_or("ALLOCS_CONNECTIONS", 8);
+        let same_token = env_or::<u8>("ALLOCS_SAME_TOKEN", 0) != 0;
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        // Each task its own keys, each request one token above its key's last.
+        let phase = |count: u64, first: u64| {
+            let tasks: Vec<_> = (0..connections)
+                .map(|t| {
+                    let client = client.clone();
+                    tokio::spawn(async move {
+                        let mut failed = 0u64;
+                        for i in (t..count).step_by(connections as usize) {
+                            let n = first + i / connections;
+                            let req = http::Request::put(format!("http://{proxy}/objects/t{t}-{}", n % 128))
+                                .header("x-fencing-token", if same_token { 1 } else { n + 1 }.to_string())
+                                .body(Full::new(Bytes::from_static(b"payload")))
+                                .unwrap();
+                            match client.request(req).await {
+                                Ok(resp) if resp.status().is_success() => {
+                                    let _ = resp.into_body().collect().await;
+                                }
+                                _ => failed += 1,
+                            }
+                        }
+                        failed
+                    })
+                })
+                .collect();
+            async move {
+                let mut failed = 0;
+                for task in tasks {
+                    failed += task.await.unwrap();
+                }
+                failed
+            }
+        };
+        let warm_failed = phase(warmup, 0).await;
+        println!("start");
+        let failed = phase(requests, warmup).await;
+        println!("done {failed} of {requests} failed (warm-up: {warm_failed} failed)");
+    }
+}
