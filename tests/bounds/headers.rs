@@ -477,6 +477,47 @@ async fn a_connection_whose_requests_keep_being_refused_is_closed() {
     assert!(up.seen().iter().all(|(_, path, _)| path != "/objects/counted" && path != "/objects/k"));
 }
 
+/// The upstream's own refusals are its business: a client it answers 429 (or
+/// 400) a hundred times in a row keeps its connection.
+#[tokio::test]
+async fn an_upstream_that_keeps_refusing_a_client_does_not_close_its_connection() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(|_req: Request<hyper::body::Incoming>| async {
+                    let status = 429;
+                    Ok::<_, std::convert::Infallible>(
+                        http::Response::builder()
+                            .status(status)
+                            .body(http_body_util::Full::new(Bytes::from_static(b"slow down")))
+                            .unwrap(),
+                    )
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+            });
+        }
+    });
+    let route = format!("[[route]]\nname = \"objects\"\nprefix = \"/objects/\"\nupstream = \"http://{upstream}\"\n");
+    let proxy = start_in_process(&config_text("", MEMORY_STORE, &route)).await;
+    let mut conn = Conn::open(proxy.addr).await;
+    for (i, token) in (1..=100).enumerate() {
+        // Unfenced reads and fenced writes alike: forwarded, answered 429 upstream.
+        let request = if i % 2 == 0 {
+            RawRequest::new("GET", "/objects/polled").keep_alive()
+        } else {
+            RawRequest::new("PUT", "/objects/polled").token(token).body("x").keep_alive()
+        };
+        conn.send(&request.bytes()).await;
+        let reply = conn.response().await;
+        assert_eq!(reply.status, 429, "request {i}");
+        assert_eq!(reply.text(), "slow down");
+    }
+}
+
 /// The bytes of the heads the upstream saw for paths starting with `prefix`,
 /// counted as fencegate counts them (request line and fields as HTTP/1.1).
 fn head_bytes_upstream(up: &RecordingUpstream, prefix: &str) -> u64 {

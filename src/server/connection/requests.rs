@@ -11,6 +11,7 @@ use hyper::body::{Body, Frame, SizeHint};
 use tower::{Layer, Service};
 
 use super::activity::Activity;
+use crate::outcome::{Decision, Outcome};
 
 /// Counts a connection's requests in flight for its [`Activity`].
 #[derive(Clone)]
@@ -72,7 +73,13 @@ where
         let response = std::task::ready!(this.inner.poll(cx))?;
         let guard = this.guard.take();
         if let Some(InFlight(activity)) = &guard {
-            activity.answered(response.status());
+            // The upstream's own answers (forwarded, fenced or not) are not
+            // fencegate refusing the client, whatever their status.
+            let upstream = response
+                .extensions()
+                .get::<Decision>()
+                .is_some_and(|d| matches!(d.outcome, Outcome::Forwarded | Outcome::Unfenced));
+            activity.answered(response.status(), upstream);
         }
         Poll::Ready(Ok(response.map(|body| TrackedBody { inner: body, _guard: guard })))
     }
