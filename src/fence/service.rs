@@ -124,8 +124,15 @@ where
     for (k, r) in &keys {
         check_mark(&*store, r, k, token).await.map_err(|e| reject(e, k))?;
     }
-    for (k, _) in &keys {
+    for (k, r) in &keys {
         match store.advance(k, token).await {
+            // A strict route takes one write per token, and the advance is
+            // where that is decided for good: the fence API may have raised
+            // the mark to this very token since it was read. An equal
+            // advance changed nothing.
+            Ok(Advance::Accepted { previous: Some(current) }) if r.strict && current == token => {
+                return Err(reject(ProxyError::StaleToken { token, current }, k))
+            }
             Ok(Advance::Accepted { .. }) => {}
             Ok(Advance::Stale { current }) => return Err(reject(ProxyError::StaleToken { token, current }, k)),
             Err(e) => return Err(reject(e.into(), k)),
@@ -242,21 +249,23 @@ mod tests {
         })
     }
 
-    /// A memory store that counts reads, and whose first read answers what the
-    /// mark was just before another request raised it to `raced_to`.
+    /// A memory store that counts reads, and whose read number `race_on`
+    /// (0: the first) answers what the mark was just before another request
+    /// raised it to `raced_to`.
     #[derive(Default)]
     struct WitnessStore {
         inner: MemoryStore,
         gets: AtomicUsize,
         advances: AtomicUsize,
         raced_to: Option<u64>,
+        race_on: usize,
     }
 
     impl FenceStore for WitnessStore {
         async fn get(&self, key: &str) -> Result<Option<u64>, StoreError> {
-            let first = self.gets.fetch_add(1, Ordering::SeqCst) == 0;
+            let racing = self.gets.fetch_add(1, Ordering::SeqCst) == self.race_on;
             let mark = self.inner.get(key).await;
-            if let (true, Some(token)) = (first, self.raced_to) {
+            if let (true, Some(token)) = (racing, self.raced_to) {
                 self.inner.advance_now(key, token);
             }
             mark
@@ -336,6 +345,25 @@ mod tests {
         // Without a limit the same race is just a higher token.
         let store = Arc::new(WitnessStore { raced_to: Some(1), ..Default::default() });
         assert_eq!(put(route(None, None), store.clone(), &headers).await, (200, 1));
+    }
+
+    /// On a strict route a token equal to the mark is refused even when the
+    /// mark reached it after the last read (the fence API raising it between
+    /// the read with the turn held and the advance): nothing is forwarded.
+    #[tokio::test]
+    async fn a_strict_route_refuses_a_mark_raised_to_the_token_after_it_was_read() {
+        let strict = Arc::new(Route { strict: true, ..crate::route::test_route("objects", "/objects/") });
+        let headers = [("x-fencing-token", "7")];
+        // Reads: 0 early from the head, 1 with the turn held; the race follows 1.
+        let store = Arc::new(WitnessStore { raced_to: Some(7), race_on: 1, ..Default::default() });
+        assert_eq!(put(strict.clone(), store.clone(), &headers).await, (409, 0));
+        assert_eq!(store.inner.get("/objects/a").await.unwrap(), Some(7));
+        // The same race on a route that is not strict: the holder writes.
+        let store = Arc::new(WitnessStore { raced_to: Some(7), race_on: 1, ..Default::default() });
+        assert_eq!(put(route(None, None), store, &headers).await, (200, 1));
+        // And a strict route's first write with a token above the mark goes.
+        let store = Arc::new(WitnessStore::default());
+        assert_eq!(put(strict, store, &headers).await, (200, 1));
     }
 
     /// A COPY from a route that does not settle into one that does: when the
