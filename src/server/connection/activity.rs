@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::StatusCode;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -103,20 +102,17 @@ impl Activity {
         })
     }
 
-    /// A request of this connection was answered with `status`, by the
-    /// upstream (`from_upstream`) or by fencegate itself. A client whose
-    /// requests fencegate keeps refusing for what their heads are (400:
-    /// malformed, a bad token or key; 429: over the header rate; 431: too many
-    /// or too large fields) gets nothing more from the connection, and a flood of such
-    /// requests costs the proxy a decode and an answer each: after
-    /// [`REFUSALS_IN_A_ROW`] of them, with no other answer in between,
-    /// [`refusing`](Activity::refusing) resolves and the connection is closed.
-    /// A client that means well reconnects; a flood pays a handshake per few
-    /// dozen requests, and an HTTP/2 flood loses what it had queued. The
-    /// upstream's answers never count, and break the run: an upstream that
-    /// rate-limits a client with 429s is its business.
-    pub(crate) fn answered(&self, status: StatusCode, from_upstream: bool) {
-        if !from_upstream && matches!(status.as_u16(), 400 | 429 | 431) {
+    /// A request of this connection was answered; `refused`: by fencegate,
+    /// refusing it for what its head is (requests.rs says which answers are).
+    /// A client whose requests keep being refused gets nothing more from the
+    /// connection, and a flood of such requests costs the proxy a decode and
+    /// an answer each: after [`REFUSALS_IN_A_ROW`] of them, with no other
+    /// answer in between, [`refusing`](Activity::refusing) resolves and the
+    /// connection is closed. A client that means well reconnects; a flood
+    /// pays a handshake per few dozen requests, and an HTTP/2 flood loses what
+    /// it had queued.
+    pub(crate) fn answered(&self, refused: bool) {
+        if refused {
             if self.refusals.fetch_add(1, Ordering::Relaxed) + 1 == REFUSALS_IN_A_ROW {
                 self.refusing.notify_one();
             }
@@ -354,32 +350,17 @@ mod tests {
             let a = a.clone();
             tokio::spawn(async move { a.refusing().await })
         };
-        let refused =
-            [StatusCode::BAD_REQUEST, StatusCode::TOO_MANY_REQUESTS, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE];
-        for i in 0..REFUSALS_IN_A_ROW - 1 {
-            a.answered(refused[i as usize % 3], false);
-        }
-        // Answers that are not about the head do not count, and break the run.
-        a.answered(StatusCode::CONFLICT, false);
         for _ in 0..REFUSALS_IN_A_ROW - 1 {
-            a.answered(StatusCode::TOO_MANY_REQUESTS, false);
+            a.answered(true);
         }
-        // Nor do the upstream's, whatever their status.
-        a.answered(StatusCode::TOO_MANY_REQUESTS, true);
+        // Any other answer breaks the run.
+        a.answered(false);
         for _ in 0..REFUSALS_IN_A_ROW - 1 {
-            a.answered(StatusCode::TOO_MANY_REQUESTS, false);
-        }
-        for _ in 0..3 * REFUSALS_IN_A_ROW {
-            a.answered(StatusCode::BAD_REQUEST, true);
+            a.answered(true);
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!refusing.is_finished());
-        for _ in 0..REFUSALS_IN_A_ROW - 1 {
-            a.answered(StatusCode::TOO_MANY_REQUESTS, false);
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert!(!refusing.is_finished());
-        a.answered(StatusCode::BAD_REQUEST, false);
+        a.answered(true);
         tokio::time::timeout(Duration::from_secs(1), refusing).await.expect("closed after the run").unwrap();
     }
 

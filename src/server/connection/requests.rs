@@ -73,13 +73,7 @@ where
         let response = std::task::ready!(this.inner.poll(cx))?;
         let guard = this.guard.take();
         if let Some(InFlight(activity)) = &guard {
-            // The upstream's own answers (forwarded, fenced or not) are not
-            // fencegate refusing the client, whatever their status.
-            let upstream = response
-                .extensions()
-                .get::<Decision>()
-                .is_some_and(|d| matches!(d.outcome, Outcome::Forwarded | Outcome::Unfenced));
-            activity.answered(response.status(), upstream);
+            activity.answered(refuses_the_head(&response));
         }
         Poll::Ready(Ok(response.map(|body| TrackedBody { inner: body, _guard: guard })))
     }
@@ -111,11 +105,51 @@ impl<B: Body> Body for TrackedBody<B> {
     }
 }
 
+/// Whether fencegate itself refused the request for what its head is (400:
+/// malformed, a bad token or key; 429: over the header rate; 431: too many or
+/// too large fields). The upstream's answers (forwarded, fenced or not) never
+/// are, whatever their status: an upstream that rate-limits a client with
+/// 429s is its business. The status first: most answers stop there.
+fn refuses_the_head<B>(response: &http::Response<B>) -> bool {
+    matches!(response.status().as_u16(), 400 | 429 | 431)
+        && !response
+            .extensions()
+            .get::<Decision>()
+            .is_some_and(|d| matches!(d.outcome, Outcome::Forwarded | Outcome::Unfenced))
+}
+
 /// Counts one request in flight until dropped.
 pub(crate) struct InFlight(Arc<Activity>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.request_finished();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: u16, outcome: Option<Outcome>) -> http::Response<()> {
+        let mut response = http::Response::builder().status(status).body(()).unwrap();
+        if let Some(outcome) = outcome {
+            response.extensions_mut().insert(Decision { outcome, key: None, token: None, settled: false });
+        }
+        response
+    }
+
+    #[test]
+    fn only_fencegate_refusing_a_head_counts() {
+        for status in [400, 429, 431] {
+            assert!(refuses_the_head(&answer(status, None)), "{status}");
+            assert!(refuses_the_head(&answer(status, Some(Outcome::RateLimited))), "{status}");
+            // The upstream's answers never count, whatever their status.
+            assert!(!refuses_the_head(&answer(status, Some(Outcome::Forwarded))), "{status}");
+            assert!(!refuses_the_head(&answer(status, Some(Outcome::Unfenced))), "{status}");
+        }
+        for status in [200, 404, 409, 413, 503] {
+            assert!(!refuses_the_head(&answer(status, None)), "{status}");
+        }
     }
 }
