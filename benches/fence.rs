@@ -20,6 +20,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use fencegate::fence::gate::Ask;
 use fencegate::fence::store::{Advance, MemoryStore};
 use fencegate::fence::token::parse_token;
 use fencegate::fence::KeyGate;
@@ -114,8 +115,27 @@ fn gate_turn(c: &mut Criterion) {
     let mut g = c.benchmark_group("key_gate");
     g.throughput(Throughput::Elements(1));
     g.bench_function("acquire_release_uncontended", |b| {
-        b.iter(|| rt.block_on(async { drop(gate.acquire(black_box("/objects/a"), Duration::from_secs(1)).await) }))
+        b.iter(|| {
+            rt.block_on(async {
+                let mut turn = gate.acquire(black_box("/objects/a"), 7, Ask::Share, Duration::from_secs(1)).await;
+                if let Ok(turn) = &mut turn {
+                    turn.share();
+                }
+                drop(turn)
+            })
+        })
     });
+    // The holder's writes sharing a key held by another of them: no wait, no decision.
+    let mut holder = rt.block_on(gate.acquire("/objects/shared", 7, Ask::Share, Duration::from_secs(1))).unwrap();
+    holder.share();
+    g.bench_function("acquire_release_shared", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                drop(gate.acquire(black_box("/objects/shared"), 7, Ask::Share, Duration::from_secs(1)).await)
+            })
+        })
+    });
+    drop(holder);
     g.finish();
 }
 

@@ -33,6 +33,13 @@ pub enum ProxyError {
         format!("token {token} equals the fence {current} for this key, and this route is strict: one write per token")
     })]
     StaleToken { token: u64, current: u64 },
+    /// Below a token already waiting for the key's turn: stale by the time
+    /// its own turn would come.
+    #[error(
+        "token {token} is lower than token {waiting}, which is waiting for this key's turn: by this request's turn \
+         the fence would be at least {waiting}"
+    )]
+    Superseded { token: u64, waiting: u64 },
     #[error("this method is fenced on this route and the request has no {header} header")]
     MissingToken { header: HeaderName },
     #[error("the {header} header is malformed: {error}")]
@@ -99,7 +106,7 @@ impl ProxyError {
         use ProblemType as P;
         use ProxyError as E;
         match self {
-            E::StaleToken { .. } => (O::Stale, P::STALE_TOKEN),
+            E::StaleToken { .. } | E::Superseded { .. } => (O::Stale, P::STALE_TOKEN),
             E::MissingToken { .. } => (O::MissingToken, P::MISSING_TOKEN),
             E::MalformedToken { .. } => (O::MalformedToken, P::MALFORMED_TOKEN),
             E::BadKey(_) => (O::BadKey, P::BAD_KEY),
@@ -216,6 +223,9 @@ impl Rejection {
         }
         if let ProxyError::StaleToken { current, .. } = &self.error {
             problem = problem.header(CURRENT_TOKEN_HEADER, HeaderValue::from(*current));
+        }
+        if let ProxyError::Superseded { waiting, .. } = &self.error {
+            problem = problem.member("waiting", *waiting);
         }
         if self.error.retry_soon() {
             problem = problem.retry_soon();

@@ -5,7 +5,8 @@
 //! whose lease has expired. fencegate is that place for upstreams that cannot
 //! compare tokens themselves: it reads `X-Fencing-Token`, compares it atomically
 //! with the highest token seen for the resource key, and forwards only writes that
-//! are not stale, one at a time per key. The guarantee, step by step, is written
+//! are not stale, a raise of a key's mark only once every write in flight for
+//! the key has ended. The guarantee, step by step, is written
 //! down once, in `docs/behaviour.md`.
 //!
 //! Start it in-process with [`Fencegate::bind`] and [`Fencegate::run`], or use

@@ -16,7 +16,9 @@
 //!
 //! Then the history is checked:
 //! - per key, the upstream received and applied tokens in non-decreasing order
-//!   (no stale write), and never had two writes to one key in flight;
+//!   (no stale write), and never had writes of two different tokens to one
+//!   key in flight together (a holder's own writes may overlap: several
+//!   writers share each token now and then);
 //! - nothing fencegate refused reached the upstream, nothing reached it twice,
 //!   no body cut short reached it at all, and every 200 a client saw was applied;
 //! - every 409 was really stale: its `X-Fencing-Token-Current` is above the
@@ -146,12 +148,25 @@ struct History {
     /// In the order the upstream applied them.
     applied: Vec<Write>,
     fates: HashMap<u64, Fate>,
-    in_flight: [usize; KEYS],
+    /// Per key, the tokens of the writes in flight.
+    in_flight: [Vec<u64>; KEYS],
     overlaps: Vec<String>,
+    /// Writes that arrived while others with their token were in flight.
+    shared: usize,
     malformed: Vec<String>,
     /// Requests whose body ended early, by op id.
     cut_short: Vec<u64>,
     open_connections: usize,
+}
+
+impl History {
+    /// `write` has ended at the upstream.
+    fn end(&mut self, write: Write) {
+        let tokens = &mut self.in_flight[write.key];
+        if let Some(i) = tokens.iter().position(|t| *t == write.token) {
+            tokens.swap_remove(i);
+        }
+    }
 }
 
 /// The witness: an HTTP store on `/k/{key}` that records every write it read
@@ -195,7 +210,7 @@ impl HistoryUpstream {
     /// sent has been finished.
     fn idle(&self) -> bool {
         let h = self.history.lock().unwrap();
-        h.open_connections == 0 && h.in_flight.iter().all(|n| *n == 0)
+        h.open_connections == 0 && h.in_flight.iter().all(Vec::is_empty)
     }
 
     async fn handle(self, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, std::io::Error> {
@@ -216,11 +231,16 @@ impl HistoryUpstream {
         {
             let mut h = self.history.lock().unwrap();
             h.received.push(write);
-            h.in_flight[key] += 1;
-            if h.in_flight[key] > 1 {
-                let others = h.in_flight[key] - 1;
-                h.overlaps.push(format!("{write:?} arrived while {others} other write(s) to the key were in flight"));
+            // The holder's own writes may be in flight together; a write
+            // with another token must wait for every one of them.
+            let others: Vec<u64> = h.in_flight[key].iter().copied().filter(|t| *t != token).collect();
+            if !others.is_empty() {
+                h.overlaps.push(format!("{write:?} arrived while writes with tokens {others:?} were in flight"));
             }
+            if h.in_flight[key].contains(&token) {
+                h.shared += 1;
+            }
+            h.in_flight[key].push(token);
         }
         // Finished in a task of its own, so a client hanging up changes nothing.
         let history = self.history.clone();
@@ -247,7 +267,7 @@ impl HistoryUpstream {
                 }
                 h.fates.insert(op, fate);
                 if !applies_late {
-                    h.in_flight[key] -= 1;
+                    h.end(write);
                 }
             }
             let _ = answer_tx.send(fate);
@@ -255,7 +275,7 @@ impl HistoryUpstream {
                 tokio::time::sleep(late).await;
                 let mut h = history.lock().unwrap();
                 h.applied.push(write);
-                h.in_flight[key] -= 1;
+                h.end(write);
             }
         });
         match answer_rx.await {
@@ -297,6 +317,9 @@ enum Answer {
         current: Option<u64>,
         /// The problem `type`, when fencegate answered itself.
         problem: Option<String>,
+        /// The problem's `waiting` member: a 409 because a higher token
+        /// waits for the key.
+        waiting: Option<u64>,
     },
     /// No answer: connection refused or broken (fencegate was killed), or too slow.
     Failed(String),
@@ -369,10 +392,7 @@ impl Shared {
 }
 
 /// Sends one request and waits for its whole answer.
-async fn request(
-    client: &Client<HttpConnector, Full<Bytes>>,
-    req: Request<Full<Bytes>>,
-) -> Result<(u16, Option<u64>, Option<String>), String> {
+async fn request(client: &Client<HttpConnector, Full<Bytes>>, req: Request<Full<Bytes>>) -> Result<Answer, String> {
     let exchange = async {
         let resp = client.request(req).await.map_err(|e| format!("{e:?}"))?;
         let (parts, body) = resp.into_parts();
@@ -381,11 +401,13 @@ async fn request(
             v.to_str().ok().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX) // u64::MAX: malformed, flagged later
         });
         let is_problem = parts.headers.get("content-type").is_some_and(|v| v == "application/problem+json");
-        let problem = is_problem
-            .then(|| serde_json::from_slice::<serde_json::Value>(&body).ok())
-            .flatten()
-            .map(|p| p["type"].as_str().unwrap_or("(no type)").to_string());
-        Ok((parts.status.as_u16(), current, problem))
+        let problem = is_problem.then(|| serde_json::from_slice::<serde_json::Value>(&body).ok()).flatten();
+        Ok(Answer::Status {
+            code: parts.status.as_u16(),
+            current,
+            waiting: problem.as_ref().and_then(|p| p.get("waiting")).map(|w| w.as_u64().unwrap_or(u64::MAX)),
+            problem: problem.map(|p| p["type"].as_str().unwrap_or("(no type)").to_string()),
+        })
     };
     tokio::time::timeout(Duration::from_secs(20), exchange).await.map_err(|_| "no answer in 20 s".to_string())?
 }
@@ -484,11 +506,11 @@ async fn prefence(client: &Client<HttpConnector, Full<Bytes>>, shared: &Shared, 
     finish(shared, op, result)
 }
 
-fn finish(shared: &Shared, mut op: Op, result: Result<(u16, Option<u64>, Option<String>), String>) -> Op {
+fn finish(shared: &Shared, mut op: Op, result: Result<Answer, String>) -> Op {
     op.answer = match result {
-        Ok((code, current, problem)) => {
+        Ok(answer) => {
             shared.answered.fetch_add(1, Ordering::Relaxed);
-            Answer::Status { code, current, problem }
+            answer
         }
         Err(e) => Answer::Failed(e),
     };
@@ -525,25 +547,50 @@ async fn writer(shared: Arc<Shared>, mut rng: StdRng) -> Vec<Op> {
         if acquired {
             tokio::time::sleep(pause).await;
         }
-        let op = if fence_first {
-            prefence(&client, &shared, key, token).await
+        let burst = if fence_first {
+            vec![prefence(&client, &shared, key, token).await]
         } else {
             if !acquired {
                 tokio::time::sleep(pause).await;
             }
             match rude {
-                Some(kind) => hang_up(&shared, &mut rng, kind, key, token).await,
-                None => write(&client, &shared, &mut rng, Kind::Write, key, token).await,
+                Some(kind) => vec![hang_up(&shared, &mut rng, kind, key, token).await],
+                // Now and then the holder writes from several tasks at once.
+                None if rng.gen_bool(0.25) => together(&client, &shared, &mut rng, key, token).await,
+                None => vec![write(&client, &shared, &mut rng, Kind::Write, key, token).await],
             }
         };
-        match op.answer {
-            // Fenced out: this holder has lost the lock.
-            Answer::Status { code: 409, .. } => held = None,
-            // fencegate is down; try again shortly.
-            Answer::Failed(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            _ => {}
+        for op in burst {
+            match op.answer {
+                // Fenced out: this holder has lost the lock.
+                Answer::Status { code: 409, .. } => held = None,
+                // fencegate is down; try again shortly.
+                Answer::Failed(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                _ => {}
+            }
+            ops.push(op);
         }
-        ops.push(op);
+    }
+    ops
+}
+
+/// Two to four writes of one holder, of `key` with `token`, in flight together.
+async fn together(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    shared: &Arc<Shared>,
+    rng: &mut StdRng,
+    key: usize,
+    token: u64,
+) -> Vec<Op> {
+    let tasks: Vec<_> = (0..rng.gen_range(2..=4))
+        .map(|_| {
+            let (client, shared, mut rng) = (client.clone(), shared.clone(), StdRng::seed_from_u64(rng.gen()));
+            tokio::spawn(async move { write(&client, &shared, &mut rng, Kind::Write, key, token).await })
+        })
+        .collect();
+    let mut ops = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        ops.push(task.await.expect("a writer task panicked"));
     }
     ops
 }
@@ -628,6 +675,9 @@ async fn crash_and_restart(
         let probe = write(&client, shared, rng, Kind::Probe, key, applied.saturating_sub(1)).await;
         match probe.answer {
             Answer::Status { code: 409, current: Some(current), .. } if current >= applied => {}
+            // A higher token was waiting for the key: the API check below
+            // still says whether the fence was kept.
+            Answer::Status { code: 409, current: None, waiting: Some(waiting), .. } if waiting >= applied => {}
             _ => violations.push(format!(
                 "lost fence: after a restart, key {key} (the upstream applied {applied}) answered {probe:?}"
             )),
@@ -710,7 +760,7 @@ async fn no_stale_write_survives_slow_failing_upstreams_and_kill_9() {
         ops.extend(w.await.unwrap());
     }
     let start = Instant::now();
-    while up.history.lock().unwrap().in_flight.iter().any(|n| *n > 0) {
+    while up.history.lock().unwrap().in_flight.iter().any(|t| !t.is_empty()) {
         assert!(start.elapsed() < PATIENCE, "writes stayed in flight at the upstream");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -737,6 +787,7 @@ async fn no_stale_write_survives_slow_failing_upstreams_and_kill_9() {
     assert!(count(&|o| o.code() == Some(502)) > 0, "no hang-up: {report}");
     assert!(count(&|o| o.code() == Some(504)) > 0, "no timeout: {report}");
     assert!(count(&|o| o.kind == Kind::Fence && o.code() == Some(200)) > 0, "{report}");
+    assert!(history.shared > 0, "a holder's writes were never in flight together: {report}");
     let fates: Vec<Fate> = history.fates.values().copied().collect();
     for fate in [
         Fate::HungUp { applied: Applied::Never },
@@ -824,8 +875,24 @@ fn check(ops: &[Op], history: &History, marks: &[Option<u64>; KEYS]) -> Vec<Stri
         let first = may_have_raised.entry((op.key, op.token)).or_insert(op.sent);
         *first = (*first).min(op.sent);
     }
+    // A 409 for a token below one waiting for the key's turn cites that
+    // token instead: some client sent it before the 409 came back.
+    let mut first_sent: HashMap<(usize, u64), Instant> = HashMap::new();
+    for op in ops {
+        let first = first_sent.entry((op.key, op.token)).or_insert(op.sent);
+        *first = (*first).min(op.sent);
+    }
     for op in ops.iter().filter(|o| o.code() == Some(409)) {
-        let Answer::Status { current, .. } = op.answer else { unreachable!() };
+        let Answer::Status { current, waiting, .. } = op.answer else { unreachable!() };
+        if let (None, Some(waiting)) = (current, waiting) {
+            if waiting <= op.token {
+                violations.push(format!("unexplained 409: the token is not below the one it says waits: {op:?}"));
+            }
+            if first_sent.get(&(op.key, waiting)).is_none_or(|sent| *sent >= op.done) {
+                violations.push(format!("unexplained 409: no request with token {waiting} was sent before it: {op:?}"));
+            }
+            continue;
+        }
         let Some(current) = current else {
             violations.push(format!("unexplained 409: no X-Fencing-Token-Current: {op:?}"));
             continue;
@@ -933,10 +1000,11 @@ fn summary(ops: &[Op], history: &History, kills: usize, elapsed: Duration) -> St
     fates.sort();
     format!(
         "checker: {} requests ({} answered) in {elapsed:.1?}, {kills} restarts; statuses {statuses:?}; \
-         upstream received {}, applied {}; fates {fates:?}; a request without answer: {failure:?}",
+         upstream received {}, applied {}, {} while the holder's others were in flight; fates {fates:?}; a request without answer: {failure:?}",
         ops.len(),
         ops.iter().filter(|o| o.code().is_some()).count(),
         history.received.len(),
         history.applied.len(),
+        history.shared,
     )
 }

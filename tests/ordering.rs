@@ -1,9 +1,13 @@
 //! The atomicity invariant, end to end: for one key, fenced requests reach the
-//! upstream one at a time in non-decreasing token order; different keys never
-//! wait on each other; stale tokens are refused without queueing.
+//! upstream in non-decreasing token order; the holder's own writes (the key's
+//! mark) may be in flight together, a higher token waits until every one of
+//! them has ended, and old-mark writes arriving behind a waiting raise are
+//! refused; different keys never wait on each other; stale tokens are refused
+//! without queueing.
 //!
 //! The recording upstream is the witness: it records what it applied, in which
-//! order, and whether two writes to one key were ever in flight together. The
+//! order, and whether writes with different tokens to one key were ever in
+//! flight together. The
 //! tests hold a write there while they look at what happens meanwhile, then
 //! release it: they wait on events, never on a sleep being long enough.
 //!
@@ -17,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::process::*;
 use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -78,25 +83,154 @@ async fn a_stale_token_is_refused_at_once_without_queueing() {
 
 #[tokio::test]
 async fn a_queued_token_is_checked_again_when_its_turn_comes() {
-    let (up, proxy) = setup().await;
+    let up = RecordingUpstream::start().await;
+    let auth = "auth_token = \"queue-secret\"";
+    let proxy = start_in_process(&config_text(auth, MEMORY_STORE, &route("objects", "/objects/", &up, ""))).await;
     let gate = up.hold("/objects/k");
     let first = spawn_put(proxy.url("/objects/k"), 1);
     gate.wait_arrived().await;
-    // Token 3 queues first; token 2 passes the early check (mark is 1) and
-    // queues behind it. When its turn comes the mark is 3: it must lose.
-    let three = spawn_put(proxy.url("/objects/k"), 3);
-    proxy.wait_metric("fencegate_waiting_requests", 1.0).await;
+    // Token 2 passes the early check (the mark is 1) and waits for token 1.
     let two = spawn_put(proxy.url("/objects/k"), 2);
-    proxy.wait_metric("fencegate_waiting_requests", 2.0).await;
+    proxy.wait_metric("fencegate_waiting_requests", 1.0).await;
+    // Meanwhile the lock service's next holder fences the key through the API.
+    let raise = send(
+        "PUT",
+        &proxy.admin_url(&format!("/fences?key={}", enc("/objects/k"))),
+        &[("authorization", "Bearer queue-secret")],
+        "{\"token\": 3}",
+    )
+    .await;
+    assert_eq!(raise.status, 200, "{}", raise.text());
 
+    // When its turn comes the mark is 3: token 2 must lose.
     gate.release();
     assert_eq!(first.await.unwrap().status, 200);
-    assert_eq!(three.await.unwrap().status, 200);
     let r = two.await.unwrap();
     let p = r.problem(409);
     assert_eq!(p["current"], 3);
     let tokens: Vec<_> = up.applied_for("/objects/k").into_iter().map(|a| a.token.unwrap()).collect();
-    assert_eq!(tokens, ["1", "3"]);
+    assert_eq!(tokens, ["1"]);
+}
+
+/// `PUT url` with `token` until it reaches the upstream, in a task of its own.
+async fn spawn_held(up: &RecordingUpstream, url: String, token: u64) -> tokio::task::JoinHandle<Reply> {
+    let key = url.rsplit_once("/objects/").map(|(_, k)| format!("/objects/{k}")).unwrap();
+    let before = up.in_flight(&key);
+    let task = spawn_put(url, token);
+    while up.in_flight(&key) == before {
+        assert!(!task.is_finished(), "the write was answered without reaching the upstream");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    task
+}
+
+#[tokio::test]
+async fn the_holders_writes_are_in_flight_together() {
+    let (up, proxy) = setup().await;
+    let url = proxy.url("/objects/k");
+    assert_eq!(put(&url, 1, "").await.status, 200);
+    let gate = up.hold_next("/objects/k", 3);
+    let mut writes = Vec::new();
+    for _ in 0..3 {
+        writes.push(spawn_held(&up, url.clone(), 1).await);
+    }
+    assert_eq!(up.in_flight("/objects/k"), 3);
+    assert_eq!(up.together("/objects/k"), 2);
+    assert_eq!(proxy.metric("fencegate_active_keys").await, Some(1.0));
+    assert_eq!(proxy.metric("fencegate_waiting_requests").await, Some(0.0));
+    gate.release();
+    for w in writes {
+        assert_eq!(w.await.unwrap().status, 200);
+    }
+    assert_eq!(up.applied_for("/objects/k").len(), 4);
+    assert!(up.overlaps().is_empty());
+    assert_eq!(proxy.metric("fencegate_active_keys").await, Some(0.0));
+}
+
+#[tokio::test]
+async fn a_raise_waits_for_every_write_of_the_old_mark_and_old_writes_behind_it_are_refused() {
+    let (up, proxy) = setup().await;
+    let url = proxy.url("/objects/k");
+    assert_eq!(put(&url, 1, "").await.status, 200);
+    // Two writes of the holder of token 1, held at the upstream one by one.
+    let (first_gate, second_gate) = (up.hold("/objects/k"), up.hold("/objects/k"));
+    let first = spawn_held(&up, url.clone(), 1).await;
+    let second = spawn_held(&up, url.clone(), 1).await;
+
+    // The next holder waits for both.
+    let raise = spawn_put(url.clone(), 2);
+    proxy.wait_metric("fencegate_waiting_requests", 1.0).await;
+    // The old holder writes again: it would be stale by its turn, so it is
+    // refused now, and does not hold the new holder up.
+    let r = put(&url, 1, "").await;
+    let p = r.problem(409);
+    assert_eq!(p["type"], "urn:fencegate:problem:stale-token", "{p}");
+    assert_eq!(p["waiting"], 2, "{p}");
+    assert_eq!(p["token"], 1, "{p}");
+    assert!(r.header("x-fencing-token-current").is_none(), "the mark is still 1: {p}");
+    // A token below the mark is stale at once, as ever.
+    put(&url, 0, "").await.problem(409);
+
+    first_gate.release();
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(up.in_flight("/objects/k"), 1, "token 2 went while a write of token 1 was in flight");
+    assert_eq!(proxy.metric("fencegate_waiting_requests").await, Some(1.0));
+    second_gate.release();
+    assert_eq!(second.await.unwrap().status, 200);
+    assert_eq!(raise.await.unwrap().status, 200);
+
+    let applied = up.applied_for("/objects/k");
+    let tokens: Vec<_> = applied.iter().map(|a| a.token.clone().unwrap()).collect();
+    assert_eq!(tokens, ["1", "1", "1", "2"]);
+    assert!(applied[3].started >= applied[2].ended, "token 2 reached the upstream before token 1 was done");
+    assert!(up.overlaps().is_empty(), "{:?}", up.overlaps());
+    // Now token 1 is stale, and says so with the mark.
+    assert_eq!(put(&url, 1, "").await.header("x-fencing-token-current"), Some("2"));
+}
+
+#[tokio::test]
+async fn a_settling_write_holds_the_key_against_a_raise_but_not_its_holder() {
+    let up = RecordingUpstream::start().await;
+    let proxy = Proxy::start(&route("objects", "/objects/", &up, "timeout = \"200ms\"\nsettle = \"1s\"")).await;
+    let url = proxy.url("/objects/k");
+    // Held past the timeout: 504, outcome unknown, the key settles for 1 s.
+    let gate = up.hold("/objects/k");
+    let answered = {
+        let r = put(&url, 1, "").await;
+        r.problem(504);
+        std::time::Instant::now()
+    };
+    // The holder's next write shares the key with the settling one.
+    assert_eq!(put(&url, 1, "").await.status, 200);
+    // A raise waits for the settle period.
+    let raise = spawn_put(url.clone(), 2);
+    proxy.wait_metric("fencegate_waiting_requests", 1.0).await;
+    gate.release();
+    assert_eq!(raise.await.unwrap().status, 200);
+    let applied = up.applied_for("/objects/k");
+    let raised = applied.iter().find(|a| a.token.as_deref() == Some("2")).expect("token 2 was applied");
+    // The settle period began before the 504 was answered: half of it is margin.
+    let held = raised.started.saturating_duration_since(answered);
+    assert!(held >= Duration::from_millis(500), "token 2 reached the upstream {held:?} after the 504");
+    assert!(up.overlaps().is_empty(), "{:?}", up.overlaps());
+}
+
+#[tokio::test]
+async fn a_strict_key_keeps_one_write_in_flight() {
+    let up = RecordingUpstream::start().await;
+    let proxy = Proxy::start(&route("once", "/objects/", &up, "strict = true")).await;
+    let url = proxy.url("/objects/k");
+    let gate = up.hold("/objects/k");
+    let first = spawn_held(&up, url.clone(), 1).await;
+    // Token 2 waits for token 1: on a strict route every write raises the mark.
+    let second = spawn_put(url.clone(), 2);
+    proxy.wait_metric("fencegate_waiting_requests", 1.0).await;
+    assert_eq!(up.in_flight("/objects/k"), 1);
+    gate.release();
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(second.await.unwrap().status, 200);
+    assert!(up.overlaps().is_empty());
+    assert_eq!(up.together("/objects/k"), 0);
 }
 
 #[tokio::test]
@@ -126,12 +260,15 @@ struct Outcome {
     token: u64,
     status: u16,
     current: Option<u64>,
+    /// A 409's `waiting` member: a higher token was waiting for the key.
+    waiting: Option<u64>,
 }
 
 /// Many keys, many concurrent writers, lock holders that pause and come back
-/// with old tokens. Whatever the interleaving, the upstream's history must show
-/// per key non-decreasing tokens and no overlapping writes, and every 409 must
-/// have been really stale.
+/// with old tokens, and write from several tasks at once now and then.
+/// Whatever the interleaving, the upstream's history must show per key
+/// non-decreasing tokens and no writes with different tokens in flight
+/// together, and every 409 must have been really stale.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn randomized_writers_never_break_the_invariants() {
     const KEYS: usize = 6;
@@ -151,7 +288,7 @@ async fn randomized_writers_never_break_the_invariants() {
             let mut seen = Vec::new();
             let mut held: Option<(usize, u64)> = None;
             for _ in 0..ROUNDS {
-                let (key, token, slow, pause) = {
+                let (key, token, slow, pause, together) = {
                     // Mostly take the lock anew; sometimes keep writing with the
                     // token held since before a pause, which may be stale by now.
                     let (key, token) = match held {
@@ -161,20 +298,27 @@ async fn randomized_writers_never_break_the_invariants() {
                             (key, epochs[key].fetch_add(1, Ordering::SeqCst) + 1)
                         }
                     };
-                    (key, token, rng.gen_range(0..4u64), rng.gen_range(0..6u64))
+                    // Now and then the holder writes from several tasks at once.
+                    let together = if rng.gen_bool(0.25) { rng.gen_range(2..=3) } else { 1 };
+                    (key, token, rng.gen_range(0..4u64), rng.gen_range(0..6u64), together)
                 };
                 held = Some((key, token));
                 tokio::time::sleep(Duration::from_millis(pause)).await;
                 let path = format!("{base}k{key}");
-                let r = send(
-                    "PUT",
-                    &path,
-                    &[("x-fencing-token", &token.to_string()), ("x-slow-ms", &slow.to_string())],
-                    "w",
-                )
-                .await;
-                let current = r.header("x-fencing-token-current").map(|c| c.parse().unwrap());
-                seen.push(Outcome { key: format!("/objects/k{key}"), token, status: r.status.as_u16(), current });
+                let sends = (0..together).map(|_| {
+                    let path = path.clone();
+                    tokio::spawn(async move {
+                        let headers = [("x-fencing-token", token.to_string()), ("x-slow-ms", slow.to_string())];
+                        send("PUT", &path, &headers.each_ref().map(|(n, v)| (*n, v.as_str())), "w").await
+                    })
+                });
+                for r in sends.collect::<Vec<_>>() {
+                    let r = r.await.unwrap();
+                    let current = r.header("x-fencing-token-current").map(|c| c.parse().unwrap());
+                    let waiting = (r.status == 409).then(|| r.json()["waiting"].as_u64()).flatten();
+                    let status = r.status.as_u16();
+                    seen.push(Outcome { key: format!("/objects/k{key}"), token, status, current, waiting });
+                }
             }
             seen
         }));
@@ -184,7 +328,9 @@ async fn randomized_writers_never_break_the_invariants() {
         outcomes.extend(w.await.unwrap());
     }
 
-    assert!(up.overlaps().is_empty(), "two writes to one key were in flight together: {:?}", up.overlaps());
+    assert!(up.overlaps().is_empty(), "two tokens of one key were in flight together: {:?}", up.overlaps());
+    let together: usize = (0..KEYS).map(|k| up.together(&format!("/objects/k{k}"))).sum();
+    assert!(together > 0, "no holder's writes were ever in flight together");
     let mut applied: HashMap<String, Vec<u64>> = HashMap::new();
     for a in up.applied() {
         applied.entry(a.key).or_default().push(a.token.unwrap().parse().unwrap());
@@ -198,7 +344,13 @@ async fn randomized_writers_never_break_the_invariants() {
     assert_eq!(accepted, up.applied().len(), "every accepted write was applied, and nothing else");
     assert!(stale > 0 && accepted > 0, "the run should exercise both paths ({accepted} accepted, {stale} stale)");
     for o in outcomes.iter().filter(|o| o.status == 409) {
-        let current = o.current.expect("409 without X-Fencing-Token-Current");
+        if let (None, Some(waiting)) = (o.current, o.waiting) {
+            // Refused behind a higher token waiting for the key: some writer sent it.
+            assert!(waiting > o.token, "409 for {} with token {} behind waiting {waiting}", o.key, o.token);
+            assert!(outcomes.iter().any(|w| w.key == o.key && w.token == waiting), "{o:?} cites a token nobody sent");
+            continue;
+        }
+        let current = o.current.expect("409 without X-Fencing-Token-Current or waiting");
         assert!(current > o.token, "409 for {} with token {} but current {current}", o.key, o.token);
         assert!(
             applied[&o.key].contains(&current),

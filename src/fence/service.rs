@@ -11,7 +11,7 @@ use http::Response;
 use tower::{Service, ServiceExt};
 
 use super::future::ResponseFuture;
-use super::gate::Turn;
+use super::gate::{Ask, NoTurn, Turn};
 use super::head::check_mark;
 use super::store::{Advance, FenceStore};
 use super::{Checked, Fence, KeyGate};
@@ -107,12 +107,19 @@ where
         }
     }
     // One deadline for all of them: `queue_timeout` bounds the whole wait.
+    // A request that writes two keys, or a key of a strict route, holds its
+    // keys alone; any other shares its key with the requests carrying the
+    // key's mark (gate.rs).
     let deadline = tokio::time::Instant::now() + route.queue_timeout;
     let mut turns = Vec::with_capacity(keys.len());
-    for (k, _) in &keys {
-        match gate.acquire(k, deadline.saturating_duration_since(tokio::time::Instant::now())).await {
+    for (k, r) in &keys {
+        let ask = if keys.len() > 1 || r.strict { Ask::Alone } else { Ask::Share };
+        let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match gate.acquire(k, token, ask, wait).await {
             Ok(turn) => turns.push(turn),
-            Err(_) => return Err(reject(ProxyError::QueueTimeout(route.queue_timeout), &key)),
+            Err(NoTurn::Timeout) => return Err(reject(ProxyError::QueueTimeout(route.queue_timeout), &key)),
+            Err(NoTurn::Stale { current }) => return Err(reject(ProxyError::StaleToken { token, current }, k)),
+            Err(NoTurn::Superseded { waiting }) => return Err(reject(ProxyError::Superseded { token, waiting }, k)),
         }
     }
     // The checks that count happen with the turns held: a newer token may have
@@ -137,6 +144,11 @@ where
             Ok(Advance::Stale { current }) => return Err(reject(ProxyError::StaleToken { token, current }, k)),
             Err(e) => return Err(reject(e.into(), k)),
         }
+    }
+    // Every mark is this token now: the key's other requests carrying it may
+    // go too (a no-op for turns held alone).
+    for turn in &mut turns {
+        turn.share();
     }
 
     // The forward runs on a task of its own: if the client goes away (its
@@ -387,8 +399,9 @@ mod tests {
         let refused = take_turn_and_forward(timing_out, store, gate.clone(), checked).await.unwrap_err();
         assert_eq!(refused.settle, Some(Duration::from_secs(2)));
         let started = tokio::time::Instant::now();
-        assert!(gate.acquire("/objects/b", Duration::from_millis(1500)).await.is_err(), "the key settled too soon");
-        assert!(gate.acquire("/objects/b", Duration::from_secs(1)).await.is_ok());
+        let b = |wait| gate.acquire("/objects/b", 5, Ask::Alone, wait);
+        assert!(b(Duration::from_millis(1500)).await.is_err(), "the key settled too soon");
+        assert!(b(Duration::from_secs(1)).await.is_ok());
         assert_eq!(started.elapsed(), Duration::from_secs(2), "paused time: the settle period exactly");
     }
 

@@ -42,8 +42,11 @@ pub struct Applied {
 #[derive(Default)]
 struct UpstreamState {
     applied: Vec<Applied>,
-    in_flight: HashMap<String, usize>,
+    /// Per key, the tokens of the writes in flight.
+    in_flight: HashMap<String, Vec<Option<String>>>,
     overlaps: Vec<String>,
+    /// Per key, writes that arrived while another with their token was in flight.
+    together: HashMap<String, usize>,
     objects: HashMap<String, Bytes>,
     seen: Vec<(Method, String, HeaderMap)>,
     holds: Vec<Arc<Hold>>,
@@ -100,14 +103,20 @@ impl RecordingUpstream {
         self.applied().into_iter().filter(|a| a.key == key).collect()
     }
 
-    /// Keys for which two writes were ever in flight at the same time.
+    /// Keys for which two writes with different tokens were ever in flight
+    /// at the same time (a holder's own writes may be: see [`Self::together`]).
     pub fn overlaps(&self) -> Vec<String> {
         self.state.lock().unwrap().overlaps.clone()
     }
 
+    /// Writes to `key` that arrived while another with their token was in flight.
+    pub fn together(&self, key: &str) -> usize {
+        self.state.lock().unwrap().together.get(key).copied().unwrap_or(0)
+    }
+
     /// Writes to `key` in flight at the upstream right now.
     pub fn in_flight(&self, key: &str) -> usize {
-        self.state.lock().unwrap().in_flight.get(key).copied().unwrap_or(0)
+        self.state.lock().unwrap().in_flight.get(key).map_or(0, Vec::len)
     }
 
     /// Waits until a write to `key` is in flight at the upstream.
@@ -202,12 +211,18 @@ impl RecordingUpstream {
 
         // A write: mark it in flight, read the body, maybe dawdle, apply, record.
         let started = Instant::now();
+        let token = req.headers().get("x-fencing-token").map(|v| v.to_str().unwrap_or("?").to_string());
         let held = {
             let mut st = self.state.lock().unwrap();
-            let n = st.in_flight.entry(key.clone()).or_insert(0);
-            *n += 1;
-            if *n > 1 {
+            let tokens = st.in_flight.entry(key.clone()).or_default();
+            let (same, others) =
+                tokens.iter().fold((0, 0), |(s, o), t| if *t == token { (s + 1, o) } else { (s, o + 1) });
+            tokens.push(token.clone());
+            if others > 0 {
                 st.overlaps.push(key.clone());
+            }
+            if same > 0 {
+                *st.together.entry(key.clone()).or_default() += 1;
             }
             // Claimed under the state lock, so no two writes take a hold's last slot.
             let hold = st
@@ -220,8 +235,7 @@ impl RecordingUpstream {
             .cloned()
         };
         // Counts the write out of flight however the handler ends.
-        let in_flight = InFlight { state: self.state.clone(), key: key.clone() };
-        let token = req.headers().get("x-fencing-token").map(|v| v.to_str().unwrap_or("?").to_string());
+        let in_flight = InFlight { state: self.state.clone(), key: key.clone(), token: token.clone() };
         let slow = req.headers().get("x-slow-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
         let body = match req.into_body().collect().await {
             Ok(b) => b.to_bytes(),
@@ -260,13 +274,16 @@ impl RecordingUpstream {
 struct InFlight {
     state: Arc<Mutex<UpstreamState>>,
     key: String,
+    token: Option<String>,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = st.in_flight.get_mut(&self.key) {
-            *n -= 1;
+        if let Some(tokens) = st.in_flight.get_mut(&self.key) {
+            if let Some(i) = tokens.iter().position(|t| *t == self.token) {
+                tokens.swap_remove(i);
+            }
         }
     }
 }
