@@ -7,7 +7,7 @@
 #
 # Knobs (environment): ROUNDS (3), SECONDS (5; DURATION is an alias), WARMUP (1),
 # CONNS (64), KEYS (10000), SCENARIOS ("put get hotkey raise"), CONTENDERS (all;
-# e.g. "nginx fencegate-memory"), RTT_SECONDS (3), OUT (a directory for
+# e.g. "nginx fencegate-memory"), OUT (a directory for
 # results.csv, report.txt and the wrk/server logs), FENCEGATE_BIN (use this
 # binary, skip `cargo build`), HYPER_FLOOR_BIN (the same for the hyper-floor
 # contender, examples/hyper_floor.rs), SETTLE_WAIT_MS (2500: pause between two runs on
@@ -39,7 +39,6 @@ ROUNDS=${ROUNDS:-3}
 WARMUP=${WARMUP:-1}
 CONNS=${CONNS:-64}
 KEYS=${KEYS:-10000}
-RTT_SECONDS=${RTT_SECONDS:-3}
 SCENARIOS=${SCENARIOS:-put get hotkey raise}
 CONTENDERS=${CONTENDERS:-}
 OUT=${OUT:-}
@@ -47,7 +46,7 @@ OUT=${OUT:-}
 die() { echo "run.sh: $*" >&2; exit 1; }
 log() { echo "$*" >&2; }
 
-for v in ROUND_SECONDS ROUNDS WARMUP CONNS KEYS RTT_SECONDS; do
+for v in ROUND_SECONDS ROUNDS WARMUP CONNS KEYS; do
     [[ "${!v}" =~ ^[0-9]+$ ]] || die "$v must be a whole number, got '${!v}'"
 done
 ((ROUND_SECONDS > 0)) || die "SECONDS must be at least 1"
@@ -56,7 +55,7 @@ done
 ((KEYS > 0)) || die "KEYS must be at least 1"
 
 ALL_SCENARIOS="put get hotkey raise"
-ALL_CONTENDERS="nginx haproxy hyper-floor fencegate-memory fencegate-file fencegate-unfenced upstream"
+ALL_CONTENDERS="nginx nginx-lua haproxy hyper-floor fencegate-memory fencegate-file fencegate-unfenced upstream"
 for s in $SCENARIOS; do
     [[ " $ALL_SCENARIOS " == *" $s "* ]] || die "unknown scenario '$s' (known: $ALL_SCENARIOS)"
 done
@@ -67,9 +66,9 @@ done
 # Who runs in which scenario, in table order. The first one is the reference of
 # the ratio columns.
 declare -A LINEUP=(
-    [put]="nginx haproxy hyper-floor fencegate-memory fencegate-file fencegate-unfenced upstream"
+    [put]="nginx nginx-lua haproxy hyper-floor fencegate-memory fencegate-file fencegate-unfenced upstream"
     [get]="nginx haproxy hyper-floor fencegate-memory upstream"
-    [hotkey]="nginx fencegate-memory"
+    [hotkey]="nginx nginx-lua fencegate-memory"
     [raise]="fencegate-memory fencegate-file"
 )
 declare -A REFERENCE=([put]=nginx [get]=nginx [hotkey]=nginx [raise]=fencegate-memory)
@@ -355,6 +354,27 @@ if [[ -n "${NEEDED[nginx]:-}" ]]; then
     wait_ready nginx "http://127.0.0.1:${PORT[nginx]}/"
 fi
 
+# --- nginx with a fence check in Lua
+if [[ -n "${NEEDED[nginx-lua]:-}" ]]; then
+    [[ -f /usr/lib/nginx/modules/ngx_http_lua_module.so ]] || {
+        if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+            log "missing nginx's Lua module; installing libnginx-mod-http-lua"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y libnginx-mod-http-lua >&2 ||
+                die "could not install libnginx-mod-http-lua"
+        else
+            die "the nginx-lua contender needs libnginx-mod-http-lua (or leave it out with CONTENDERS)"
+        fi
+    }
+    PORT[nginx-lua]=$(pick_port)
+    d=$work/nginx-lua
+    mkdir -p "$d"
+    render "$here/proxy-nginx-lua.conf.in" "$d/nginx.conf" DIR="$d" PORT="${PORT[nginx-lua]}" UPSTREAM_PORT="$UP" \
+        KEEPALIVE="$KEEPALIVE" USER_LINE="$USER_LINE"
+    nginx -t -q -p "$d/" -c "$d/nginx.conf" -e "$d/error.log" >"$d/check.log" 2>&1 || { cat "$d/check.log" >&2; die "nginx-lua config rejected"; }
+    start_proc nginx-lua "$d/stdout.log" nginx -p "$d/" -c "$d/nginx.conf" -e "$d/error.log"
+    wait_ready nginx-lua "http://127.0.0.1:${PORT[nginx-lua]}/"
+fi
+
 # --- HAProxy
 if [[ -n "${NEEDED[haproxy]:-}" ]]; then
     PORT[haproxy]=$(pick_port)
@@ -405,7 +425,7 @@ path = \"$work/fencegate-file/fences\"" "$DEFAULT_METHODS" false
 PORT[upstream]=$UP
 
 # Smoke test: one request of each kind through every fencing contender must get 200.
-for c in fencegate-memory fencegate-file; do
+for c in nginx-lua fencegate-memory fencegate-file; do
     [[ -n "${NEEDED[$c]:-}" ]] || continue
     code=$(curl -s -o "$work/$c/smoke.out" -w '%{http_code}' -X PUT -H 'X-Fencing-Token: 1' --data 'smoke' \
         "http://127.0.0.1:${PORT[$c]}/objects/smoke") || true
@@ -505,13 +525,6 @@ for s in $SCENARIOS; do
             run_wrk "$s" "$c" round "$r" "$ROUND_SECONDS" "$CONNS"
         done
     done
-    if [[ "$s" == hotkey ]]; then
-        # Single-connection round trips: the hot key allows one write in flight.
-        for c in upstream fencegate-memory; do
-            [[ -n "${PORT[$c]:-}" ]] || continue
-            run_wrk hotkey "$c" rtt 0 "$RTT_SECONDS" 1
-        done
-    fi
 done
 
 # --------------------------------------------------------------- report ---
@@ -548,7 +561,7 @@ report() {
     echo "processes (utime+stime), not the upstream's or wrk's. RSS: peak (VmHWM), summed over"
     echo "the contender's processes, at the end of the run. errors: non-2xx (>399) responses"
     echo "and socket errors over every run, warm-ups included; must be 0."
-    awk -v scenarios="$SCENARIOS" -v hz="$CLK_TCK" -v conns="$CONNS" \
+    awk -v scenarios="$SCENARIOS" -v keys="$KEYS" -v hz="$CLK_TCK" -v conns="$CONNS" \
         -v lineups="$(for s in $ALL_SCENARIOS; do printf '%s=%s;' "$s" "$(lineup "$s" | tr ' ' ',')"; done)" \
         -v refs="put=${REFERENCE[put]};get=${REFERENCE[get]};hotkey=${REFERENCE[hotkey]};raise=${REFERENCE[raise]}" \
         -v titles="put=${TITLE[put]};get=${TITLE[get]};hotkey=${TITLE[hotkey]};raise=${TITLE[raise]}" '
@@ -601,7 +614,6 @@ report() {
         rps = v["requests"] / (v["duration_us"] / 1e6)
         err[s, c] += v["connect"] + v["read"] + v["write"] + v["status"] + v["timeout"]
         toterr += v["connect"] + v["read"] + v["write"] + v["status"] + v["timeout"]
-        if (kind == "rtt") { rtt50[c] = v["p50_us"]; rttmean[c] = v["mean_us"]; rttrps[c] = rps; next }
         if (kind != "round") next
         n = ++nr[s, c]; rounds[s, c, n] = rps
         raises[s, c] += v["store_raises"]; commits[s, c] += v["store_commits"]; settles[s, c] += v["settles"]
@@ -654,16 +666,9 @@ report() {
             if (s == "raise" && ((s, "fencegate-memory") in nr) && ((s, "fencegate-file") in nr))
                 printf "\nfile / memory: best ×%.2f, median ×%.2f\n", best[s, "fencegate-file"] / best[s, "fencegate-memory"], \
                     med[s, "fencegate-file"] / med[s, "fencegate-memory"]
-            if (s == "hotkey") {
-                printf "\nfencegate lets one fenced write per key be in flight, so one key is bounded by\n"
-                printf "1 / (the round trip fencegate -> upstream). Single connection (wrk -c1), p50:\n"
-                if ("upstream" in rtt50)
-                    printf "- upstream direct: %.0f µs -> bound %s req/s (1/p50)\n", rtt50["upstream"], thousands(1e6 / rtt50["upstream"])
-                if ("fencegate-memory" in rtt50)
-                    printf "- through fencegate-memory, hot key: %.0f µs -> %s req/s (1/p50)\n", rtt50["fencegate-memory"], thousands(1e6 / rtt50["fencegate-memory"])
-                if ((s, "fencegate-memory") in nr)
-                    printf "- measured hot-key rate with %d connections: %s req/s (best round)\n", conns, thousands(best[s, "fencegate-memory"])
-            }
+            if (s == "hotkey" && ((s, "fencegate-memory") in nr) && (("put", "fencegate-memory") in nr))
+                printf "\nfencegate-memory, one key / %s keys (put): best ×%.2f, median ×%.2f (one holder: its writes share the key)\n", \
+                    keys, best[s, "fencegate-memory"] / best["put", "fencegate-memory"], med[s, "fencegate-memory"] / med["put", "fencegate-memory"]
         }
         if (toterr > 0) printf "\n!! %d requests failed (non-2xx or socket errors): the rows marked !! are not valid.\n", toterr
     }' "$RSS" "$RESULTS"
@@ -672,7 +677,7 @@ report() {
 report_file=$work/report.txt
 report | tee "$report_file"
 
-# Raw results, one line per wrk run (rounds, warm-ups, primes, round trips).
+# Raw results, one line per wrk run (rounds, warm-ups, primes).
 csv=$work/results.csv
 awk -v hz="$CLK_TCK" '
     BEGIN { print "scenario,contender,kind,round,conns,seconds,requests,rps,p50_us,p99_us,mean_us,cpu_ticks,cpu_us_per_req,err_connect,err_read,err_write,err_status,err_timeout,peak_rss_mib,settles,store_raises,store_commits" }
