@@ -665,3 +665,52 @@ async fn a_request_handed_back_unsent_by_a_busy_upstream_connection_goes_out_on_
     assert_eq!(requests.load(Ordering::SeqCst), 2, "a request was lost or sent twice");
     assert_eq!(connections.load(Ordering::SeqCst), 2);
 }
+
+/// An upstream connection kept idle for the route's `upstream_idle_timeout`
+/// is closed while its client connection stays open; the client's next
+/// request goes out on a new one.
+#[tokio::test]
+async fn an_upstream_connection_idle_for_upstream_idle_timeout_is_closed() {
+    // An upstream that counts the connections it has open.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let (open_tx, mut open) = watch::channel(0usize);
+    let open_tx = Arc::new(open_tx);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let open_tx = open_tx.clone();
+            open_tx.send_modify(|n| *n += 1);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(|_req| async {
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                });
+                let _ =
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                open_tx.send_modify(|n| *n -= 1);
+            });
+        }
+    });
+    let routes = format!(
+        "[[route]]\nname = \"r\"\nprefix = \"/r/\"\nupstream = \"http://{upstream}\"\nupstream_idle_timeout = \"300ms\"\n"
+    );
+    let proxy = Proxy::start(&routes).await;
+
+    // One client connection, kept open throughout. The upstream connection
+    // turns idle after the request was sent: the timeout counts from then.
+    let sent = tokio::time::Instant::now();
+    let (mut client, head) = raw_exchange(proxy.addr, "GET /r/a HTTP/1.1\r\nhost: t\r\n\r\n").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut body = [0u8; 2];
+    client.read_exact(&mut body).await.unwrap();
+    assert_eq!(*open.borrow(), 1);
+    within("the idle upstream connection closing", open.wait_for(|n| *n == 0)).await.unwrap();
+    assert!(sent.elapsed() >= Duration::from_millis(300), "closed {:?} after the request", sent.elapsed());
+
+    // The client connection is still there, and its next request is served.
+    client.write_all(b"GET /r/b HTTP/1.1\r\nhost: t\r\n\r\n").await.unwrap();
+    let mut answer = vec![0u8; 512];
+    let n = within("the second answer", client.read(&mut answer)).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).to_string();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(*open.borrow(), 1, "a new upstream connection for the next request");
+}

@@ -62,6 +62,9 @@ pub(super) const DEFAULT_LOG_LEVEL: &str = "info";
 
 /// Default route `max_upstream_connections`.
 pub(super) const DEFAULT_MAX_UPSTREAM_CONNECTIONS: usize = 256;
+/// Default route `upstream_idle_timeout`: nginx's `keepalive_timeout` for
+/// upstream connections, and this proxy's own client `idle_timeout`.
+pub(super) const DEFAULT_UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub(super) const DEFAULT_MAX_BODY: u64 = 16 * 1024 * 1024;
 pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub(super) const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(10);

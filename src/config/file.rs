@@ -101,4 +101,5 @@ pub struct RouteSection {
     pub max_token_jump: Option<u64>,
     pub strict: Option<bool>,
     pub max_upstream_connections: Option<u64>,
+    pub upstream_idle_timeout: Option<String>,
 }

@@ -149,6 +149,8 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
         }
     };
     let max_body = p.size(&field("max_body"), s.max_body.as_ref(), DEFAULT_MAX_BODY);
+    let upstream_idle_timeout =
+        p.duration(&field("upstream_idle_timeout"), s.upstream_idle_timeout.as_deref(), DEFAULT_UPSTREAM_IDLE_TIMEOUT);
     let max_upstream_connections = match s.max_upstream_connections {
         None => DEFAULT_MAX_UPSTREAM_CONNECTIONS,
         Some(0) => {
@@ -185,7 +187,7 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
         strict: s.strict.unwrap_or(false),
         // The `[fences]` value; set for every route once that section is read.
         max_key_bytes: super::defaults::DEFAULT_MAX_KEY_BYTES,
-        upstream_slots: UpstreamSlots::new(max_upstream_connections),
+        upstream_slots: UpstreamSlots::new(max_upstream_connections, upstream_idle_timeout),
     })
 }
 

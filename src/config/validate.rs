@@ -261,6 +261,8 @@ fn across_routes(routes: &[Route], server: &ServerConfig, p: &mut Problems) {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use crate::config::tests::{fields, problems, MINIMAL};
     use crate::config::{Config, StoreKind};
 
@@ -367,6 +369,16 @@ mod tests {
         assert_eq!((c.admin.max_connections, c.routes[0].upstream_slots.cap()), (3, 5));
         let text = format!("[admin]\nmax_connections = 0\n{MINIMAL}max_upstream_connections = 0\n");
         assert_eq!(fields(&text), ["admin.max_connections", "route[0] 'objects'.max_upstream_connections"]);
+    }
+
+    #[test]
+    fn upstream_idle_timeout_has_a_default_and_refuses_zero_by_name() {
+        let c = Config::from_toml_str(MINIMAL).unwrap();
+        assert_eq!(c.routes[0].upstream_slots.idle_timeout(), Duration::from_secs(60));
+        let c = Config::from_toml_str(&format!("{MINIMAL}upstream_idle_timeout = \"5s\"\n")).unwrap();
+        assert_eq!(c.routes[0].upstream_slots.idle_timeout(), Duration::from_secs(5));
+        let text = format!("{MINIMAL}upstream_idle_timeout = \"0s\"\n");
+        assert_eq!(fields(&text), ["route[0] 'objects'.upstream_idle_timeout"]);
     }
 
     #[test]

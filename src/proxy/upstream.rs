@@ -121,28 +121,39 @@ impl Drop for Waiting<'_> {
 #[derive(Clone)]
 pub struct UpstreamSlots {
     inner: Arc<Pool>,
+    /// How long an upstream connection of the route may sit idle before it
+    /// is closed.
+    idle_timeout: Duration,
 }
 
 impl std::fmt::Debug for UpstreamSlots {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamSlots").field("cap", &self.inner.cap).finish_non_exhaustive()
+        f.debug_struct("UpstreamSlots")
+            .field("cap", &self.inner.cap)
+            .field("idle_timeout", &self.idle_timeout)
+            .finish_non_exhaustive()
     }
 }
 
 impl UpstreamSlots {
-    /// At most `cap` upstream connections open at once (at least one).
-    pub fn new(cap: usize) -> UpstreamSlots {
-        UpstreamSlots { inner: Pool::new(cap) }
+    /// At most `cap` upstream connections open at once (at least one), each
+    /// closed once it has been idle for `idle_timeout`.
+    pub fn new(cap: usize, idle_timeout: Duration) -> UpstreamSlots {
+        UpstreamSlots { inner: Pool::new(cap), idle_timeout }
     }
 
     /// A cap of the same size that shares nothing with this one: each running
     /// fencegate counts its own connections.
     pub fn fresh(&self) -> UpstreamSlots {
-        UpstreamSlots::new(self.inner.cap)
+        UpstreamSlots::new(self.inner.cap, self.idle_timeout)
     }
 
     pub fn cap(&self) -> usize {
         self.inner.cap
+    }
+
+    pub fn idle_timeout(&self) -> Duration {
+        self.idle_timeout
     }
 
     /// The slots one client connection may hold at once: a quarter of the
@@ -167,6 +178,7 @@ impl UpstreamSlots {
 struct Slot {
     route: Arc<Pool>,
     share: Arc<Pool>,
+    idle_timeout: Duration,
     _route_slot: OwnedSemaphorePermit,
     _share_slot: OwnedSemaphorePermit,
 }
@@ -184,11 +196,19 @@ impl Slot {
 /// when a request waits for its slot.
 struct Parked {
     sender: Mutex<Option<Sender>>,
+    /// When the sender was last parked.
+    parked_at: Mutex<Instant>,
     route: Arc<Pool>,
     share: Arc<Pool>,
 }
 
 impl Parked {
+    /// Since when the sender has been parked, if it is.
+    fn parked_since(&self) -> Option<Instant> {
+        let parked = self.sender.lock().unwrap_or_else(PoisonError::into_inner).is_some();
+        parked.then(|| *self.parked_at.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
     /// Takes the sender out if it is parked and has finished its last
     /// response: the connection may then close without cutting anything.
     fn take_if_idle(&self) -> Option<Sender> {
@@ -262,7 +282,7 @@ impl Upstreams {
         let Some(route_slot) = route.acquire(deadline).await else {
             return Err(UpstreamError::busy(route.cap, started.elapsed()));
         };
-        Ok(Slot { route, share, _route_slot: route_slot, _share_slot: share_slot })
+        Ok(Slot { route, share, idle_timeout: slots.idle_timeout, _route_slot: route_slot, _share_slot: share_slot })
     }
 
     /// This client connection's share of the route of `slots`.
@@ -343,6 +363,7 @@ impl Upstreams {
     fn put_back(&self, authority: &Authority, parked: Arc<Parked>, sender: Sender) {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         if idle.len() < MAX_IDLE {
+            *parked.parked_at.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
             *parked.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
             // Its driver looks for waiters only when the connection turns
             // idle; if that happened before it was parked, look here.
@@ -362,8 +383,12 @@ async fn connect(authority: &Authority, slot: Slot) -> Result<(Arc<Parked>, Send
     loop {
         match try_connect(authority).await {
             Ok((sender, conn)) => {
-                let parked =
-                    Arc::new(Parked { sender: Mutex::new(None), route: slot.route.clone(), share: slot.share.clone() });
+                let parked = Arc::new(Parked {
+                    sender: Mutex::new(None),
+                    parked_at: Mutex::new(Instant::now()),
+                    route: slot.route.clone(),
+                    share: slot.share.clone(),
+                });
                 tokio::spawn(drive(conn, slot, Arc::downgrade(&parked)));
                 return Ok((parked, sender));
             }
@@ -401,15 +426,21 @@ enum Woken {
     Shed,
     /// A request started waiting: look again with fresh notifications.
     Asked,
+    /// The idle timer went off: close the connection if it has been idle
+    /// for the route's `upstream_idle_timeout`.
+    IdleCheck,
 }
 
 /// Runs one upstream connection until it ends, holding its slot; closes it
-/// early once it is idle while a request waits for that slot. A connection
-/// only turns idle while it is polled here (its last response's end is read
-/// in that poll), so looking after every poll misses none, and a request
-/// that starts waiting wakes the idle ones.
+/// early once it is idle while a request waits for that slot, or once it has
+/// been idle for the route's `upstream_idle_timeout`. A connection only turns
+/// idle while it is polled here (its last response's end is read in that
+/// poll), so looking after every poll misses none, and a request that starts
+/// waiting wakes the idle ones. The idle timer goes off at most once per
+/// timeout and looks at when the connection was last parked.
 async fn drive(conn: Connection, slot: Slot, parked: Weak<Parked>) {
     let mut conn = pin!(conn.with_upgrades());
+    let mut idle_check = pin!(tokio::time::sleep(slot.idle_timeout));
     loop {
         let mut route_asks = pin!(slot.route.shed.notified());
         let mut share_asks = pin!(slot.share.shed.notified());
@@ -424,6 +455,9 @@ async fn drive(conn: Connection, slot: Slot, parked: Weak<Parked>) {
             // request; dropping the connection closes the socket.
             if slot.wanted() && parked.upgrade().and_then(|p| p.take_if_idle()).is_some() {
                 return Poll::Ready(Woken::Shed);
+            }
+            if idle_check.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woken::IdleCheck);
             }
             let asked = route_asks.as_mut().poll(cx).is_ready() | share_asks.as_mut().poll(cx).is_ready();
             if asked {
@@ -440,6 +474,23 @@ async fn drive(conn: Connection, slot: Slot, parked: Weak<Parked>) {
                 return;
             }
             Woken::Asked => {}
+            Woken::IdleCheck => {
+                let now = Instant::now();
+                let parked = parked.upgrade();
+                match parked.as_ref().and_then(|p| p.parked_since()) {
+                    Some(since) if now >= since + slot.idle_timeout => {
+                        if parked.and_then(|p| p.take_if_idle()).is_some() {
+                            tracing::debug!("closing an upstream connection idle for upstream_idle_timeout");
+                            return;
+                        }
+                        // Still sending its last response's body.
+                        idle_check.as_mut().reset(now + slot.idle_timeout);
+                    }
+                    Some(since) => idle_check.as_mut().reset(since + slot.idle_timeout),
+                    // Busy: it can't be idle for long before the next look.
+                    None => idle_check.as_mut().reset(now + slot.idle_timeout),
+                }
+            }
         }
     }
 }
@@ -449,7 +500,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn at_the_cap_a_slot_is_waited_for_then_refused() {
-        let slots = UpstreamSlots::new(2);
+        let slots = UpstreamSlots::new(2, Duration::from_secs(60));
         let a = slots.acquire(Duration::ZERO).await.unwrap();
         let _b = slots.acquire(Duration::ZERO).await.unwrap();
         assert_eq!(slots.open(), 2);
@@ -504,7 +555,7 @@ mod shedding {
     #[tokio::test]
     async fn at_the_cap_another_clients_idle_connection_closes_to_make_room() {
         let authority = upstream().await;
-        let slots = UpstreamSlots::new(1);
+        let slots = UpstreamSlots::new(1, Duration::from_secs(60));
         let (first, second) = (Upstreams::default(), Upstreams::default());
         get(&first, &authority, &slots).await.unwrap();
         assert_eq!(slots.open(), 1, "the first client keeps its connection");
@@ -551,7 +602,7 @@ mod shedding {
     async fn at_the_cap_a_connection_that_turns_idle_during_the_wait_gives_its_slot() {
         let release = Arc::new(Semaphore::new(0));
         let authority = holding_upstream(release.clone()).await;
-        let slots = UpstreamSlots::new(2);
+        let slots = UpstreamSlots::new(2, Duration::from_secs(60));
         let clients: Vec<Upstreams> = (0..3).map(|_| Upstreams::default()).collect();
         // Two clients' downloads fill the route's cap.
         let mut downloads = Vec::new();
@@ -578,9 +629,30 @@ mod shedding {
     }
 
     #[tokio::test]
+    async fn a_connection_idle_for_the_idle_timeout_closes() {
+        let authority = upstream().await;
+        let slots = UpstreamSlots::new(4, Duration::from_millis(300));
+        let client = Upstreams::default();
+        get(&client, &authority, &slots).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Used again before the timeout: kept, and idle from then on.
+        let last_used = Instant::now();
+        get(&client, &authority, &slots).await.unwrap();
+        assert_eq!(slots.open(), 1, "the connection was reused");
+        while slots.open() > 0 {
+            assert!(last_used.elapsed() < Duration::from_secs(5), "the idle connection was never closed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let idle = last_used.elapsed();
+        assert!(idle >= Duration::from_millis(300), "closed after {idle:?} idle, before the timeout");
+        assert!(client.take(&slots.inner, &authority).is_none(), "the closed connection is not handed out");
+        get(&client, &authority, &slots).await.expect("a new connection is opened after the idle one closed");
+    }
+
+    #[tokio::test]
     async fn kept_connections_serve_only_the_route_they_were_opened_for() {
         let authority = upstream().await;
-        let (a, b) = (UpstreamSlots::new(4), UpstreamSlots::new(4));
+        let (a, b) = (UpstreamSlots::new(4, Duration::from_secs(60)), UpstreamSlots::new(4, Duration::from_secs(60)));
         let client = Upstreams::default();
         get(&client, &authority, &a).await.unwrap();
         get(&client, &authority, &b).await.unwrap();
@@ -594,7 +666,7 @@ mod shedding {
     async fn one_client_connection_holds_at_most_its_share() {
         let release = Arc::new(Semaphore::new(0));
         let authority = holding_upstream(release.clone()).await;
-        let slots = UpstreamSlots::new(8);
+        let slots = UpstreamSlots::new(8, Duration::from_secs(60));
         assert_eq!(slots.share(), 2);
         let (greedy, other) = (Upstreams::default(), Upstreams::default());
         let mut held = Vec::new();
@@ -622,7 +694,7 @@ mod shedding {
 
     #[tokio::test(start_paused = true)]
     async fn a_busy_route_refuses_with_nothing_sent() {
-        let slots = UpstreamSlots::new(1);
+        let slots = UpstreamSlots::new(1, Duration::from_secs(60));
         let _taken = slots.acquire(Duration::ZERO).await.unwrap();
         let authority = Authority::from_static("127.0.0.1:1");
         let Err(refused) = Upstreams::default().checkout(&authority, &slots, Duration::from_millis(300)).await else {

@@ -146,6 +146,6 @@ pub(crate) fn test_route(name: &str, prefix: &str) -> Route {
         max_token_jump: None,
         strict: false,
         max_key_bytes: 1024,
-        upstream_slots: UpstreamSlots::new(8),
+        upstream_slots: UpstreamSlots::new(8, std::time::Duration::from_secs(60)),
     }
 }
