@@ -16,30 +16,88 @@
 //! - `ALLOCS_LOG` (info): the `[log] level`; `warn` turns the access log off.
 //! - `ALLOCS_SAME_TOKEN` (0): 1 sends token 1 on every request (the holder
 //!   writing again: no mark moves) instead of raising each key's mark.
+//! - `ALLOCS_SITES` (0): N > 0 also captures the call stack of every Nth
+//!   counted allocation and prints the sites that allocate most, per request
+//!   (slow: use a few thousand requests).
 
 use std::alloc::{GlobalAlloc, Layout};
+use std::cell::Cell;
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// mimalloc with a count of allocation calls.
 struct Counting;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+/// Every how many allocations a call stack is captured; 0: none.
+static SAMPLE_EVERY: AtomicU64 = AtomicU64::new(0);
+static SAMPLES: Mutex<Vec<std::backtrace::Backtrace>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// Set while this thread captures a stack: its own allocations are not sampled.
+    static CAPTURING: Cell<bool> = const { Cell::new(false) };
+}
+
+fn counted() {
+    let every = SAMPLE_EVERY.load(Ordering::Relaxed);
+    if every > 0 && CAPTURING.with(Cell::get) {
+        return; // the capture's own
+    }
+    let n = ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    if every == 0 || !n.is_multiple_of(every) {
+        return;
+    }
+    CAPTURING.with(|c| c.set(true));
+    let trace = std::backtrace::Backtrace::force_capture();
+    if let Ok(mut samples) = SAMPLES.lock() {
+        samples.push(trace);
+    }
+    CAPTURING.with(|c| c.set(false));
+}
+
+/// The sampled stacks by site: the first source lines outside the
+/// allocator, the standard library and this bench, as `per-request site`
+/// lines, most first.
+fn sites(samples: Vec<std::backtrace::Backtrace>, every: u64, requests: u64) -> String {
+    const PLUMBING: [&str; 4] = ["/rustc/", "/library/", "mimalloc", "benches/allocs.rs"];
+    let mut by_site: HashMap<String, u64> = HashMap::new();
+    for trace in samples {
+        let text = trace.to_string();
+        let frames: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("at "))
+            .filter(|at| !PLUMBING.iter().any(|p| at.contains(p)))
+            .map(|at| at.rsplit_once(":").map_or(at, |(file_line, _column)| file_line))
+            // `<crate>/<path in its src>`, for this crate and its dependencies alike.
+            .map(|at| match at.rsplit_once("/src/") {
+                Some((krate, path)) => format!("{}/{path}", krate.rsplit('/').next().unwrap_or(krate)),
+                None => at.to_string(),
+            })
+            .take(3)
+            .collect();
+        *by_site.entry(frames.join(" < ")).or_default() += every;
+    }
+    let mut sorted: Vec<_> = by_site.into_iter().collect();
+    sorted.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    sorted.iter().map(|(site, n)| format!("{:6.2} {site}\n", *n as f64 / requests as f64)).collect()
+}
 
 // SAFETY: every call is passed to mimalloc unchanged; the counter has no
 // effect on the memory handed out.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        counted();
         unsafe { mimalloc::MiMalloc.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        counted();
         unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        counted();
         unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -104,10 +162,13 @@ fn main() {
 
     let mut to_peer = child.stdin.take().expect("the peer's stdin");
     writeln!(to_peer, "{proxy}").expect("the peer reads the proxy's address");
+    let every: u64 = env_or("ALLOCS_SITES", 0);
     next("start");
+    SAMPLE_EVERY.store(every, Ordering::Relaxed);
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     let summary = next("done");
     let counted = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    SAMPLE_EVERY.store(0, Ordering::Relaxed);
     let _ = stop.send(());
     let _ = serving.join();
     let _ = child.wait();
@@ -117,6 +178,10 @@ fn main() {
         counted as f64 / requests as f64,
         summary.trim_start_matches("done").trim()
     );
+    if every > 0 {
+        let samples = std::mem::take(&mut *SAMPLES.lock().unwrap());
+        eprintln!("allocations per request by site (every {every}th sampled):\n{}", sites(samples, every, requests));
+    }
 }
 
 /// Points fd 1 at /dev/null (results go to stderr).
