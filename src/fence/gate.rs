@@ -34,12 +34,11 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::KeyMap;
-
 /// The per-key turns. Cheap to share: clone the `Arc`.
 #[derive(Debug, Default)]
 pub struct KeyGate {
-    keys: KeyMap<KeyTurns>,
+    /// Keyed by a shared string: every turn of the key holds it too.
+    keys: dashmap::DashMap<Arc<str>, KeyTurns, ahash::RandomState>,
     waiting: AtomicI64,
     /// Names waiters, so one that gives up can leave its queue.
     next_waiter: AtomicU64,
@@ -76,7 +75,7 @@ pub enum NoTurn {
 #[derive(Debug)]
 pub struct Turn {
     gate: Arc<KeyGate>,
-    key: Box<str>,
+    key: Arc<str>,
     token: u64,
     held: Held,
 }
@@ -146,7 +145,7 @@ impl KeyTurns {
     /// that can share with the holders, or the first one once nobody holds
     /// the key. A wake-up whose waiter has gone comes back in `unclaimed`,
     /// to be dropped once the key's lock is released.
-    fn wake(&mut self, gate: &Arc<KeyGate>, key: &str, unclaimed: &mut Vec<Turn>) {
+    fn wake(&mut self, gate: &Arc<KeyGate>, key: &Arc<str>, unclaimed: &mut Vec<Turn>) {
         loop {
             let held = match self.queue.front() {
                 // A token below the mark joins too: its check refuses it.
@@ -162,7 +161,7 @@ impl KeyTurns {
             if held != Held::Shared {
                 self.shared = None;
             }
-            let turn = Turn { gate: gate.clone(), key: key.into(), token: waiter.token, held };
+            let turn = Turn { gate: gate.clone(), key: key.clone(), token: waiter.token, held };
             if let Err(turn) = waiter.wake.send(turn) {
                 unclaimed.push(turn);
             }
@@ -212,10 +211,10 @@ impl KeyGate {
         let (id, woken) = {
             let mut turns = match self.keys.get_mut(key) {
                 Some(turns) => turns,
-                None => self.keys.entry(key.into()).or_default(),
+                None => self.keys.entry(Arc::from(key)).or_default(),
             };
             if let Some(held) = turns.arrive(token, ask)? {
-                return Ok(Turn { gate: self.clone(), key: key.into(), token, held });
+                return Ok(Turn { gate: self.clone(), key: turns.key().clone(), token, held });
             }
             let (wake, woken) = oneshot::channel();
             let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
@@ -249,8 +248,9 @@ impl KeyGate {
     fn update(self: &Arc<Self>, key: &str, change: impl FnOnce(&mut KeyTurns)) {
         let mut unclaimed = Vec::new();
         let idle = match self.keys.get_mut(key) {
-            Some(mut turns) => {
-                change(&mut turns);
+            Some(mut entry) => {
+                let (key, turns) = entry.pair_mut();
+                change(turns);
                 turns.wake(self, key, &mut unclaimed);
                 turns.is_idle()
             }

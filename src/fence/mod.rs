@@ -55,8 +55,8 @@ impl<B> Checked<B> {
         let Checked { routed, fence } = self;
         let (parts, body) = routed.request.into_parts();
         let request = http::Request::from_parts(parts, ());
-        let Routed { route, fenced, destination, .. } = routed;
-        (Checked { routed: Routed { route, request, fenced, destination }, fence }, body)
+        let Routed { route, fenced, destination, caller_gone, .. } = routed;
+        (Checked { routed: Routed { route, request, fenced, destination, caller_gone }, fence }, body)
     }
 
     /// A refusal of this request, naming its key and token when it has them.
@@ -74,7 +74,13 @@ impl Checked<()> {
         let (parts, ()) = routed.request.into_parts();
         let request = http::Request::from_parts(parts, body);
         Checked {
-            routed: Routed { request, route: routed.route, fenced: routed.fenced, destination: routed.destination },
+            routed: Routed {
+                request,
+                route: routed.route,
+                fenced: routed.fenced,
+                destination: routed.destination,
+                caller_gone: routed.caller_gone,
+            },
             fence,
         }
     }

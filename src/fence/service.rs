@@ -99,20 +99,25 @@ where
     // Every key the request writes, each with the route whose limits apply to
     // it, turns taken in key order: two requests that write the same two keys
     // (a COPY each way) then never hold one each and wait for the other.
-    let mut keys: Vec<(&str, &Route)> = vec![(&key, &route)];
-    if let Some((dest_key, dest_route)) = &destination {
-        if *dest_key != key {
-            keys.push((dest_key, dest_route));
-            keys.sort_by(|a, b| a.0.cmp(b.0));
+    let (one, mut two);
+    let keys: &[(&str, &Route)] = match &destination {
+        Some((dest_key, dest_route)) if *dest_key != key => {
+            two = [(key.as_str(), &*route), (dest_key.as_str(), &**dest_route)];
+            two.sort_by(|a, b| a.0.cmp(b.0));
+            &two
         }
-    }
+        _ => {
+            one = [(key.as_str(), &*route)];
+            &one
+        }
+    };
     // One deadline for all of them: `queue_timeout` bounds the whole wait.
     // A request that writes two keys, or a key of a strict route, holds its
     // keys alone; any other shares its key with the requests carrying the
     // key's mark (gate.rs).
     let deadline = tokio::time::Instant::now() + route.queue_timeout;
     let mut turns = Vec::with_capacity(keys.len());
-    for (k, r) in &keys {
+    for (k, r) in keys {
         let ask = if keys.len() > 1 || r.strict { Ask::Alone } else { Ask::Share };
         let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
         match gate.acquire(k, token, ask, wait).await {
@@ -128,10 +133,10 @@ where
     // as it is now; between this read and the advance only the fence API can
     // move a mark (fenced requests for these keys wait for the turn), and
     // raising it only makes the jump smaller.
-    for (k, r) in &keys {
+    for (k, r) in keys {
         check_mark(&*store, r, k, token).await.map_err(|e| reject(e, k))?;
     }
-    for (k, r) in &keys {
+    for (k, r) in keys {
         match store.advance(k, token).await {
             // A strict route takes one write per token, and the advance is
             // where that is decided for good: the fence API may have raised
@@ -158,7 +163,7 @@ where
     // It gives up only while it waits for an upstream slot, if this future
     // is dropped (the client left): nothing was sent then.
     let (_caller, gone) = crate::proxy::CallerGone::watch();
-    routed.request.extensions_mut().insert(gone);
+    routed.caller_gone = Some(gone);
     let forward = tokio::spawn(async move {
         let turns = SettlingTurns { turns, settle };
         let result = inner.oneshot(routed).await;
@@ -313,7 +318,8 @@ mod tests {
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
-        let req = Routed { route, request: req.body(Empty::<Bytes>::new()).unwrap(), fenced: true, destination: None };
+        let request = req.body(Empty::<Bytes>::new()).unwrap();
+        let req = Routed { route, request, fenced: true, destination: None, caller_gone: None };
         let decided = match super::super::head::check(&*store, req).await {
             Ok(checked) => take_turn_and_forward(inner, store, Arc::new(KeyGate::default()), checked).await,
             Err(rejection) => Err(rejection),
@@ -388,7 +394,7 @@ mod tests {
             Arc::new(Route { settle: Duration::from_secs(2), ..crate::route::test_route("objects", "/objects/") });
         let request = Request::builder().method("COPY").uri("/lenient/a").body(Empty::<Bytes>::new()).unwrap();
         let checked = Checked {
-            routed: Routed { route: source, request, fenced: true, destination: None },
+            routed: Routed { route: source, request, fenced: true, destination: None, caller_gone: None },
             fence: Some(Fence { token: 5, key: "/lenient/a".into(), destination: Some(("/objects/b".into(), dest)) }),
         };
         let timing_out = tower::service_fn(|_req: Routed<Empty<Bytes>>| async {

@@ -48,8 +48,8 @@ impl ClientAddr {
     }
 }
 
-/// Put in a request's extensions by whoever runs its forward on a task of
-/// its own: tells the forward when the request's caller is gone (its client
+/// Given with a request (`Routed::caller_gone`) by whoever runs its forward
+/// on a task of its own: tells the forward when the request's caller is gone (its client
 /// connection closed, its HTTP/2 stream was reset). A forward still waiting
 /// for an upstream slot then gives up, with nothing sent, instead of holding
 /// its key's turn and a task until `queue_timeout` for nobody. Once a slot
@@ -96,14 +96,13 @@ impl Service<Routed<RequestBody>> for Forward {
 }
 
 async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Response<ProxyBody>, ProxyError> {
-    let Routed { route, request: req, fenced, destination } = req;
+    let Routed { route, request: req, fenced, destination, caller_gone } = req;
     let (mut parts, body) = req.into_parts();
 
     // Only requests the fence does not cover may switch protocols: a fenced
     // write must end with its response head, or the key's turn would never pass on.
     let upgrade = wants_upgrade(&parts.headers) && !fenced;
     let client_upgrade = if upgrade { parts.extensions.remove::<OnUpgrade>() } else { None };
-    let caller_gone = parts.extensions.remove::<CallerGone>();
 
     // The host the client asked for, made canonical by routing (no copy).
     let original_host = parts.headers.get(HOST).cloned();
