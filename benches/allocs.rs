@@ -19,13 +19,17 @@
 //! - `ALLOCS_SITES` (0): N > 0 also captures the call stack of every Nth
 //!   counted allocation and prints the sites that allocate most, per request
 //!   (slow: use a few thousand requests).
+//! - `ALLOCS_IDLE` (0): N > 0 measures idle connections instead: the peer
+//!   opens N keep-alive connections, sends one fenced `PUT` on each and
+//!   keeps them open; the figure is the proxy's live heap bytes (allocated
+//!   and not freed) per connection, with `ALLOCS_SITES` the sites holding them.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// mimalloc with a count of allocation calls.
@@ -35,73 +39,117 @@ static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 /// Every how many allocations a call stack is captured; 0: none.
 static SAMPLE_EVERY: AtomicU64 = AtomicU64::new(0);
 static SAMPLES: Mutex<Vec<std::backtrace::Backtrace>> = Mutex::new(Vec::new());
+/// Bytes allocated and not yet freed.
+static LIVE_BYTES: AtomicI64 = AtomicI64::new(0);
+/// Sampled allocations not freed yet, by address (`ALLOCS_IDLE` with `ALLOCS_SITES`).
+static LIVE: Mutex<Option<HashMap<usize, (usize, std::backtrace::Backtrace)>>> = Mutex::new(None);
+static TRACK_LIVE: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// Set while this thread captures a stack: its own allocations are not sampled.
     static CAPTURING: Cell<bool> = const { Cell::new(false) };
 }
 
-fn counted() {
+/// Counts an allocation of `size` bytes at `ptr`, and samples it.
+fn counted(ptr: *mut u8, size: usize) {
     let every = SAMPLE_EVERY.load(Ordering::Relaxed);
     if every > 0 && CAPTURING.with(Cell::get) {
         return; // the capture's own
     }
+    LIVE_BYTES.fetch_add(size as i64, Ordering::Relaxed);
     let n = ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
     if every == 0 || !n.is_multiple_of(every) {
         return;
     }
     CAPTURING.with(|c| c.set(true));
     let trace = std::backtrace::Backtrace::force_capture();
-    if let Ok(mut samples) = SAMPLES.lock() {
+    if TRACK_LIVE.load(Ordering::Relaxed) {
+        if let Some(live) = LIVE.lock().ok().as_mut().and_then(|l| l.as_mut()) {
+            live.insert(ptr as usize, (size, trace));
+        }
+    } else if let Ok(mut samples) = SAMPLES.lock() {
         samples.push(trace);
     }
     CAPTURING.with(|c| c.set(false));
+}
+
+/// Counts the freeing of `size` bytes at `ptr`; `None` when a sampled
+/// allocation was freed.
+fn freed(ptr: *mut u8, size: usize) -> Option<(usize, std::backtrace::Backtrace)> {
+    if CAPTURING.with(Cell::get) {
+        return None;
+    }
+    LIVE_BYTES.fetch_sub(size as i64, Ordering::Relaxed);
+    if !TRACK_LIVE.load(Ordering::Relaxed) {
+        return None;
+    }
+    CAPTURING.with(|c| c.set(true));
+    let sample = LIVE.lock().ok().as_mut().and_then(|l| l.as_mut()).and_then(|l| l.remove(&(ptr as usize)));
+    CAPTURING.with(|c| c.set(false));
+    sample
 }
 
 /// The sampled stacks by site: the first source lines outside the
 /// allocator, the standard library and this bench, as `per-request site`
 /// lines, most first.
 fn sites(samples: Vec<std::backtrace::Backtrace>, every: u64, requests: u64) -> String {
-    const PLUMBING: [&str; 4] = ["/rustc/", "/library/", "mimalloc", "benches/allocs.rs"];
     let mut by_site: HashMap<String, u64> = HashMap::new();
     for trace in samples {
-        let text = trace.to_string();
-        let frames: Vec<String> = text
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("at "))
-            .filter(|at| !PLUMBING.iter().any(|p| at.contains(p)))
-            .map(|at| at.rsplit_once(":").map_or(at, |(file_line, _column)| file_line))
-            // `<crate>/<path in its src>`, for this crate and its dependencies alike.
-            .map(|at| match at.rsplit_once("/src/") {
-                Some((krate, path)) => format!("{}/{path}", krate.rsplit('/').next().unwrap_or(krate)),
-                None => at.to_string(),
-            })
-            .take(3)
-            .collect();
-        *by_site.entry(frames.join(" < ")).or_default() += every;
+        *by_site.entry(site(&trace)).or_default() += every;
     }
     let mut sorted: Vec<_> = by_site.into_iter().collect();
     sorted.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
     sorted.iter().map(|(site, n)| format!("{:6.2} {site}\n", *n as f64 / requests as f64)).collect()
 }
 
+/// Where a stack allocated: its first source lines outside the allocator,
+/// the standard library and this bench.
+fn site(trace: &std::backtrace::Backtrace) -> String {
+    const PLUMBING: [&str; 4] = ["/rustc/", "/library/", "mimalloc", "benches/allocs.rs"];
+    let text = trace.to_string();
+    let frames: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("at "))
+        .filter(|at| !PLUMBING.iter().any(|p| at.contains(p)))
+        .map(|at| at.rsplit_once(":").map_or(at, |(file_line, _column)| file_line))
+        // `<crate>/<path in its src>`, for this crate and its dependencies alike.
+        .map(|at| match at.rsplit_once("/src/") {
+            Some((krate, path)) => format!("{}/{path}", krate.rsplit('/').next().unwrap_or(krate)),
+            None => at.to_string(),
+        })
+        .take(3)
+        .collect();
+    frames.join(" < ")
+}
+
 // SAFETY: every call is passed to mimalloc unchanged; the counter has no
 // effect on the memory handed out.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        counted();
-        unsafe { mimalloc::MiMalloc.alloc(layout) }
+        let ptr = unsafe { mimalloc::MiMalloc.alloc(layout) };
+        counted(ptr, layout.size());
+        ptr
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        counted();
-        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+        let ptr = unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) };
+        counted(ptr, layout.size());
+        ptr
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        counted();
-        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+        freed(ptr, layout.size());
+        let new = unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) };
+        counted(new, new_size);
+        new
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let sample = freed(ptr, layout.size());
         unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+        // Outside the map's lock: dropping a backtrace frees memory too.
+        if sample.is_some() {
+            CAPTURING.with(|c| c.set(true));
+            drop(sample);
+            CAPTURING.with(|c| c.set(false));
+        }
     }
 }
 
@@ -163,6 +211,39 @@ fn main() {
     let mut to_peer = child.stdin.take().expect("the peer's stdin");
     writeln!(to_peer, "{proxy}").expect("the peer reads the proxy's address");
     let every: u64 = env_or("ALLOCS_SITES", 0);
+    let idle: u64 = env_or("ALLOCS_IDLE", 0);
+    if idle > 0 {
+        *LIVE.lock().unwrap() = Some(HashMap::new());
+        next("start");
+        let before = LIVE_BYTES.load(Ordering::Relaxed);
+        TRACK_LIVE.store(every > 0, Ordering::Relaxed);
+        SAMPLE_EVERY.store(every, Ordering::Relaxed);
+        let summary = next("held");
+        // The connections' requests are done; give their tasks a moment.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        SAMPLE_EVERY.store(0, Ordering::Relaxed);
+        let live = LIVE_BYTES.load(Ordering::Relaxed) - before;
+        TRACK_LIVE.store(false, Ordering::Relaxed);
+        let samples = LIVE.lock().unwrap().take().unwrap_or_default();
+        eprintln!(
+            "{idle} idle connections, each after one fenced PUT: {:.2} KB of live heap per connection ({live} B; peer: {})",
+            live as f64 / idle as f64 / 1024.0,
+            summary.trim_start_matches("held").trim()
+        );
+        if every > 0 {
+            let traces: Vec<(u64, std::backtrace::Backtrace)> =
+                samples.into_values().map(|(size, trace)| (size as u64, trace)).collect();
+            eprintln!(
+                "live bytes per connection by site (every {every}th allocation sampled):\n{}",
+                live_sites(traces, every, idle)
+            );
+        }
+        drop(to_peer);
+        let _ = stop.send(());
+        let _ = serving.join();
+        let _ = child.wait();
+        return;
+    }
     next("start");
     SAMPLE_EVERY.store(every, Ordering::Relaxed);
     let before = ALLOCATIONS.load(Ordering::Relaxed);
@@ -182,6 +263,17 @@ fn main() {
         let samples = std::mem::take(&mut *SAMPLES.lock().unwrap());
         eprintln!("allocations per request by site (every {every}th sampled):\n{}", sites(samples, every, requests));
     }
+}
+
+/// Sampled live allocations by site, as bytes per connection.
+fn live_sites(samples: Vec<(u64, std::backtrace::Backtrace)>, every: u64, connections: u64) -> String {
+    let mut by_site: HashMap<String, u64> = HashMap::new();
+    for (size, trace) in samples {
+        *by_site.entry(site(&trace)).or_default() += size * every;
+    }
+    let mut sorted: Vec<_> = by_site.into_iter().collect();
+    sorted.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    sorted.iter().take(25).map(|(site, n)| format!("{:8.0} B {site}\n", *n as f64 / connections as f64)).collect()
 }
 
 /// Points fd 1 at /dev/null (results go to stderr).
@@ -229,8 +321,44 @@ mod peer {
             let mut line = String::new();
             std::io::stdin().lock().read_line(&mut line).unwrap();
             let proxy: SocketAddr = line.trim().parse().unwrap();
-            load(proxy).await;
+            match env_or::<usize>("ALLOCS_IDLE", 0) {
+                0 => load(proxy).await,
+                n => hold_idle(proxy, n).await,
+            }
         });
+    }
+
+    /// Opens `n` connections, one fenced `PUT` on each (its answer read
+    /// whole), and keeps them open until the proxy's side closes stdin.
+    async fn hold_idle(proxy: SocketAddr, n: usize) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        println!("start");
+        let mut held = Vec::with_capacity(n);
+        let mut failed = 0;
+        for i in 0..n {
+            let mut stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
+            let request = format!(
+                "PUT /objects/idle-{i} HTTP/1.1\r\nhost: bench\r\nx-fencing-token: 1\r\ncontent-length: 2\r\n\r\nok"
+            );
+            stream.write_all(request.as_bytes()).await.unwrap();
+            // 204 with no body: the head is the whole answer.
+            let mut answer = Vec::new();
+            let mut buf = [0u8; 512];
+            while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => answer.extend_from_slice(&buf[..k]),
+                }
+            }
+            if !answer.starts_with(b"HTTP/1.1 2") {
+                failed += 1;
+            }
+            held.push(stream);
+        }
+        println!("held {failed} of {n} failed");
+        // Until the proxy's process is done measuring.
+        let _ = tokio::task::spawn_blocking(|| std::io::stdin().lock().read_line(&mut String::new())).await;
+        drop(held);
     }
 
     async fn load(proxy: SocketAddr) {

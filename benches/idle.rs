@@ -37,6 +37,13 @@
 //! - `IDLE_BATCH` (100): connections opened (and their `PUT`s sent) at once.
 //! - `IDLE_SETTLE_MS` (1000): the wait before each RSS reading, for the
 //!   contender's idle-time work.
+//! - `IDLE_ROUTE` (empty): more lines for fencegate's route, e.g.
+//!   `upstream_idle_timeout = "1s"` with `IDLE_SETTLE_MS=3000` to see what the
+//!   idle client connections hold once their upstream connections have closed.
+//! - `HYPER_FLOOR_BIN`: the build of `examples/hyper_floor.rs` for the
+//!   `hyper-floor` contender (`cargo build --release --example hyper_floor`),
+//!   which runs only when named in `IDLE_CONTENDERS`: hyper alone, one
+//!   upstream connection per client connection.
 //! - `FENCEGATE_BIN`: the binary (default: the release one cargo built for this bench).
 //! - `NGINX_BIN`: nginx (default: `nginx` on the PATH, else the usual sbin directories).
 
@@ -225,6 +232,22 @@ fn start_nginx(bin: &Path, dir: &Path, upstream: SocketAddr) -> Contender {
     Contender { child, proxy: ([127, 0, 0, 1], port).into(), log: error_log }
 }
 
+/// `examples/hyper_floor.rs`: hyper alone, one upstream connection per
+/// client connection, 2 workers.
+fn start_hyper_floor(bin: &Path, dir: &Path, upstream: SocketAddr) -> Contender {
+    let port = free_port();
+    let log = dir.join("hyper-floor.log");
+    let out = std::fs::File::create(&log).expect("the log file can be created");
+    let child = Command::new(bin)
+        .args([format!("127.0.0.1:{port}"), upstream.to_string(), "2".to_string()])
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("the log file"))
+        .stderr(out)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+    Contender { child, proxy: ([127, 0, 0, 1], port).into(), log }
+}
+
 fn start_fencegate(bin: &Path, dir: &Path, upstream: SocketAddr) -> Contender {
     let (port, admin) = (free_port(), free_port());
     let config = format!(
@@ -232,7 +255,8 @@ fn start_fencegate(bin: &Path, dir: &Path, upstream: SocketAddr) -> Contender {
          [admin]\nlisten = \"127.0.0.1:{admin}\"\n\
          [fences]\nstore = \"memory\"\n\
          [log]\nlevel = \"warn\"\n\
-         [[route]]\nname = \"objects\"\nprefix = \"/objects/\"\nupstream = \"http://{upstream}\"\n"
+         [[route]]\nname = \"objects\"\nprefix = \"/objects/\"\nupstream = \"http://{upstream}\"\n{}\n",
+        std::env::var("IDLE_ROUTE").unwrap_or_default()
     );
     let path = dir.join("fencegate.toml");
     std::fs::write(&path, config).expect("the config can be written");
@@ -493,7 +517,15 @@ async fn measure(name: &str, connections: usize, batch: usize, settle: Duration)
             eprintln!("\n== fencegate ({}, {})", String::from_utf8_lossy(&version).trim(), fencegate_bin.display());
             start_fencegate(&fencegate_bin, dir.path(), upstream_addr)
         }
-        other => panic!("IDLE_CONTENDERS: unknown contender {other:?} (known: nginx fencegate)"),
+        "hyper-floor" => {
+            let Some(bin) = std::env::var_os("HYPER_FLOOR_BIN").map(PathBuf::from) else {
+                eprintln!("\n== hyper-floor: HYPER_FLOOR_BIN not set: skipped");
+                return None;
+            };
+            eprintln!("\n== hyper-floor ({})", bin.display());
+            start_hyper_floor(&bin, dir.path(), upstream_addr)
+        }
+        other => panic!("IDLE_CONTENDERS: unknown contender {other:?} (known: nginx fencegate hyper-floor)"),
     };
     wait_ready(&mut contender).await;
     tokio::time::sleep(settle).await;
