@@ -522,6 +522,35 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_deciding_request_refused_passes_the_key_to_the_next_one_alone() {
+        let gate = Arc::new(KeyGate::default());
+        let arrive = |token| {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.acquire("k", token, Ask::Share, LONG).await })
+        };
+        // The first to arrive decides; its check refuses it (the fence API
+        // raised the mark meanwhile): it drops its turn without sharing.
+        let deciding = gate.acquire("k", 5, Ask::Share, LONG).await.unwrap();
+        let (second, third) = (arrive(5), arrive(5));
+        settle().await;
+        assert_eq!(gate.waiting(), 2);
+        drop(deciding);
+        settle().await;
+        // The second decides alone now, and the third waits for its
+        // decision instead of sharing a mark nobody has confirmed.
+        let mut second = second.await.unwrap().unwrap();
+        assert_eq!(second.held, Held::Deciding);
+        assert_eq!(gate.waiting(), 1);
+        assert!(!third.is_finished());
+        // The second raised the mark: the third joins it.
+        second.share();
+        let third = third.await.unwrap().unwrap();
+        assert_eq!(third.held, Held::Shared);
+        drop((second, third));
+        assert_eq!(gate.active_keys(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_waiter_that_gives_up_lets_the_key_go_on() {
         let gate = Arc::new(KeyGate::default());
         let mut holder = gate.acquire("k", 5, Ask::Share, LONG).await.unwrap();
