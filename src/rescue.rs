@@ -5,6 +5,7 @@
 use std::any::Any;
 use std::convert::Infallible;
 use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -14,7 +15,10 @@ use tower::{Layer, Service};
 use crate::error::{ProxyError, Rejection};
 use crate::proxy::ProxyBody;
 
-/// Turns every [`Rejection`] into its problem+json response.
+/// Turns every [`Rejection`] into its problem+json response, and a panic
+/// in the layers below (in their `call` or their future) into a 500 problem.
+/// (Caught here rather than by tower-http's catch-panic layer, which boxes
+/// every response body to give its own answer a type.)
 #[derive(Debug, Clone, Copy)]
 pub struct RescueLayer;
 
@@ -51,15 +55,19 @@ where
     }
 
     fn call(&mut self, req: R) -> Self::Future {
-        RescueFuture { inner: self.inner.call(req) }
+        match catch_unwind(AssertUnwindSafe(|| self.inner.call(req))) {
+            Ok(inner) => RescueFuture::Running { inner },
+            Err(panic) => RescueFuture::Panicked { response: Some(panic_response(panic)) },
+        }
     }
 }
 
 pin_project_lite::pin_project! {
     /// [`Rescue`]'s response future.
-    pub struct RescueFuture<F> {
-        #[pin]
-        inner: F,
+    #[project = RescueProj]
+    pub enum RescueFuture<F> {
+        Running { #[pin] inner: F },
+        Panicked { response: Option<Response<ProxyBody>> },
     }
 }
 
@@ -70,12 +78,23 @@ where
     type Output = Result<Response<ProxyBody>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.project().inner.poll(cx).map(|result| Ok(result.unwrap_or_else(Rejection::into_response)))
+        match self.project() {
+            // A future that panicked is not polled again: the 500 is its
+            // answer, and dropping it runs what its drops run (a key's turn
+            // passed on or held for its settle period).
+            RescueProj::Running { inner } => match catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
+                Ok(poll) => poll.map(|result| Ok(result.unwrap_or_else(Rejection::into_response))),
+                Err(panic) => Poll::Ready(Ok(panic_response(panic))),
+            },
+            RescueProj::Panicked { response } => {
+                Poll::Ready(Ok(response.take().expect("RescueFuture polled after it was done")))
+            }
+        }
     }
 }
 
 /// The 500 problem for a panic below the rescue layer.
-pub fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<ProxyBody> {
+fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<ProxyBody> {
     let what = panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -92,23 +111,10 @@ mod tests {
     use crate::outcome::{Decision, Outcome};
     use http::Request;
     use http_body_util::BodyExt;
-    use tower::ServiceBuilder;
     use tower::ServiceExt;
-    use tower_http::catch_panic::CatchPanicLayer;
 
-    /// A panic below the rescue becomes a 500 problem with its decision, as
-    /// the stack places the two layers; it never unwinds into hyper.
-    #[tokio::test]
-    async fn a_panic_becomes_a_500_problem() {
-        let panicking = tower::service_fn(|_: Request<()>| async move {
-            if true {
-                panic!("a bug");
-            }
-            Ok::<Response<ProxyBody>, Rejection>(Response::new(ProxyBody::Right(Default::default())))
-        });
-        let service =
-            ServiceBuilder::new().layer(CatchPanicLayer::custom(panic_response)).layer(RescueLayer).service(panicking);
-        let response = service.oneshot(Request::new(())).await.unwrap();
+    /// A 500 problem with its decision, as the rescue answers a panic.
+    async fn assert_internal(response: Response<ProxyBody>) {
         assert_eq!(response.status(), 500);
         assert_eq!(response.headers()["content-type"], "application/problem+json");
         assert_eq!(response.extensions().get::<Decision>().map(|d| d.outcome), Some(Outcome::Internal));
@@ -116,6 +122,38 @@ mod tests {
         let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(problem["type"], "urn:fencegate:problem:internal");
         assert_eq!(problem["status"], 500);
+    }
+
+    /// A panic in the future below the rescue becomes a 500 problem; it
+    /// never unwinds into hyper.
+    #[tokio::test]
+    async fn a_panic_in_the_future_becomes_a_500_problem() {
+        let panicking = tower::service_fn(|_: Request<()>| async move {
+            if true {
+                panic!("a bug");
+            }
+            Ok::<Response<ProxyBody>, Rejection>(Response::new(ProxyBody::Right(Default::default())))
+        });
+        assert_internal(RescueLayer.layer(panicking).oneshot(Request::new(())).await.unwrap()).await;
+    }
+
+    /// So does a panic in the service's `call`, before there is a future.
+    #[tokio::test]
+    async fn a_panic_in_call_becomes_a_500_problem() {
+        #[derive(Clone)]
+        struct PanicsInCall;
+        impl Service<Request<()>> for PanicsInCall {
+            type Response = Response<ProxyBody>;
+            type Error = Rejection;
+            type Future = std::future::Ready<Result<Response<ProxyBody>, Rejection>>;
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
+                Poll::Ready(Ok(()))
+            }
+            fn call(&mut self, _: Request<()>) -> Self::Future {
+                panic!("a bug in call")
+            }
+        }
+        assert_internal(RescueLayer.layer(PanicsInCall).oneshot(Request::new(())).await.unwrap()).await;
     }
 
     /// The rescue answers every refusal with its problem, never an error.

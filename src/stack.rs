@@ -12,7 +12,6 @@ use std::sync::Arc;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::{Service, ServiceBuilder};
-use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::access_log::access_log;
 use crate::body::{BodyLayer, BufferBudget};
@@ -21,7 +20,7 @@ use crate::fence::{FencingLayer, HeadChecksLayer, KeyGate};
 use crate::head_limits::{HeaderCountLayer, HeaderRateLayer};
 use crate::metrics::Metrics;
 use crate::proxy::Forward;
-use crate::rescue::{panic_response, RescueLayer};
+use crate::rescue::RescueLayer;
 use crate::route::RouteTable;
 use crate::routing::RoutingLayer;
 use crate::server::connection::{Activity, TrackRequestsLayer};
@@ -79,11 +78,10 @@ pub fn proxy_service(
         // Outermost but for that, so the access log and metrics see every
         // response, including the ones fencegate makes itself below.
         .layer(access_log(shared.metrics.clone()))
-        // A panic anywhere below becomes a 500 problem, never a reset
-        // connection; inside the access log, so it is logged and counted.
-        .layer(CatchPanicLayer::custom(panic_response))
         // Rescue: every refusal from the layers below becomes its problem+json
-        // response here, so no error escapes to hyper as a connection reset.
+        // response here, and a panic a 500 problem, so no error escapes to
+        // hyper as a connection reset; inside the access log, so both are
+        // logged and counted.
         .layer(RescueLayer)
         // Before anything else acts on a request: a head with more fields
         // than allowed (an HTTP/2 head may decode to many more than its
