@@ -116,7 +116,7 @@ where
     // keys alone; any other shares its key with the requests carrying the
     // key's mark (gate.rs).
     let deadline = tokio::time::Instant::now() + route.queue_timeout;
-    let mut turns = Vec::with_capacity(keys.len());
+    let mut turns = Turns::default();
     for (k, r) in keys {
         let ask = if keys.len() > 1 || r.strict { Ask::Alone } else { Ask::Share };
         let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -152,9 +152,7 @@ where
     }
     // Every mark is this token now: the key's other requests carrying it may
     // go too (a no-op for turns held alone).
-    for turn in &mut turns {
-        turn.share();
-    }
+    turns.share();
 
     // The forward runs on a task of its own: if the client goes away (its
     // connection closes, its HTTP/2 stream is reset), the request still runs
@@ -195,8 +193,28 @@ where
     }
 }
 
+/// The turns one request holds: its key's, and its `Destination`'s.
+#[derive(Default)]
+struct Turns([Option<Turn>; 2]);
+
+impl Turns {
+    fn push(&mut self, turn: Turn) {
+        let free = self.0.iter_mut().find(|t| t.is_none()).expect("a request holds at most two keys' turns");
+        *free = Some(turn);
+    }
+
+    /// See [`Turn::share`].
+    fn share(&mut self) {
+        self.0.iter_mut().flatten().for_each(Turn::share);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(Option::is_none)
+    }
+}
+
 /// Keeps keys closed for `settle` before passing their turns on.
-fn hold_for(turns: Vec<Turn>, settle: Duration) {
+fn hold_for(turns: Turns, settle: Duration) {
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
             runtime.spawn(async move {
@@ -213,12 +231,12 @@ fn hold_for(turns: Vec<Turn>, settle: Duration) {
 /// [`disarm`](Self::disarm) (the forward task was cancelled: the runtime is
 /// stopping), the outcome is unknown, so the keys settle like after a timeout.
 struct SettlingTurns {
-    turns: Vec<Turn>,
+    turns: Turns,
     settle: Duration,
 }
 
 impl SettlingTurns {
-    fn disarm(mut self) -> Vec<Turn> {
+    fn disarm(mut self) -> Turns {
         std::mem::take(&mut self.turns)
     }
 }
