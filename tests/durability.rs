@@ -307,8 +307,9 @@ async fn concurrent_raises_share_commits_and_equal_tokens_commit_nothing() {
     assert_eq!(proxy.metric("fencegate_store_commits_total").await.unwrap(), commits);
     assert_eq!(proxy.metric("fencegate_store_raises_total").await.unwrap(), raises);
     assert_eq!(up.applied().len(), 2 * WRITES);
-    // A second without raises: the journal is folded into the store file, once.
-    proxy.wait_metric("fencegate_store_folds_total", 1.0).await;
+    // A second without raises: the journal is folded into the store file
+    // (more than once when a slow machine left an idle second inside the bursts).
+    proxy.wait_metric_at_least("fencegate_store_folds_total", 1.0).await;
     assert_eq!(proxy.metric("fencegate_store_fold_failures_total").await, Some(0.0));
 }
 

@@ -352,11 +352,25 @@ impl Proxy {
 }
 
 impl Proxy {
-    /// Waits until a metric reaches `value`.
+    /// Waits until a metric is `value`.
     pub async fn wait_metric(&self, series: &str, value: f64) {
         let deadline = Instant::now() + PATIENCE;
         while self.metric(series).await != Some(value) {
             assert!(Instant::now() < deadline, "{series} never reached {value} within {PATIENCE:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits until a counter is at least `value`; returns it.
+    pub async fn wait_metric_at_least(&self, series: &str, value: f64) -> f64 {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            match self.metric(series).await {
+                Some(now) if now >= value => return now,
+                now => {
+                    assert!(Instant::now() < deadline, "{series} stayed at {now:?}, below {value}, for {PATIENCE:?}")
+                }
+            }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
