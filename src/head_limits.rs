@@ -19,20 +19,51 @@
 //! whenever it is refused gets that one head per handshake, plus the rate
 //! for as long as each connection lasts, never a fresh second of burst.
 
-use std::future::{ready, Future};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tokio::time::Instant;
+use tower::util::Oneshot;
 use tower::{Layer, Service, ServiceExt};
 
 use crate::error::{ProxyError, Rejection};
 use crate::proxy::ProxyBody;
 use crate::routing::Routed;
 
-type BoxFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Rejection>> + Send>>;
+pin_project_lite::pin_project! {
+    /// The response future of a layer that either refuses a request at once
+    /// or passes it on: no box, no allocation.
+    #[project = RefusedOrProj]
+    pub enum RefusedOr<F> {
+        Refused { rejection: Option<Rejection> },
+        Passed { #[pin] inner: F },
+    }
+}
+
+impl<F> Future for RefusedOr<F>
+where
+    F: Future<Output = Result<Response<ProxyBody>, Rejection>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        match self.project() {
+            RefusedOrProj::Refused { rejection } => {
+                Poll::Ready(Err(rejection.take().expect("RefusedOr polled after it was done")))
+            }
+            RefusedOrProj::Passed { inner } => inner.poll(cx),
+        }
+    }
+}
+
+impl<F> RefusedOr<F> {
+    fn refused(error: ProxyError) -> Self {
+        RefusedOr::Refused { rejection: Some(error.into()) }
+    }
+}
 
 /// Refuses a request with more than `max` header fields (431); see the
 /// [module docs](self).
@@ -63,7 +94,7 @@ where
 {
     type Response = Response<ProxyBody>;
     type Error = Rejection;
-    type Future = BoxFuture;
+    type Future = RefusedOr<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
         self.inner.poll_ready(cx)
@@ -74,10 +105,9 @@ where
         // hyper's HTTP/1.1 parser does; pseudo-headers are not in the map.
         let count = request.headers().len();
         if count > self.max {
-            let error = ProxyError::TooManyHeaders { count, max: self.max };
-            return Box::pin(ready(Err(error.into())));
+            return RefusedOr::refused(ProxyError::TooManyHeaders { count, max: self.max });
         }
-        Box::pin(self.inner.call(request))
+        RefusedOr::Passed { inner: self.inner.call(request) }
     }
 }
 
@@ -151,23 +181,22 @@ where
 {
     type Response = Response<ProxyBody>;
     type Error = Rejection;
-    type Future = BoxFuture;
+    type Future = RefusedOr<Oneshot<S, Routed<B>>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, routed: Routed<B>) -> BoxFuture {
+    fn call(&mut self, routed: Routed<B>) -> Self::Future {
         let cost = head_bytes(&routed.request);
         // A poisoned lock still holds a usable bucket: a panic elsewhere must
         // not open the limit or refuse every request.
         let mut bucket = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
         if !bucket.spend(cost) {
-            let error = ProxyError::HeaderRate(bucket.rate);
-            return Box::pin(ready(Err(error.into())));
+            return RefusedOr::refused(ProxyError::HeaderRate(bucket.rate));
         }
         drop(bucket);
-        Box::pin(self.inner.clone().oneshot(routed))
+        RefusedOr::Passed { inner: self.inner.clone().oneshot(routed) }
     }
 }
 
