@@ -46,8 +46,8 @@ pub struct AccessLog {
 
 impl<B> OnResponse<B> for AccessLog {
     fn on_response(self, response: &Response<B>, latency: Duration, _span: &Span) {
-        let route = response.extensions().get::<RouteTag>();
         let decision = response.extensions().get::<Decision>();
+        let route = decision.and_then(|d| d.route.as_ref()).or_else(|| response.extensions().get::<RouteTag>());
         let outcome = decision.map(|d| d.outcome).unwrap_or(Outcome::Internal);
         let settled = decision.is_some_and(|d| d.settled);
         self.metrics.record(route.map(|r| r.index), outcome, latency.as_secs_f64(), settled);

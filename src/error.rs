@@ -231,11 +231,9 @@ impl Rejection {
             problem = problem.retry_soon();
         }
         let mut response = problem.into_response().map(Either::Right);
-        let decision = Decision { outcome, key: self.key, token: self.token, settled: self.settle.is_some() };
+        let settled = self.settle.is_some();
+        let decision = Decision { outcome, key: self.key, token: self.token, settled, route: self.route };
         response.extensions_mut().insert(decision);
-        if let Some(route) = self.route {
-            response.extensions_mut().insert(route);
-        }
         response
     }
 }

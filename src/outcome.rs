@@ -4,6 +4,8 @@
 
 use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 
+use crate::route::RouteTag;
+
 /// What happened to a request. The names ([`Outcome::as_str`]) are part of the
 /// contract: dashboards and alerts match on them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -106,7 +108,7 @@ impl EncodeLabelValue for Outcome {
 }
 
 /// The fence decision for one request, carried in the response extensions for
-/// the access log and metrics.
+/// the access log and metrics (one extension: each costs an allocation).
 #[derive(Debug, Clone)]
 pub struct Decision {
     pub outcome: Outcome,
@@ -114,4 +116,6 @@ pub struct Decision {
     pub token: Option<u64>,
     /// The key was held for a settle period after an ambiguous outcome.
     pub settled: bool,
+    /// The route, once routing has tagged the response.
+    pub route: Option<RouteTag>,
 }

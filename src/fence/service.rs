@@ -179,7 +179,13 @@ where
     });
     match forward.await {
         Ok(Ok(mut response)) => {
-            let decision = Decision { outcome: Outcome::Forwarded, key: Some(key), token: Some(token), settled: false };
+            let decision = Decision {
+                outcome: Outcome::Forwarded,
+                key: Some(key),
+                token: Some(token),
+                settled: false,
+                route: None,
+            };
             response.extensions_mut().insert(decision);
             Ok(response)
         }
@@ -255,7 +261,8 @@ where
     S: Service<Routed<B>, Response = Response<ProxyBody>, Error = ProxyError>,
 {
     let mut response = inner.oneshot(req).await?;
-    response.extensions_mut().insert(Decision { outcome: Outcome::Unfenced, key: None, token: None, settled: false });
+    let decision = Decision { outcome: Outcome::Unfenced, key: None, token: None, settled: false, route: None };
+    response.extensions_mut().insert(decision);
     Ok(response)
 }
 

@@ -134,7 +134,7 @@ mod tests {
     fn answer(status: u16, outcome: Option<Outcome>) -> http::Response<()> {
         let mut response = http::Response::builder().status(status).body(()).unwrap();
         if let Some(outcome) = outcome {
-            response.extensions_mut().insert(Decision { outcome, key: None, token: None, settled: false });
+            response.extensions_mut().insert(Decision { outcome, key: None, token: None, settled: false, route: None });
         }
         response
     }
