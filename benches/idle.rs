@@ -186,6 +186,28 @@ impl Drop for Contender {
     }
 }
 
+/// Runs `command` (a config check) and panics with its output unless it succeeds.
+fn check_config(mut command: Command, what: &str) {
+    let checked = command.output().unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    assert!(
+        checked.status.success(),
+        "{what} rejects its config:\n{}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}
+
+/// Starts `command` with stdout and stderr to the file `log`, stdin closed.
+fn spawn_logged(mut command: Command, log: &Path) -> Child {
+    let out = std::fs::File::create(log).expect("the log file can be created");
+    command
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("the log file"))
+        .stderr(out)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", command.get_program().to_string_lossy()))
+}
+
 fn start_nginx(bin: &Path, dir: &Path, upstream: SocketAddr) -> Contender {
     let port = free_port();
     // SAFETY: geteuid has no arguments and cannot fail.
@@ -212,23 +234,10 @@ fn start_nginx(bin: &Path, dir: &Path, upstream: SocketAddr) -> Contender {
     let mut check = Command::new(bin);
     check.args(["-t", "-q"]);
     args(&mut check);
-    let checked = check.output().unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
-    assert!(
-        checked.status.success(),
-        "nginx rejects its config:\n{}{}",
-        String::from_utf8_lossy(&checked.stdout),
-        String::from_utf8_lossy(&checked.stderr)
-    );
-    let log = dir.join("stdout.log");
-    let out = std::fs::File::create(&log).expect("the log file can be created");
+    check_config(check, "nginx");
     let mut run = Command::new(bin);
     args(&mut run);
-    let child = run
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().expect("the log file"))
-        .stderr(out)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+    let child = spawn_logged(run, &dir.join("stdout.log"));
     Contender { child, proxy: ([127, 0, 0, 1], port).into(), log: error_log }
 }
 
@@ -237,14 +246,9 @@ fn start_nginx(bin: &Path, dir: &Path, upstream: SocketAddr) -> Contender {
 fn start_hyper_floor(bin: &Path, dir: &Path, upstream: SocketAddr) -> Contender {
     let port = free_port();
     let log = dir.join("hyper-floor.log");
-    let out = std::fs::File::create(&log).expect("the log file can be created");
-    let child = Command::new(bin)
-        .args([format!("127.0.0.1:{port}"), upstream.to_string(), "2".to_string()])
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().expect("the log file"))
-        .stderr(out)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+    let mut run = Command::new(bin);
+    run.args([format!("127.0.0.1:{port}"), upstream.to_string(), "2".to_string()]);
+    let child = spawn_logged(run, &log);
     Contender { child, proxy: ([127, 0, 0, 1], port).into(), log }
 }
 
@@ -260,32 +264,13 @@ fn start_fencegate(bin: &Path, dir: &Path, upstream: SocketAddr) -> Contender {
     );
     let path = dir.join("fencegate.toml");
     std::fs::write(&path, config).expect("the config can be written");
-    let checked = Command::new(bin)
-        .arg("--config")
-        .arg(&path)
-        .arg("--check")
-        .env_remove("FENCEGATE_CONFIG")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
-    assert!(
-        checked.status.success(),
-        "fencegate --check rejects the config:\n{}{}",
-        String::from_utf8_lossy(&checked.stdout),
-        String::from_utf8_lossy(&checked.stderr)
-    );
+    let mut check = Command::new(bin);
+    check.arg("--config").arg(&path).arg("--check").env_remove("FENCEGATE_CONFIG");
+    check_config(check, "fencegate --check");
     let log = dir.join("fencegate.log");
-    let out = std::fs::File::create(&log).expect("the log file can be created");
-    let child = Command::new(bin)
-        .current_dir(dir)
-        .arg("--config")
-        .arg(&path)
-        .env_remove("RUST_LOG")
-        .env_remove("FENCEGATE_CONFIG")
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().expect("the log file"))
-        .stderr(out)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+    let mut run = Command::new(bin);
+    run.current_dir(dir).arg("--config").arg(&path).env_remove("RUST_LOG").env_remove("FENCEGATE_CONFIG");
+    let child = spawn_logged(run, &log);
     Contender { child, proxy: ([127, 0, 0, 1], port).into(), log }
 }
 
