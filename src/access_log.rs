@@ -11,7 +11,6 @@ use tracing::Span;
 
 use crate::metrics::{Metrics, NO_ROUTE_LABEL};
 use crate::outcome::{Decision, Outcome};
-use crate::route::RouteTag;
 
 /// The trace layer that writes the access log: a debug span per request, and
 /// an event per response (nothing per body chunk).
@@ -47,7 +46,7 @@ pub struct AccessLog {
 impl<B> OnResponse<B> for AccessLog {
     fn on_response(self, response: &Response<B>, latency: Duration, _span: &Span) {
         let decision = response.extensions().get::<Decision>();
-        let route = decision.and_then(|d| d.route.as_ref()).or_else(|| response.extensions().get::<RouteTag>());
+        let route = decision.and_then(|d| d.route.as_ref());
         let outcome = decision.map(|d| d.outcome).unwrap_or(Outcome::Internal);
         let settled = decision.is_some_and(|d| d.settled);
         self.metrics.record(route.map(|r| r.index), outcome, latency.as_secs_f64(), settled);

@@ -41,6 +41,9 @@ async fn accepted_tokens_raise_the_fence_and_stale_ones_get_409_with_the_current
     assert_eq!(proxy.metric(r#"fencegate_requests_total{route="objects",outcome="stale"}"#).await, Some(1.0));
     assert_eq!(proxy.metric(r#"fencegate_requests_total{route="objects",outcome="forwarded"}"#).await, Some(4.0));
     assert_eq!(proxy.metric("fencegate_tracked_keys").await, Some(2.0));
+    // A read passes unfenced, counted under its route too.
+    assert_eq!(get(&url).await.status, 200);
+    assert_eq!(proxy.metric(r#"fencegate_requests_total{route="objects",outcome="unfenced"}"#).await, Some(1.0));
 }
 
 #[tokio::test]
