@@ -117,8 +117,12 @@ async fn spawn_held(up: &RecordingUpstream, url: String, token: u64) -> tokio::t
     let key = url.rsplit_once("/objects/").map(|(_, k)| format!("/objects/{k}")).unwrap();
     let before = up.in_flight(&key);
     let task = spawn_put(url, token);
+    // Two seconds: far more than a write that may go at once needs; one
+    // held back by the gate would wait its queue_timeout (10 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
     while up.in_flight(&key) == before {
         assert!(!task.is_finished(), "the write was answered without reaching the upstream");
+        assert!(std::time::Instant::now() < deadline, "token {token} did not reach the upstream: held back?");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     task
