@@ -172,6 +172,7 @@ async fn a_raise_waits_for_every_write_of_the_old_mark_and_old_writes_behind_it_
     assert_eq!(p["waiting"], 2, "{p}");
     assert_eq!(p["token"], 1, "{p}");
     assert!(r.header("x-fencing-token-current").is_none(), "the mark is still 1: {p}");
+    assert!(p.get("current").is_none(), "no mark to cite: {p}");
     // A token below the mark is stale at once, as ever.
     put(&url, 0, "").await.problem(409);
 
