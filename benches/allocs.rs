@@ -22,7 +22,9 @@
 //! - `ALLOCS_IDLE` (0): N > 0 measures idle connections instead: the peer
 //!   opens N keep-alive connections, sends one fenced `PUT` on each and
 //!   keeps them open; the figure is the proxy's live heap bytes (allocated
-//!   and not freed) per connection, with `ALLOCS_SITES` the sites holding them.
+//!   and not freed) per connection, with `ALLOCS_SITES` the sites holding them,
+//!   read `ALLOCS_SETTLE_MS` (3000) after the last `PUT`: time for an idle
+//!   connection to rest.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
@@ -219,8 +221,8 @@ fn main() {
         TRACK_LIVE.store(every > 0, Ordering::Relaxed);
         SAMPLE_EVERY.store(every, Ordering::Relaxed);
         let summary = next("held");
-        // The connections' requests are done; give their tasks a moment.
-        std::thread::sleep(std::time::Duration::from_millis(500));
+        // The connections' requests are done; give them time to rest.
+        std::thread::sleep(std::time::Duration::from_millis(env_or("ALLOCS_SETTLE_MS", 3000)));
         SAMPLE_EVERY.store(0, Ordering::Relaxed);
         let live = LIVE_BYTES.load(Ordering::Relaxed) - before;
         TRACK_LIVE.store(false, Ordering::Relaxed);

@@ -33,25 +33,26 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
 use memmap2::MmapMut;
 use tower::{Layer, Service, ServiceExt};
 
 use crate::error::{ProxyError, Rejection};
 use crate::fence::Checked;
 use crate::proxy::{BoxError, ProxyBody};
+use crate::server::connection::ClientBody;
 
 /// A request body on its way upstream: streamed under the route's limit, or
 /// read in full already (with the share of the budget it holds).
 #[derive(Debug)]
 pub enum RequestBody {
-    Streaming(Limited<Incoming>),
+    Streaming(Limited<ClientBody>),
     Buffered { blocks: VecDeque<Bytes>, _held: Option<Held> },
 }
 
 impl RequestBody {
     /// `body`, streamed, failing once more than `limit` bytes have come.
-    fn streaming(body: Incoming, limit: u64) -> Self {
+    fn streaming(body: ClientBody, limit: u64) -> Self {
         RequestBody::Streaming(Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)))
     }
 }
@@ -202,7 +203,7 @@ pub struct Bodies<S> {
     connection: Arc<BufferBudget>,
 }
 
-impl<S> Service<Checked<Incoming>> for Bodies<S>
+impl<S> Service<Checked<ClientBody>> for Bodies<S>
 where
     S: Service<Checked<RequestBody>, Response = Response<ProxyBody>, Error = Rejection> + Clone + Send + 'static,
     S::Future: Send,
@@ -215,7 +216,7 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, checked: Checked<Incoming>) -> Self::Future {
+    fn call(&mut self, checked: Checked<ClientBody>) -> Self::Future {
         let (inner, budget, connection) = (self.inner.clone(), self.budget.clone(), self.connection.clone());
         Box::pin(async move {
             let held = Held::new(&budget, &connection);
@@ -227,7 +228,7 @@ where
 
 /// Applies the route's `max_body` to the request, reading a fenced body whole
 /// (see the [module docs](self)). A refusal names the fence key and token.
-async fn limit_body(checked: Checked<Incoming>, mut held: Held) -> Result<Checked<RequestBody>, Rejection> {
+async fn limit_body(checked: Checked<ClientBody>, mut held: Held) -> Result<Checked<RequestBody>, Rejection> {
     let (checked, body) = checked.take_body();
     let route = &checked.routed.route;
     let limit = route.max_body;
@@ -330,7 +331,7 @@ impl Block {
 /// length, if there is one (already taken), else blocks that grow with the
 /// body, from [`MIN_BLOCK`] to [`MAX_BLOCK`].
 async fn read(
-    mut body: Incoming,
+    mut body: ClientBody,
     limit: u64,
     declared: Option<u64>,
     held: &mut Held,

@@ -44,6 +44,7 @@ pub struct Metrics {
     waiting: Gauge<i64, AtomicI64>,
     cached_keys: Gauge<i64, AtomicI64>,
     buffered_bytes: Gauge<i64, AtomicI64>,
+    resting: Gauge<i64, AtomicI64>,
 }
 
 /// `fencegate_log_dropped_total`, read from the log writer at each scrape.
@@ -140,6 +141,12 @@ impl Metrics {
             "Bytes of fenced request bodies held in memory now, over every connection (server.max_buffered_bytes bounds it)",
             buffered_bytes.clone(),
         );
+        let resting = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "fencegate_resting_connections",
+            "Idle HTTP/1.1 client connections resting: holding their socket and no buffers",
+            resting.clone(),
+        );
         registry.register(
             "fencegate_log_dropped",
             "Log lines dropped because the log writer's queue was full (stdout slower than the lines; process-wide)",
@@ -180,7 +187,7 @@ impl Metrics {
                 stats.disk_bytes.clone(),
             );
         }
-        Metrics { registry, routes, tracked_keys, active_keys, waiting, cached_keys, buffered_bytes }
+        Metrics { registry, routes, tracked_keys, active_keys, waiting, cached_keys, buffered_bytes, resting }
     }
 
     /// Records one finished request. `route` is the route index, or `None`;
@@ -194,6 +201,11 @@ impl Metrics {
         if settled {
             m.settles.inc();
         }
+    }
+
+    /// `fencegate_resting_connections`, kept by the connections themselves.
+    pub fn resting_connections(&self) -> Gauge<i64, AtomicI64> {
+        self.resting.clone()
     }
 
     /// The Prometheus text exposition, with gauges set from `snapshot`.

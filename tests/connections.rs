@@ -563,3 +563,89 @@ async fn at_shutdown_an_admin_request_in_flight_finishes() {
     conn.until_closed().await;
     tokio::time::timeout(DEADLINE, stopped).await.expect("shutdown did not end after the admin request").unwrap();
 }
+
+// --- Resting -------------------------------------------------------------------
+
+/// One worker, so every client connection shares its spare upstream
+/// connections; both timeouts long enough that no guard closes anything.
+const ONE_WORKER: &str = "workers = 1\nheader_read_timeout = \"10s\"\nidle_timeout = \"60s\"";
+
+fn put(path: &str, token: u64, body: &str) -> Vec<u8> {
+    common::raw::RawRequest::new("PUT", path).token(token).body(body).keep_alive().bytes()
+}
+
+/// An idle HTTP/1.1 connection rests (hyper's buffers freed, its upstream
+/// connection handed to the worker), and its next request starts it again:
+/// the same upstream connection serves it.
+#[tokio::test]
+async fn an_idle_http1_connection_rests_and_serves_its_next_request() {
+    let upstream = RecordingUpstream::start().await;
+    let proxy = start(ONE_WORKER, &route("objects", "/", &upstream, "")).await;
+    let mut conn = Conn::open(proxy.addr).await;
+    conn.send(&put("/a", 1, "one")).await;
+    assert_eq!(conn.response().await.status, 200);
+    proxy.wait_metric("fencegate_resting_connections", 1.0).await;
+
+    conn.send(&put("/a", 2, "two")).await;
+    assert_eq!(conn.response().await.status, 200);
+    assert_eq!(proxy.metric("fencegate_resting_connections").await, Some(0.0));
+    assert_eq!(upstream.object("/a").as_deref(), Some(&b"two"[..]));
+    assert_eq!(upstream.connections(), 1, "the rested upstream connection served the next request");
+
+    // It rests again after each idle spell.
+    proxy.wait_metric("fencegate_resting_connections", 1.0).await;
+    conn.send(&put("/a", 3, "three")).await;
+    assert_eq!(conn.response().await.status, 200);
+    assert_eq!(upstream.object("/a").as_deref(), Some(&b"three"[..]));
+}
+
+/// Clients that come one after another don't each cost the upstream a
+/// connection: a resting client's upstream connection serves the next one.
+#[tokio::test]
+async fn a_new_client_takes_the_upstream_connection_of_a_resting_one() {
+    let upstream = RecordingUpstream::start().await;
+    let proxy = start(ONE_WORKER, &route("objects", "/", &upstream, "")).await;
+    for (n, path) in ["/a", "/b", "/c"].into_iter().enumerate() {
+        let mut conn = Conn::open(proxy.addr).await;
+        conn.send(&put(path, 1, "x")).await;
+        assert_eq!(conn.response().await.status, 200);
+        // Every client so far rests, still connected.
+        proxy.wait_metric("fencegate_resting_connections", (n + 1) as f64).await;
+        std::mem::forget(conn);
+    }
+    assert_eq!(upstream.connections(), 1);
+}
+
+/// A pipelined request whose head was half read when the connection rested
+/// is read again from its first byte, whole.
+#[tokio::test]
+async fn a_head_half_read_when_the_connection_rests_is_read_whole() {
+    let upstream = RecordingUpstream::start().await;
+    let proxy = start(ONE_WORKER, &route("objects", "/", &upstream, "")).await;
+    let mut conn = Conn::open(proxy.addr).await;
+    let second = put("/b", 1, "second");
+    let (early, late) = second.split_at(20);
+    let mut first = put("/a", 1, "first");
+    first.extend_from_slice(early);
+    conn.send(&first).await;
+    assert_eq!(conn.response().await.status, 200);
+    // Long enough for the rest (REST_AFTER, 1 s); the half head keeps the
+    // connection from waiting bare, so the gauge can't tell.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    conn.send(late).await;
+    assert_eq!(conn.response().await.status, 200);
+    assert_eq!(upstream.object("/b").as_deref(), Some(&b"second"[..]));
+}
+
+/// HTTP/2 connections don't rest: they have no idle state to give back that
+/// hyper would let go of, and keep serving.
+#[tokio::test]
+async fn an_idle_http2_connection_keeps_serving_without_resting() {
+    let upstream = RecordingUpstream::start().await;
+    let proxy = start(ONE_WORKER, &route("objects", "/", &upstream, "")).await;
+    let mut h2 = H2::open(proxy.addr, true).await;
+    assert_eq!(h2.get(1, "/echo").await, 200);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(proxy.metric("fencegate_resting_connections").await, Some(0.0));
+    assert_eq!(h2.get(3, "/echo").await, 200);
+}

@@ -21,11 +21,11 @@
 
 use std::net::SocketAddr;
 
+use crate::server::connection::ClientBody;
 use bytes::Bytes;
 use http::header::{HeaderValue, AUTHORIZATION, WWW_AUTHENTICATE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 use serde_json::json;
 use subtle::ConstantTimeEq;
 
@@ -120,7 +120,7 @@ fn too_long(query: &Query, max_key_bytes: usize) -> Option<Response<Full<Bytes>>
     None
 }
 
-pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
+pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<ClientBody>) -> Response<Full<Bytes>> {
     if req.method() == Method::PUT {
         return raise(state, peer, req).await;
     }
@@ -211,7 +211,7 @@ fn checked_query<B>(state: &AdminState, req: &Request<B>) -> Result<Query, Box<R
     }
 }
 
-async fn raise(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn raise(state: &AdminState, peer: SocketAddr, req: Request<ClientBody>) -> Response<Full<Bytes>> {
     if let Some(refused) = unauthorized(state, peer, &req) {
         return refused;
     }
@@ -298,7 +298,7 @@ fn matches_everything(prefix: &str) -> bool {
     prefix.is_empty() || prefix == "/"
 }
 
-async fn delete(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn delete(state: &AdminState, peer: SocketAddr, req: Request<ClientBody>) -> Response<Full<Bytes>> {
     if let Some(refused) = unauthorized(state, peer, &req) {
         return refused;
     }

@@ -14,11 +14,11 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use crate::server::connection::ClientBody;
 use bytes::Bytes;
 use http::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
 
 use crate::fence::store::FenceStore;
 use crate::metrics::Snapshot;
@@ -41,7 +41,7 @@ pub(crate) struct AdminState {
 pub(crate) async fn handle(
     state: Arc<AdminState>,
     peer: SocketAddr,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path();
     let allowed: &[Method] = match path {

@@ -79,6 +79,12 @@ impl Forward {
     pub fn new(client: SocketAddr) -> Forward {
         Forward { upstreams: upstream::Upstreams::default(), client: ClientAddr::new(client) }
     }
+
+    /// The client connection rests: its idle upstream connections become
+    /// spares of the worker thread, for any of its client connections.
+    pub fn rest(&self) {
+        self.upstreams.rest();
+    }
 }
 
 impl Service<Routed<RequestBody>> for Forward {

@@ -8,7 +8,13 @@
 //! client as many as it has requests in flight at once. There is no pool
 //! shared between client connections to look up, lock or hash on every
 //! request, and the upstream exchange stays on the worker thread that serves
-//! the client. They close with the client connection.
+//! the client. They close with the client connection, or, when it rests
+//! (idle for a second, see the server's connection docs), go to its worker's
+//! spares: up to [`MAX_SPARE`] idle upstream connections per worker thread,
+//! which any client connection of that worker takes before it opens a new
+//! one. So clients that come and go, or pause, don't each cost the upstream a
+//! connection. A spare still closes after `upstream_idle_timeout`, or when a
+//! request waits for its slot.
 //!
 //! The cap: every open upstream connection, busy or idle, holds one of its
 //! route's [`UpstreamSlots`] until it closes, so HTTP/2 streams whose responses
@@ -59,6 +65,15 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle upstream connections one client connection keeps at most; an HTTP/2
 /// burst beyond this opens connections that close after their request.
 const MAX_IDLE: usize = 32;
+/// Idle upstream connections of resting client connections one worker thread
+/// keeps for any of its client connections (nginx's `keepalive 32` is the
+/// same idea, per worker too); more close.
+pub const MAX_SPARE: usize = 64;
+
+thread_local! {
+    /// This worker thread's spare upstream connections, newest last.
+    static SPARE: std::cell::RefCell<Vec<Kept>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 type Sender = http1::SendRequest<RequestBody>;
 
@@ -209,6 +224,11 @@ impl Parked {
         parked.then(|| *self.parked_at.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
+    /// Whether the sender is parked here and its connection still open.
+    fn is_open(&self) -> bool {
+        self.sender.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| !s.is_closed())
+    }
+
     /// Takes the sender out if it is parked and has finished its last
     /// response: the connection may then close without cutting anything.
     fn take_if_idle(&self) -> Option<Sender> {
@@ -344,17 +364,25 @@ impl Upstreams {
     /// refused by a busy connection of its own client's.
     fn take(&self, route: &Arc<Pool>, authority: &Authority) -> Option<(Arc<Parked>, Sender)> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        idle.retain(|(_, parked)| {
-            parked.sender.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| !s.is_closed())
+        take_from(&mut idle, route, authority)
+            .or_else(|| SPARE.with(|spare| take_from(&mut spare.borrow_mut(), route, authority)))
+    }
+
+    /// The client connection rests: its idle upstream connections become its
+    /// worker's spares (the newest ones, if there are too many).
+    pub fn rest(&self) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.is_empty() {
+            return;
+        }
+        SPARE.with(|spare| {
+            let mut spare = spare.borrow_mut();
+            spare.retain(|(_, parked)| parked.is_open());
+            spare.extend(std::mem::take(&mut *idle));
+            let over = spare.len().saturating_sub(MAX_SPARE);
+            // Dropping a parked sender closes its connection.
+            spare.drain(..over).for_each(|(_, parked)| drop(parked.take_if_idle()));
         });
-        let at = idle.iter().rposition(|(to, parked)| {
-            to == authority
-                && Arc::ptr_eq(&parked.route, route)
-                && parked.sender.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(Sender::is_ready)
-        })?;
-        let (_, parked) = idle.swap_remove(at);
-        let sender = parked.sender.lock().unwrap_or_else(PoisonError::into_inner).take()?;
-        Some((parked, sender))
     }
 
     /// Keeps `sender` for the next request. It may still be finishing this
@@ -373,6 +401,20 @@ impl Upstreams {
             idle.push((authority.clone(), parked));
         }
     }
+}
+
+/// From `kept`, an idle, still open connection to `authority` opened for
+/// `route` that has finished its last response; closed ones are dropped.
+fn take_from(kept: &mut Vec<Kept>, route: &Arc<Pool>, authority: &Authority) -> Option<(Arc<Parked>, Sender)> {
+    kept.retain(|(_, parked)| parked.is_open());
+    let at = kept.iter().rposition(|(to, parked)| {
+        to == authority
+            && Arc::ptr_eq(&parked.route, route)
+            && parked.sender.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(Sender::is_ready)
+    })?;
+    let (_, parked) = kept.swap_remove(at);
+    let sender = parked.sender.lock().unwrap_or_else(PoisonError::into_inner).take()?;
+    Some((parked, sender))
 }
 
 /// Opens a connection to `authority` in `slot`, retrying failures with

@@ -157,6 +157,6 @@ async fn accept(
             TokioIo::new(ActivityIo::new(stream, activity.clone())),
             TowerToHyperService::new(service),
         );
-        connections.spawn(connection::serve(conn, activity, admission, peer), None);
+        connections.spawn(connection::serve(connection::Graceful::new(conn), activity, admission, peer), None);
     }
 }

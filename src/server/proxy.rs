@@ -3,14 +3,16 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::connection::{self, Activity, ActivityIo, REFUSALS_IN_A_ROW};
+use super::connection::{self, Activity, ActivityIo, Protocols, ProxyConnection, REFUSALS_IN_A_ROW};
 use super::guard::{Admission, Connections};
 use super::workers::Workers;
 use crate::config::ServerConfig;
@@ -26,14 +28,14 @@ pub(super) async fn accept(
     shared: &Arc<Shared>,
     server: &ServerConfig,
 ) -> Infallible {
-    let builder = Arc::new(builder(server));
+    let protocols = Arc::new(protocols(server, shared.metrics.resting_connections()));
     loop {
         let (stream, peer, admission) = connections.accept(listener).await;
-        let (shared, builder) = (shared.clone(), builder.clone());
+        let (shared, protocols) = (shared.clone(), protocols.clone());
         let (header_read_timeout, idle_timeout) = (server.header_read_timeout, server.idle_timeout);
         workers.serve(stream, peer, connections, move |stream| async move {
             let activity = Activity::new(header_read_timeout, idle_timeout);
-            serve(stream, peer, admission, activity, &shared, &builder).await;
+            serve(stream, peer, admission, activity, &shared, protocols).await;
         });
     }
 }
@@ -45,12 +47,13 @@ async fn serve(
     admission: Admission,
     activity: Arc<Activity>,
     shared: &Arc<Shared>,
-    builder: &auto::Builder<TokioExecutor>,
+    protocols: Arc<Protocols>,
 ) {
     let _ = stream.set_nodelay(true);
-    let io = TokioIo::new(ActivityIo::new(stream, activity.clone()));
-    let service = TowerToHyperService::new(proxy_service(shared, &Forward::new(peer), activity.clone()));
-    let conn = builder.serve_connection_with_upgrades(io, service);
+    let io = ActivityIo::new(stream, activity.clone());
+    let forward = Forward::new(peer);
+    let service = TowerToHyperService::new(proxy_service(shared, &forward, activity.clone()));
+    let conn = ProxyConnection::new(io, service, protocols, activity.clone(), forward);
     connection::serve(conn, activity, admission, peer).await;
 }
 
@@ -63,11 +66,9 @@ const H2_CONNECTION_WINDOW: u32 = 1024 * 1024;
 const H2_STREAM_WINDOW: u32 = 1024 * 1024;
 
 /// HTTP/1.1 and h2c, with the head and stream limits from `[server]`.
-fn builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
+fn protocols(server: &ServerConfig, resting: Gauge<i64, AtomicI64>) -> Protocols {
+    let mut h1 = http1::Builder::new();
+    h1.timer(TokioTimer::new())
         // Our own guards (connection/) time request heads and idleness:
         // hyper's head timer would also close idle keep-alive connections.
         .header_read_timeout(None)
@@ -76,9 +77,8 @@ fn builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
         // So does one with more fields than this; HTTP/2 heads are counted
         // in the stack (head_limits.rs).
         .max_headers(server.max_headers);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
+    let mut h2 = http2::Builder::new(TokioExecutor::new());
+    h2.timer(TokioTimer::new())
         // A decoded header list larger than this gets 431 from h2 (HPACK:
         // each field counts its name, its value and 32 bytes).
         .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX))
@@ -97,5 +97,5 @@ fn builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
         .adaptive_window(false)
         .initial_connection_window_size(H2_CONNECTION_WINDOW)
         .initial_stream_window_size(H2_STREAM_WINDOW);
-    builder
+    Protocols { http1: h1, http2: h2, resting }
 }

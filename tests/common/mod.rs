@@ -50,6 +50,8 @@ struct UpstreamState {
     objects: HashMap<String, Bytes>,
     seen: Vec<(Method, String, HeaderMap)>,
     holds: Vec<Arc<Hold>>,
+    /// Connections accepted.
+    connections: usize,
 }
 
 /// A recording HTTP store on `127.0.0.1:0`.
@@ -78,6 +80,7 @@ impl RecordingUpstream {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                serving.state.lock().unwrap().connections += 1;
                 let up = serving.clone();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| up.clone().handle(req));
@@ -93,6 +96,11 @@ impl RecordingUpstream {
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Connections the upstream has accepted so far.
+    pub fn connections(&self) -> usize {
+        self.state.lock().unwrap().connections
     }
 
     pub fn applied(&self) -> Vec<Applied> {

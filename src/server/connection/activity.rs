@@ -19,7 +19,7 @@
 //! later unit starting, the frame turning out to open a header block) only
 //! moves them later or drops one. Every deadline is then met exactly.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +32,11 @@ use super::frames::FramesRead;
 /// request in flight (shorter if `header_read_timeout` is): see
 /// [`Activity::close_grace`].
 pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// How long an HTTP/1 connection sits idle before it rests: gives back the
+/// buffers of its idle state (see [`Expiry::Rest`] and the
+/// [connection docs](super#resting)).
+pub(crate) const REST_AFTER: Duration = Duration::from_secs(1);
 
 /// How many answers in a row may refuse a connection's requests for what their
 /// heads are (400, 429, 431) before the connection is closed: see
@@ -49,6 +54,12 @@ pub struct Activity {
     refusals: AtomicU32,
     /// Told once `refusals` reaches [`REFUSALS_IN_A_ROW`].
     refusing: Notify,
+    /// Request bodies that have begun and not been read to their end. A body
+    /// dropped before its end stays counted: hyper may still be reading (or
+    /// discarding) the rest of it, so the connection never rests again.
+    open_bodies: AtomicU32,
+    /// Bytes were written to the connection and not flushed since.
+    unflushed: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -62,6 +73,8 @@ struct State {
     /// HTTP/2: what the latest read left incomplete, request in flight or not.
     /// It starts arriving when the last request in flight finishes.
     incomplete: Option<Unit>,
+    /// [`Expiry::Rest`] was reported since the last request started.
+    rested: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -89,16 +102,28 @@ pub(crate) enum Expiry {
     SlowHead,
     /// No request in flight and no request head arriving for `idle_timeout`.
     Idle,
+    /// No request in flight and no request head arriving for [`REST_AFTER`]:
+    /// the connection may give back what its idle state holds, and go on
+    /// waiting (reported once per idle spell).
+    Rest,
 }
 
 impl Activity {
     pub(crate) fn new(header_read_timeout: Duration, idle_timeout: Duration) -> Arc<Self> {
         Arc::new(Activity {
-            state: Mutex::new(State { in_flight: 0, idle_since: Instant::now(), arriving: None, incomplete: None }),
+            state: Mutex::new(State {
+                in_flight: 0,
+                idle_since: Instant::now(),
+                arriving: None,
+                incomplete: None,
+                rested: false,
+            }),
             header_read_timeout,
             idle_timeout,
             refusals: AtomicU32::new(0),
             refusing: Notify::new(),
+            open_bodies: AtomicU32::new(0),
+            unflushed: AtomicBool::new(false),
         })
     }
 
@@ -177,6 +202,36 @@ impl Activity {
         let mut s = self.state();
         s.in_flight += 1;
         s.arriving = None;
+        s.rested = false;
+    }
+
+    /// A request body began that has not ended yet.
+    pub(super) fn body_started(&self) {
+        self.open_bodies.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request body was read to its end.
+    pub(super) fn body_ended(&self) {
+        self.open_bodies.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Bytes were written to the connection (`true`), or everything written
+    /// was flushed (`false`).
+    pub(super) fn unflushed(&self, unflushed: bool) {
+        self.unflushed.store(unflushed, Ordering::Relaxed);
+    }
+
+    /// Whether an HTTP/1 connection's state between requests is all that
+    /// hyper holds: nothing in flight, every request body read to its end,
+    /// every response byte flushed, no head arriving. Only then may the
+    /// connection rest; anything else (a body hyper still reads or drains, a
+    /// client that does not read its response) keeps hyper's state.
+    pub(super) fn between_requests(&self) -> bool {
+        let s = self.state();
+        s.in_flight == 0
+            && s.arriving.is_none()
+            && self.open_bodies.load(Ordering::Relaxed) == 0
+            && !self.unflushed.load(Ordering::Relaxed)
     }
 
     pub(super) fn request_finished(&self) {
@@ -193,12 +248,15 @@ impl Activity {
     /// guard could trip, given that nobody says when the state changes (see
     /// the [lazy timer](self#the-lazy-timer)).
     fn check(&self) -> Result<Instant, Expiry> {
-        let s = self.state();
+        let mut s = self.state();
         let now = Instant::now();
+        // While a rest is still to come, look again no later than a rest's
+        // wait from now: the connection may fall idle meanwhile.
+        let rest_check = if s.rested { Duration::MAX } else { REST_AFTER };
         if s.in_flight > 0 {
             // A request is being served: its own timeouts apply. Look again in
             // time to catch a head that starts once it is done.
-            return Ok(now + self.idle_timeout.min(self.header_read_timeout));
+            return Ok(now + self.idle_timeout.min(self.header_read_timeout).min(rest_check));
         }
         let idle_deadline = s.idle_since + self.idle_timeout;
         match s.arriving {
@@ -211,15 +269,24 @@ impl Activity {
                     // The head may complete (and its request finish) before
                     // then, and the connection fall idle: no sooner than now +
                     // idle_timeout.
-                    Unit::Head => Ok(deadline.min(now + self.idle_timeout)),
+                    // Its request may end sooner, and the connection rest
+                    // REST_AFTER after that.
+                    Unit::Head => Ok(deadline.min(now + self.idle_timeout.min(REST_AFTER))),
                     // A frame is not work: the idle deadline stands.
                     Unit::Frame if now >= idle_deadline => Err(Expiry::Idle),
                     Unit::Frame => Ok(deadline.min(idle_deadline)),
                 }
             }
             None if now >= idle_deadline => Err(Expiry::Idle),
+            None if !s.rested && now >= s.idle_since + REST_AFTER => {
+                s.rested = true;
+                Err(Expiry::Rest)
+            }
             // A head starting from now on trips no sooner than this.
-            None => Ok(idle_deadline.min(now + self.header_read_timeout)),
+            None => {
+                let rest = if s.rested { idle_deadline } else { s.idle_since + REST_AFTER };
+                Ok(idle_deadline.min(now + self.header_read_timeout).min(rest))
+            }
         }
     }
 
@@ -234,6 +301,18 @@ impl Activity {
                     sleep.as_mut().reset(next);
                     sleep.as_mut().await;
                 }
+            }
+        }
+    }
+
+    /// [`expired`](Activity::expired), past any [`Expiry::Rest`], as a
+    /// connection that cannot rest sees it.
+    #[cfg(test)]
+    pub(crate) async fn expired_past_rest(&self) -> Expiry {
+        loop {
+            match self.expired().await {
+                Expiry::Rest => continue,
+                expiry => return expiry,
             }
         }
     }
@@ -279,9 +358,46 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_idle_connection_expires_after_idle_timeout() {
+    async fn an_idle_connection_rests_once_then_expires_after_idle_timeout() {
         let a = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
+        let opened = Instant::now();
+        assert_eq!(a.expired().await, Expiry::Rest);
+        assert_eq!(opened.elapsed(), REST_AFTER);
         assert_eq!(a.expired().await, Expiry::Idle);
+        assert_eq!(opened.elapsed(), Duration::from_secs(60));
+    }
+
+    /// Each idle spell rests once, [`REST_AFTER`] after the last request
+    /// ended, though nobody wakes the guard when a request starts or ends.
+    #[tokio::test(start_paused = true)]
+    async fn every_idle_spell_rests_once_on_time() {
+        let a = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
+        assert_eq!(a.expired().await, Expiry::Rest);
+        let waiting = {
+            let a = a.clone();
+            tokio::spawn(async move { a.expired().await })
+        };
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        request(&a, Duration::from_millis(300), Duration::from_secs(7)).await;
+        trips(waiting, Expiry::Rest, REST_AFTER).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_connection_between_requests_may_rest() {
+        let a = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
+        assert!(a.between_requests());
+        a.head_bytes();
+        assert!(!a.between_requests(), "a head arriving");
+        a.request_started();
+        a.body_started();
+        assert!(!a.between_requests(), "a request in flight");
+        a.request_finished();
+        assert!(!a.between_requests(), "a body not read to its end");
+        a.body_ended();
+        a.unflushed(true);
+        assert!(!a.between_requests(), "a response not flushed");
+        a.unflushed(false);
+        assert!(a.between_requests());
     }
 
     #[tokio::test(start_paused = true)]
@@ -290,7 +406,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(30)).await;
         a.head_bytes();
         let started = Instant::now();
-        assert_eq!(a.expired().await, Expiry::SlowHead);
+        assert_eq!(a.expired_past_rest().await, Expiry::SlowHead);
         assert_eq!(started.elapsed(), Duration::from_secs(10));
     }
 

@@ -32,6 +32,34 @@ impl<I> ActivityIo<I> {
     fn received(&mut self, bytes: &[u8]) {
         self.framing.received(bytes, &self.activity);
     }
+
+    /// The protocol the first bytes told, once they have.
+    pub(crate) fn protocol(&self) -> Option<Protocol> {
+        match self.framing {
+            Framing::Preface(_) => None,
+            Framing::Http1 => Some(Protocol::Http1),
+            Framing::Http2(_) => Some(Protocol::Http2),
+        }
+    }
+
+    pub(crate) fn get_ref(&self) -> &I {
+        &self.inner
+    }
+
+    /// A write's outcome: bytes written are unflushed until a flush succeeds.
+    fn wrote(&self, result: Poll<std::io::Result<usize>>) -> Poll<std::io::Result<usize>> {
+        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.unflushed(true);
+        }
+        result
+    }
+}
+
+/// What a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    Http1,
+    Http2,
 }
 
 /// Which protocol the connection speaks, told from its first bytes as
@@ -84,11 +112,16 @@ impl<I: AsyncRead + Unpin> AsyncRead for ActivityIo<I> {
 
 impl<I: AsyncWrite + Unpin> AsyncWrite for ActivityIo<I> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.wrote(result)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let result = Pin::new(&mut self.inner).poll_flush(cx);
+        if matches!(result, Poll::Ready(Ok(()))) {
+            self.activity.unflushed(false);
+        }
+        result
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -104,7 +137,8 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for ActivityIo<I> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.wrote(result)
     }
 }
 

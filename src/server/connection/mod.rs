@@ -46,17 +46,39 @@
 //! [`Activity::close_grace`] after that, with no request in flight, is closed
 //! at once. A request in flight is never cut by this: it finishes first, and
 //! only the end of the shutdown grace cuts it.
+//!
+//! # Resting
+//!
+//! An idle HTTP/1.1 keep-alive connection costs what hyper keeps for it
+//! between requests: a read buffer and a write buffer (8 to 16 KiB each) and
+//! its state machine. Once a proxy connection has been idle for
+//! [`REST_AFTER`](activity::REST_AFTER) (at most `header_read_timeout` later:
+//! the timer is lazy), it rests (resting.rs): hyper's connection is taken
+//! apart, its buffers freed, and the socket waits bare for the client's next
+//! bytes, which start a new hyper connection with the same service (and so
+//! the same per-connection limits). A connection only rests when hyper holds
+//! nothing but its idle state: no request in flight, every request body read
+//! to its end (a body hyper still reads or discards would otherwise be read
+//! as a new request), every response byte flushed (a client that does not
+//! read its response keeps hyper's state), no head arriving. Bytes hyper had
+//! read and not parsed are read again first. HTTP/2 connections and the admin
+//! listener's do not rest. A resting connection is still timed by
+//! `idle_timeout` and closed at its end.
 
 mod activity;
 mod frames;
 mod io;
 mod requests;
+mod resting;
 #[cfg(test)]
 mod testing;
 
 use std::fmt::Display;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::time::Instant;
@@ -65,9 +87,56 @@ use tracing::debug;
 use activity::Expiry;
 pub(crate) use activity::{Activity, REFUSALS_IN_A_ROW};
 pub(crate) use io::ActivityIo;
-pub(crate) use requests::TrackRequestsLayer;
+pub(crate) use requests::{ClientBody, TrackRequestsLayer};
+pub(crate) use resting::{Protocols, ProxyConnection};
 
 use super::guard::Admission;
+
+/// A client connection as [`serve`] drives it.
+pub(crate) trait ClientConnection: Future<Output = Result<(), Self::Error>> {
+    type Error: Display;
+
+    /// Close once the requests in flight are done.
+    fn graceful_shutdown(self: Pin<&mut Self>);
+
+    /// The connection has been idle for [`REST_AFTER`](activity::REST_AFTER):
+    /// give back what it holds between requests, if it can (see
+    /// [Resting](self#resting)).
+    fn rest(self: Pin<&mut Self>) {}
+}
+
+pin_project_lite::pin_project! {
+    /// A hyper-util connection (the admin listener's): it never rests.
+    pub(crate) struct Graceful<C> {
+        #[pin]
+        inner: C,
+    }
+}
+
+impl<C> Graceful<C> {
+    pub(crate) fn new(inner: C) -> Graceful<C> {
+        Graceful { inner }
+    }
+}
+
+impl<C: GracefulConnection> Future for Graceful<C> {
+    type Output = Result<(), C::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().inner.poll(cx)
+    }
+}
+
+impl<C: GracefulConnection> ClientConnection for Graceful<C>
+where
+    C::Error: Display,
+{
+    type Error = C::Error;
+
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        self.project().inner.graceful_shutdown();
+    }
+}
 
 /// Serves one client connection until it ends, closing it when a guard trips
 /// (a stuck request head or a run of refusals at once, an idle connection
@@ -80,8 +149,7 @@ use super::guard::Admission;
 /// back when this returns.
 pub(crate) async fn serve<C>(conn: C, activity: Arc<Activity>, admission: Admission, peer: SocketAddr)
 where
-    C: GracefulConnection,
-    C::Error: Display,
+    C: ClientConnection,
 {
     tokio::pin!(conn);
     // When the graceful close began.
@@ -105,6 +173,7 @@ where
                     conn.as_mut().graceful_shutdown();
                     closing = Some(Instant::now());
                 }
+                Expiry::Rest => conn.as_mut().rest(),
             },
             // Refused again and again: whatever the connection is doing,
             // nothing it sends is worth reading (see Activity::answered).

@@ -1,13 +1,15 @@
 //! Requests in flight, counted for a connection's [`Activity`]: a request
 //! counts from the moment hyper hands it over until its response body is sent
-//! or dropped, so no guard closes a connection that is still working.
+//! or dropped, so no guard closes a connection that is still working. Its
+//! body counts until it is read to its end, so no connection rests while hyper
+//! still reads one.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use hyper::body::{Body, Frame, SizeHint};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tower::{Layer, Service};
 
 use super::activity::Activity;
@@ -32,9 +34,9 @@ pub(crate) struct TrackRequests<S> {
     activity: Arc<Activity>,
 }
 
-impl<S, R, B> Service<R> for TrackRequests<S>
+impl<S, B> Service<http::Request<Incoming>> for TrackRequests<S>
 where
-    S: Service<R, Response = http::Response<B>>,
+    S: Service<http::Request<ClientBody>, Response = http::Response<B>>,
 {
     type Response = http::Response<TrackedBody<B>>;
     type Error = S::Error;
@@ -44,8 +46,9 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: R) -> Self::Future {
+    fn call(&mut self, req: http::Request<Incoming>) -> Self::Future {
         self.activity.request_started();
+        let req = req.map(|body| ClientBody::new(body, &self.activity));
         // The guard travels with the response body: a request counts until its
         // body is sent (or dropped), including one whose future is dropped early.
         let guard = Some(InFlight(self.activity.clone()));
@@ -94,6 +97,59 @@ impl<B: Body> Body for TrackedBody<B> {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request body as hyper hands it over, counted in its connection's
+    /// [`Activity`] until it is read to its end.
+    pub struct ClientBody {
+        #[pin]
+        inner: Incoming,
+        open: Option<Arc<Activity>>,
+    }
+}
+
+impl ClientBody {
+    fn new(inner: Incoming, activity: &Arc<Activity>) -> ClientBody {
+        let open = (!inner.is_end_stream()).then(|| {
+            activity.body_started();
+            activity.clone()
+        });
+        ClientBody { inner, open }
+    }
+}
+
+impl std::fmt::Debug for ClientBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl Body for ClientBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<bytes::Bytes>, hyper::Error>>> {
+        let this = self.project();
+        let frame = std::task::ready!(this.inner.poll_frame(cx));
+        if frame.is_none() {
+            if let Some(activity) = this.open.take() {
+                activity.body_ended();
+            }
+        }
+        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {

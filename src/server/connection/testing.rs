@@ -22,7 +22,7 @@ pub(super) fn activity() -> Arc<Activity> {
 /// The connection task's side: waits for a guard to trip.
 pub(super) fn guard(a: &Arc<Activity>) -> tokio::task::JoinHandle<Expiry> {
     let a = a.clone();
-    tokio::spawn(async move { a.expired().await })
+    tokio::spawn(async move { a.expired_past_rest().await })
 }
 
 /// `waiting` trips with `expiry` exactly `after` from now.

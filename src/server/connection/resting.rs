@@ -1,0 +1,294 @@
+//! The proxy's client connection: HTTP/1.1 or h2c, told apart by its first
+//! bytes, and an idle HTTP/1.1 connection that rests (see the
+//! [connection docs](super#resting)).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use hyper::body::{Body, Incoming};
+use hyper::rt::bounds::Http2ServerConnExec;
+use hyper::server::conn::{http1, http2};
+use hyper::service::HttpService;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use super::activity::Activity;
+use super::io::{ActivityIo, Protocol};
+use super::ClientConnection;
+use crate::proxy::{BoxError, Forward};
+
+/// How each protocol is served, and the count of resting connections.
+pub(crate) struct Protocols {
+    pub(crate) http1: http1::Builder,
+    pub(crate) http2: http2::Builder<TokioExecutor>,
+    /// `fencegate_resting_connections`.
+    pub(crate) resting: Gauge<i64, AtomicI64>,
+}
+
+/// One connection counted as resting while this lives.
+struct Counted(Gauge<i64, AtomicI64>);
+
+impl Counted {
+    fn new(gauge: &Gauge<i64, AtomicI64>) -> Counted {
+        gauge.inc();
+        Counted(gauge.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// The connection as hyper reads it: what was read before hyper took it
+/// first, then the client's socket.
+type Io = Rewind<ActivityIo<TcpStream>>;
+
+/// One client connection of the proxy listener, from its first byte to its
+/// close.
+pub(crate) struct ProxyConnection<S: HttpService<Incoming>> {
+    state: State<S>,
+    protocols: Arc<Protocols>,
+    activity: Arc<Activity>,
+    /// The connection's upstream connections, handed on when it rests.
+    forward: Forward,
+}
+
+enum State<S: HttpService<Incoming>> {
+    /// Reading the first bytes, which tell the protocol (at most the 24 of
+    /// the HTTP/2 preface).
+    Opening {
+        io: ActivityIo<TcpStream>,
+        service: S,
+        first: [u8; 24],
+        len: usize,
+    },
+    /// hyper's connection state is boxed, so that a resting connection's task
+    /// holds nothing of it.
+    Http1(Pin<Box<http1::UpgradeableConnection<TokioIo<Io>, S>>>),
+    Http2(Pin<Box<http2::Connection<TokioIo<Io>, S, TokioExecutor>>>),
+    /// An HTTP/1.1 connection between requests, without hyper: the socket and
+    /// the service, waiting for the client's next bytes.
+    Resting {
+        io: Io,
+        service: S,
+        _counted: Counted,
+    },
+    Closed,
+}
+
+impl<S, B> ProxyConnection<S>
+where
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    B: Body + 'static,
+    B::Error: Into<BoxError>,
+{
+    pub(crate) fn new(
+        io: ActivityIo<TcpStream>,
+        service: S,
+        protocols: Arc<Protocols>,
+        activity: Arc<Activity>,
+        forward: Forward,
+    ) -> ProxyConnection<S> {
+        let state = State::Opening { io, service, first: [0; 24], len: 0 };
+        ProxyConnection { state, protocols, activity, forward }
+    }
+
+    fn http1(&self, io: Io, service: S) -> State<S> {
+        State::Http1(Box::pin(self.protocols.http1.serve_connection(TokioIo::new(io), service).with_upgrades()))
+    }
+}
+
+impl<S, B> Future for ProxyConnection<S>
+where
+    S: HttpService<Incoming, ResBody = B> + Unpin,
+    S::Error: Into<BoxError>,
+    S::Future: 'static,
+    B: Body + 'static,
+    B::Error: Into<BoxError>,
+    TokioExecutor: Http2ServerConnExec<S::Future, B>,
+{
+    type Output = Result<(), BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        loop {
+            match &mut this.state {
+                State::Opening { io, first, len, .. } => {
+                    let mut buf = ReadBuf::new(&mut first[*len..]);
+                    ready!(Pin::new(&mut *io).poll_read(cx, &mut buf))?;
+                    let read = buf.filled().len();
+                    if read == 0 {
+                        // Closed before it said anything.
+                        this.state = State::Closed;
+                        continue;
+                    }
+                    *len += read;
+                    let Some(protocol) = io.protocol() else { continue };
+                    let State::Opening { io, service, first, len } = std::mem::replace(&mut this.state, State::Closed)
+                    else {
+                        unreachable!("matched above")
+                    };
+                    let io = Rewind::new(io, Bytes::copy_from_slice(&first[..len]));
+                    this.state = match protocol {
+                        Protocol::Http1 => this.http1(io, service),
+                        Protocol::Http2 => {
+                            State::Http2(Box::pin(this.protocols.http2.serve_connection(TokioIo::new(io), service)))
+                        }
+                    };
+                }
+                State::Http1(conn) => return conn.as_mut().poll(cx).map_err(Into::into),
+                State::Http2(conn) => return conn.as_mut().poll(cx).map_err(Into::into),
+                State::Resting { io, .. } => {
+                    // Readable, or closed: hyper reads either.
+                    ready!(io.inner.get_ref().poll_read_ready(cx))?;
+                    let State::Resting { io, service, .. } = std::mem::replace(&mut this.state, State::Closed) else {
+                        unreachable!("matched above")
+                    };
+                    this.state = this.http1(io, service);
+                }
+                State::Closed => return Poll::Ready(Ok(())),
+            }
+        }
+    }
+}
+
+impl<S, B> ClientConnection for ProxyConnection<S>
+where
+    S: HttpService<Incoming, ResBody = B> + Unpin,
+    S::Error: Into<BoxError>,
+    S::Future: 'static,
+    B: Body + 'static,
+    B::Error: Into<BoxError>,
+    TokioExecutor: Http2ServerConnExec<S::Future, B>,
+{
+    type Error = BoxError;
+
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        let this = self.get_mut();
+        match &mut this.state {
+            State::Http1(conn) => conn.as_mut().graceful_shutdown(),
+            State::Http2(conn) => conn.as_mut().graceful_shutdown(),
+            // Nothing in flight, nothing half-read: close now.
+            State::Opening { .. } | State::Resting { .. } => this.state = State::Closed,
+            State::Closed => {}
+        }
+    }
+
+    /// An HTTP/1.1 connection between requests gives back hyper's state (its
+    /// read and write buffers) and waits for the client's next bytes on the
+    /// bare socket; its idle upstream connections become the worker's
+    /// spares. Anything hyper had read and not yet parsed is read again first
+    /// by the connection that follows.
+    fn rest(self: Pin<&mut Self>) {
+        let this = self.get_mut();
+        if !matches!(this.state, State::Http1(_)) || !this.activity.between_requests() {
+            return;
+        }
+        let State::Http1(conn) = std::mem::replace(&mut this.state, State::Closed) else {
+            unreachable!("matched above")
+        };
+        // None: the connection was upgraded, and hyper is done with it.
+        let Some(parts) = Pin::into_inner(conn).into_parts() else { return };
+        this.forward.rest();
+        let mut io = parts.io.into_inner();
+        io.unread(parts.read_buf);
+        this.state = if io.prefix.is_empty() {
+            State::Resting { io, service: parts.service, _counted: Counted::new(&this.protocols.resting) }
+        } else {
+            this.http1(io, parts.service)
+        };
+    }
+}
+
+/// An IO whose reads return `prefix` first: bytes read from the connection
+/// before hyper took it.
+pub(crate) struct Rewind<I> {
+    prefix: Bytes,
+    inner: I,
+}
+
+impl<I> Rewind<I> {
+    fn new(inner: I, prefix: Bytes) -> Rewind<I> {
+        Rewind { prefix, inner }
+    }
+
+    /// `bytes` are read again before anything not yet read. (An empty `Bytes`
+    /// may still hold a whole buffer: it is not kept.)
+    fn unread(&mut self, bytes: Bytes) {
+        if bytes.is_empty() {
+            return;
+        }
+        if self.prefix.is_empty() {
+            self.prefix = bytes;
+        } else {
+            let mut both = BytesMut::with_capacity(bytes.len() + self.prefix.len());
+            both.extend_from_slice(&bytes);
+            both.extend_from_slice(&self.prefix);
+            self.prefix = both.freeze();
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Rewind<I> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        if self.prefix.is_empty() {
+            return Pin::new(&mut self.inner).poll_read(cx, buf);
+        }
+        let n = self.prefix.len().min(buf.remaining());
+        buf.put_slice(&self.prefix[..n]);
+        self.prefix.advance(n);
+        if self.prefix.is_empty() {
+            // Read through: let go of its buffer.
+            self.prefix = Bytes::new();
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Rewind<I> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+}
+
+impl<S: HttpService<Incoming>> std::fmt::Debug for ProxyConnection<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.state {
+            State::Opening { .. } => "opening",
+            State::Http1(_) => "http1",
+            State::Http2(_) => "http2",
+            State::Resting { .. } => "resting",
+            State::Closed => "closed",
+        };
+        f.debug_struct("ProxyConnection").field("state", &state).finish_non_exhaustive()
+    }
+}
