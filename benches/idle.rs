@@ -35,8 +35,9 @@
 //!   nginx is skipped with a note when it is not installed.
 //! - `IDLE_CONNECTIONS` (2000): client connections held open.
 //! - `IDLE_BATCH` (100): connections opened (and their `PUT`s sent) at once.
-//! - `IDLE_SETTLE_MS` (1000): the wait before each RSS reading, for the
-//!   contender's idle-time work.
+//! - `IDLE_SETTLE_MS` (3000): the wait before each RSS reading, for the
+//!   contender's idle-time work (fencegate rests a connection after a second
+//!   idle, and gives the freed memory back 200 ms later).
 //! - `IDLE_ROUTE` (empty): more lines for fencegate's route, e.g.
 //!   `upstream_idle_timeout = "1s"` with `IDLE_SETTLE_MS=3000` to see what the
 //!   idle client connections hold once their upstream connections have closed.
@@ -621,7 +622,7 @@ fn main() {
         .collect();
     let connections: usize = env_or("IDLE_CONNECTIONS", 2000);
     let batch: usize = env_or("IDLE_BATCH", 100);
-    let settle = Duration::from_millis(env_or("IDLE_SETTLE_MS", 1000));
+    let settle = Duration::from_millis(env_or("IDLE_SETTLE_MS", 3000));
     eprintln!(
         "idle: {connections} idle keep-alive client connections, each after one fenced PUT, {batch} opened at once, \
          {} ms settle; contenders: {}",

@@ -59,4 +59,4 @@ mod stack;
 pub mod telemetry;
 
 pub use config::Config;
-pub use server::{run, Fencegate, StartError, MAX_BLOCKING_THREADS};
+pub use server::{give_back_memory_with, run, Fencegate, StartError, MAX_BLOCKING_THREADS};

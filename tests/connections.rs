@@ -649,3 +649,25 @@ async fn an_idle_http2_connection_keeps_serving_without_resting() {
     assert_eq!(proxy.metric("fencegate_resting_connections").await, Some(0.0));
     assert_eq!(h2.get(3, "/echo").await, 200);
 }
+
+/// Once connections rest, their worker asks the allocator to give back what
+/// they freed (the binary sets mimalloc's collection here).
+#[tokio::test]
+async fn a_worker_gives_memory_back_after_its_connections_rest() {
+    static GIVEN_BACK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    fencegate::give_back_memory_with(|| {
+        GIVEN_BACK.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    let upstream = RecordingUpstream::start().await;
+    let proxy = start(ONE_WORKER, &route("objects", "/", &upstream, "")).await;
+    let before = GIVEN_BACK.load(std::sync::atomic::Ordering::SeqCst);
+    let mut conn = Conn::open(proxy.addr).await;
+    conn.send(&put("/a", 1, "one")).await;
+    assert_eq!(conn.response().await.status, 200);
+    proxy.wait_metric("fencegate_resting_connections", 1.0).await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while GIVEN_BACK.load(std::sync::atomic::Ordering::SeqCst) == before {
+        assert!(tokio::time::Instant::now() < deadline, "no give-back within {DEADLINE:?} of the rest");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

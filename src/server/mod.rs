@@ -36,6 +36,7 @@ use descriptors::{Account, Spare};
 use guard::Connections;
 use workers::Workers;
 
+pub use connection::give_back_memory_with;
 pub use workers::MAX_BLOCKING_THREADS;
 
 /// Why fencegate could not start.

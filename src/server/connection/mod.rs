@@ -88,6 +88,7 @@ use activity::Expiry;
 pub(crate) use activity::{Activity, REFUSALS_IN_A_ROW};
 pub(crate) use io::ActivityIo;
 pub(crate) use requests::{ClientBody, TrackRequestsLayer};
+pub use resting::give_back_memory_with;
 pub(crate) use resting::{Protocols, ProxyConnection};
 
 use super::guard::Admission;

@@ -2,11 +2,13 @@
 //! bytes, and an idle HTTP/1.1 connection that rests (see the
 //! [connection docs](super#resting)).
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::AtomicI64;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use hyper::body::{Body, Incoming};
@@ -22,6 +24,44 @@ use super::activity::Activity;
 use super::io::{ActivityIo, Protocol};
 use super::ClientConnection;
 use crate::proxy::{BoxError, Forward};
+
+/// How long after a connection rests its thread asks the allocator to give
+/// freed memory back: past mimalloc's purge delays (10 ms for pages, 100 ms
+/// for its arenas), so one call returns every rest of the spell.
+const GIVE_BACK_AFTER: Duration = Duration::from_millis(200);
+
+/// What returns memory freed on the calling thread to the system, if the
+/// program set it (see [`give_back_memory_with`]).
+static GIVE_BACK: OnceLock<fn()> = OnceLock::new();
+
+/// Sets what a worker thread calls, a moment after its connections rest, to
+/// return the memory they freed to the system. An allocator that keeps freed
+/// memory until it is next called (mimalloc does, and a worker whose
+/// connections all rest is not calling it) would otherwise hold it: resting
+/// frees hyper's buffers, this lets the process shrink. Set once, before
+/// serving; later calls are ignored.
+pub fn give_back_memory_with(give_back: fn()) {
+    let _ = GIVE_BACK.set(give_back);
+}
+
+thread_local! {
+    /// A give-back is already due on this thread.
+    static GIVE_BACK_DUE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// After a rest: calls the give-back on this thread [`GIVE_BACK_AFTER`] from
+/// now, unless one is already due.
+fn give_back_soon() {
+    let Some(&give_back) = GIVE_BACK.get() else { return };
+    if GIVE_BACK_DUE.with(|due| due.replace(true)) {
+        return;
+    }
+    tokio::spawn(async move {
+        tokio::time::sleep(GIVE_BACK_AFTER).await;
+        GIVE_BACK_DUE.with(|due| due.set(false));
+        give_back();
+    });
+}
 
 /// How each protocol is served, and the count of resting connections.
 pub(crate) struct Protocols {
@@ -206,6 +246,7 @@ where
         } else {
             this.http1(io, parts.service)
         };
+        give_back_soon();
     }
 }
 
