@@ -600,18 +600,26 @@ async fn an_idle_http1_connection_rests_and_serves_its_next_request() {
 }
 
 /// Clients that come one after another don't each cost the upstream a
-/// connection: a resting client's upstream connection serves the next one.
+/// connection: an HTTP/1.1 client's upstream connection goes back to its
+/// worker when the response ends, for any client of that worker.
 #[tokio::test]
-async fn a_new_client_takes_the_upstream_connection_of_a_resting_one() {
+async fn clients_one_after_another_share_the_upstream_connection() {
     let upstream = RecordingUpstream::start().await;
     let proxy = start(ONE_WORKER, &route("objects", "/", &upstream, "")).await;
-    for (n, path) in ["/a", "/b", "/c"].into_iter().enumerate() {
+    let mut clients = Vec::new();
+    for path in ["/a", "/b", "/c"] {
         let mut conn = Conn::open(proxy.addr).await;
         conn.send(&put(path, 1, "x")).await;
         assert_eq!(conn.response().await.status, 200);
-        // Every client so far rests, still connected.
-        proxy.wait_metric("fencegate_resting_connections", (n + 1) as f64).await;
-        std::mem::forget(conn);
+        // Still connected, not resting yet.
+        clients.push(conn);
+    }
+    assert_eq!(upstream.connections(), 1);
+    // So do clients that have rested.
+    proxy.wait_metric("fencegate_resting_connections", 3.0).await;
+    for (conn, path) in clients.iter_mut().zip(["/a", "/b", "/c"]) {
+        conn.send(&put(path, 2, "y")).await;
+        assert_eq!(conn.response().await.status, 200);
     }
     assert_eq!(upstream.connections(), 1);
 }

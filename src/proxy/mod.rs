@@ -24,7 +24,7 @@ use tower::Service;
 pub(crate) use error::BoxError;
 pub use error::UpstreamError;
 pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
-pub use upstream::UpstreamSlots;
+pub use upstream::{Parking, UpstreamSlots};
 
 use crate::body::RequestBody;
 use crate::error::ProxyError;
@@ -79,12 +79,6 @@ impl Forward {
     pub fn new(client: SocketAddr) -> Forward {
         Forward { upstreams: upstream::Upstreams::default(), client: ClientAddr::new(client) }
     }
-
-    /// The client connection rests: its idle upstream connections become
-    /// spares of the worker thread, for any of its client connections.
-    pub fn rest(&self) {
-        self.upstreams.rest();
-    }
 }
 
 impl Service<Routed<RequestBody>> for Forward {
@@ -104,6 +98,9 @@ impl Service<Routed<RequestBody>> for Forward {
 async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Response<ProxyBody>, ProxyError> {
     let Routed { route, request: req, fenced, destination, caller_gone } = req;
     let (mut parts, body) = req.into_parts();
+    // HTTP/1.1 clients share their worker's upstream connections; an HTTP/2
+    // client's streams stay on its own (upstream.rs says why).
+    let parking = if parts.version == http::Version::HTTP_2 { Parking::Client } else { Parking::Worker };
 
     // Only requests the fence does not cover may switch protocols: a fenced
     // write must end with its response head, or the key's turn would never pass on.
@@ -152,7 +149,7 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
     // frees, in a refusal with nothing sent, never in an unknown outcome.
     let authority = &route.upstream.authority;
     let slots = &route.upstream_slots;
-    let checkout = connection.upstreams.checkout(authority, slots, route.queue_timeout);
+    let checkout = connection.upstreams.checkout(authority, slots, route.queue_timeout, parking);
     let checkout = match caller_gone {
         Some(CallerGone(gone)) => tokio::select! {
             checkout = checkout => checkout?,

@@ -1,20 +1,22 @@
-//! The upstream connections: each client connection keeps the ones its
-//! requests used, each route caps how many are open at once over all client
-//! connections, and each client connection may hold only a share of them.
+//! The upstream connections: HTTP/1.1 clients share their worker thread's,
+//! HTTP/2 clients keep their own; each route caps how many are open at once
+//! over all client connections, and each client connection may open only a
+//! share of them.
 //!
-//! Each client connection keeps the upstream connections its requests used,
-//! idle between requests, each under the route it was opened for: an
-//! HTTP/1.1 client (one request at a time) needs one per route, an HTTP/2
-//! client as many as it has requests in flight at once. There is no pool
-//! shared between client connections to look up, lock or hash on every
-//! request, and the upstream exchange stays on the worker thread that serves
-//! the client. They close with the client connection, or, when it rests
-//! (idle for a second, see the server's connection docs), go to its worker's
-//! spares: up to [`MAX_SPARE`] idle upstream connections per worker thread,
-//! which any client connection of that worker takes before it opens a new
-//! one. So clients that come and go, or pause, don't each cost the upstream a
-//! connection. A spare still closes after `upstream_idle_timeout`, or when a
-//! request waits for its slot.
+//! An upstream connection whose response has come back is parked for the
+//! next request, under the route it was opened for:
+//! - for an HTTP/1.1 client, in its worker thread's spares: any HTTP/1.1
+//!   client connection of that worker takes the most recently parked one that
+//!   is free, before it opens one. A client that sends one request at a time
+//!   usually gets its own connection back, and clients that come and go don't
+//!   each cost the upstream a connection (as nginx's `keepalive` cache). The
+//!   spares are a plain list on the worker's thread: no lock, no hash, and
+//!   the upstream exchange stays on the thread that serves the client.
+//! - for an HTTP/2 client, with the client connection, which needs as many as
+//!   it has requests in flight at once; they close with it. They are not
+//!   shared: the client connection's share of the route's slots (below) bounds
+//!   the connections its streams can pin, so its streams must not run on
+//!   connections counted in another client's share.
 //!
 //! The cap: every open upstream connection, busy or idle, holds one of its
 //! route's [`UpstreamSlots`] until it closes, so HTTP/2 streams whose responses
@@ -65,10 +67,10 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle upstream connections one client connection keeps at most; an HTTP/2
 /// burst beyond this opens connections that close after their request.
 const MAX_IDLE: usize = 32;
-/// Idle upstream connections of resting client connections one worker thread
-/// keeps for any of its client connections (nginx's `keepalive 32` is the
-/// same idea, per worker too); more close.
-pub const MAX_SPARE: usize = 64;
+/// Idle upstream connections one worker thread keeps for its HTTP/1.1
+/// clients, over every route (each also counts in its route's cap, 256 by
+/// default); one parked beyond this closes the oldest.
+pub const MAX_SPARE: usize = 256;
 
 thread_local! {
     /// This worker thread's spare upstream connections, newest last.
@@ -224,11 +226,6 @@ impl Parked {
         parked.then(|| *self.parked_at.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// Whether the sender is parked here and its connection still open.
-    fn is_open(&self) -> bool {
-        self.sender.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| !s.is_closed())
-    }
-
     /// Takes the sender out if it is parked and has finished its last
     /// response: the connection may then close without cutting anything.
     fn take_if_idle(&self) -> Option<Sender> {
@@ -242,8 +239,17 @@ impl Parked {
 }
 
 /// How a request reaches the upstream: on a kept connection, or on a new one
-/// for which it holds a slot.
-pub struct Checkout(Way);
+/// for which it holds a slot; and where the connection is parked after.
+pub struct Checkout(Way, Parking);
+
+/// Where a request's upstream connection is parked after its response.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Parking {
+    /// The worker thread's spares: an HTTP/1.1 client's.
+    Worker,
+    /// The client connection's own: an HTTP/2 client's.
+    Client,
+}
 
 enum Way {
     Kept(Arc<Parked>, Sender),
@@ -274,20 +280,21 @@ impl std::fmt::Debug for Upstreams {
 
 impl Upstreams {
     /// A way to `authority` for a request of the route of `slots`: an idle
-    /// connection this client connection opened for that route, or a slot of
-    /// the route's (within this client connection's share) for a new one,
-    /// waiting for it at most `wait`. Nothing is sent yet, so a refusal here
-    /// leaves the upstream untouched.
+    /// connection of that route parked where `parking` says, or a slot of the
+    /// route's (within this client connection's share) for a new one, waiting
+    /// for it at most `wait`. Nothing is sent yet, so a refusal here leaves
+    /// the upstream untouched.
     pub async fn checkout(
         &self,
         authority: &Authority,
         slots: &UpstreamSlots,
         wait: Duration,
+        parking: Parking,
     ) -> Result<Checkout, UpstreamError> {
-        if let Some((parked, sender)) = self.take(&slots.inner, authority) {
-            return Ok(Checkout(Way::Kept(parked, sender)));
+        if let Some((parked, sender)) = self.take(&slots.inner, authority, parking) {
+            return Ok(Checkout(Way::Kept(parked, sender), parking));
         }
-        Ok(Checkout(Way::Slot(self.slot(slots, Instant::now() + wait).await?)))
+        Ok(Checkout(Way::Slot(self.slot(slots, Instant::now() + wait).await?), parking))
     }
 
     /// A slot of this client connection's share of the route, then one of the
@@ -324,11 +331,12 @@ impl Upstreams {
         checkout: Checkout,
         mut req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        let slot = match checkout.0 {
+        let Checkout(way, parking) = checkout;
+        let slot = match way {
             Way::Slot(slot) => slot,
             Way::Kept(parked, mut sender) => match sender.try_send_request(req).await {
                 Ok(response) => {
-                    self.put_back(authority, parked, sender);
+                    self.put_back(authority, parked, sender, parking);
                     return Ok(response);
                 }
                 Err(mut e) => match e.take_message() {
@@ -350,7 +358,7 @@ impl Upstreams {
         let (parked, mut sender) = connect(authority, slot).await?;
         match sender.send_request(req).await {
             Ok(response) => {
-                self.put_back(authority, parked, sender);
+                self.put_back(authority, parked, sender, parking);
                 Ok(response)
             }
             Err(e) => Err(UpstreamError::exchange(e)),
@@ -358,63 +366,74 @@ impl Upstreams {
     }
 
     /// An idle, still open connection to `authority` opened for `route`, that
-    /// has finished its last response; closed ones (and ones closed to make
-    /// room) are dropped, and ones still sending a response body are left
-    /// for later: at the cap a request then waits for a slot instead of being
-    /// refused by a busy connection of its own client's.
-    fn take(&self, route: &Arc<Pool>, authority: &Authority) -> Option<(Arc<Parked>, Sender)> {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        take_from(&mut idle, route, authority)
-            .or_else(|| SPARE.with(|spare| take_from(&mut spare.borrow_mut(), route, authority)))
+    /// has finished its last response, from where `parking` says; closed ones
+    /// are dropped, and ones still sending a response body are left for
+    /// later: at the cap a request then waits for a slot instead of being
+    /// refused by a busy connection.
+    fn take(&self, route: &Arc<Pool>, authority: &Authority, parking: Parking) -> Option<(Arc<Parked>, Sender)> {
+        match parking {
+            Parking::Worker => SPARE.with(|spare| take_from(&mut spare.borrow_mut(), route, authority)),
+            Parking::Client => {
+                take_from(&mut self.idle.lock().unwrap_or_else(PoisonError::into_inner), route, authority)
+            }
+        }
     }
 
-    /// The client connection rests: its idle upstream connections become its
-    /// worker's spares (the newest ones, if there are too many).
-    pub fn rest(&self) {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.is_empty() {
+    /// Keeps `sender` for the next request, where `parking` says. It may
+    /// still be finishing this one's response body; a request that finds it
+    /// busy gets the request back unsent and opens another.
+    fn put_back(&self, authority: &Authority, parked: Arc<Parked>, sender: Sender, parking: Parking) {
+        *parked.parked_at.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        *parked.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
+        // Its driver looks for waiters only when the connection turns idle; if
+        // that happened before it was parked, look here.
+        if (parked.route.wanted() || parked.share.wanted()) && parked.take_if_idle().is_some() {
             return;
         }
-        SPARE.with(|spare| {
-            let mut spare = spare.borrow_mut();
-            spare.retain(|(_, parked)| parked.is_open());
-            spare.extend(std::mem::take(&mut *idle));
-            let over = spare.len().saturating_sub(MAX_SPARE);
-            // Dropping a parked sender closes its connection.
-            spare.drain(..over).for_each(|(_, parked)| drop(parked.take_if_idle()));
-        });
-    }
-
-    /// Keeps `sender` for the next request. It may still be finishing this
-    /// one's response body; a request that finds it busy gets the request back
-    /// unsent and opens another.
-    fn put_back(&self, authority: &Authority, parked: Arc<Parked>, sender: Sender) {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.len() < MAX_IDLE {
-            *parked.parked_at.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
-            *parked.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
-            // Its driver looks for waiters only when the connection turns
-            // idle; if that happened before it was parked, look here.
-            if (parked.route.wanted() || parked.share.wanted()) && parked.take_if_idle().is_some() {
-                return;
+        match parking {
+            Parking::Worker => SPARE.with(|spare| {
+                let mut spare = spare.borrow_mut();
+                if spare.len() >= MAX_SPARE {
+                    // The oldest goes; dropping its cell closes the connection.
+                    spare.remove(0);
+                }
+                spare.push((authority.clone(), parked));
+            }),
+            Parking::Client => {
+                let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+                if idle.len() < MAX_IDLE {
+                    idle.push((authority.clone(), parked));
+                }
             }
-            idle.push((authority.clone(), parked));
         }
     }
 }
 
-/// From `kept`, an idle, still open connection to `authority` opened for
-/// `route` that has finished its last response; closed ones are dropped.
+/// From `kept`, the newest idle, still open connection to `authority` opened
+/// for `route` that has finished its last response. Closed ones met on the
+/// way are dropped; the search usually ends at the last one.
 fn take_from(kept: &mut Vec<Kept>, route: &Arc<Pool>, authority: &Authority) -> Option<(Arc<Parked>, Sender)> {
-    kept.retain(|(_, parked)| parked.is_open());
-    let at = kept.iter().rposition(|(to, parked)| {
-        to == authority
-            && Arc::ptr_eq(&parked.route, route)
-            && parked.sender.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(Sender::is_ready)
-    })?;
-    let (_, parked) = kept.swap_remove(at);
-    let sender = parked.sender.lock().unwrap_or_else(PoisonError::into_inner).take()?;
-    Some((parked, sender))
+    let mut at = kept.len();
+    while at > 0 {
+        at -= 1;
+        let (to, parked) = &kept[at];
+        let mut sender = parked.sender.lock().unwrap_or_else(PoisonError::into_inner);
+        match sender.as_ref() {
+            Some(s) if s.is_closed() => {}
+            None => {}
+            Some(s) if s.is_ready() && to == authority && Arc::ptr_eq(&parked.route, route) => {
+                let taken = sender.take();
+                drop(sender);
+                let (_, parked) = kept.remove(at);
+                return taken.map(|sender| (parked, sender));
+            }
+            // Busy (still sending its last response), or another route's.
+            Some(_) => continue,
+        }
+        drop(sender);
+        kept.remove(at);
+    }
+    None
 }
 
 /// Opens a connection to `authority` in `slot`, retrying failures with
@@ -585,13 +604,39 @@ mod shedding {
         authority
     }
 
+    /// A GET through `upstreams` as an HTTP/2 client's: on its own connections.
     async fn get(upstreams: &Upstreams, authority: &Authority, slots: &UpstreamSlots) -> Result<(), UpstreamError> {
-        let checkout = upstreams.checkout(authority, slots, Duration::from_secs(5)).await?;
+        get_parking(upstreams, authority, slots, Parking::Client).await
+    }
+
+    async fn get_parking(
+        upstreams: &Upstreams,
+        authority: &Authority,
+        slots: &UpstreamSlots,
+        parking: Parking,
+    ) -> Result<(), UpstreamError> {
+        let checkout = upstreams.checkout(authority, slots, Duration::from_secs(5), parking).await?;
         let request =
             Request::get("/").body(RequestBody::Buffered { blocks: Default::default(), _held: None }).unwrap();
         let response = upstreams.send(authority, slots, checkout, request).await?;
         response.into_body().collect().await.unwrap();
         Ok(())
+    }
+
+    /// HTTP/1.1 clients of one worker thread take each other's idle
+    /// connections; HTTP/2 clients keep their own.
+    #[tokio::test]
+    async fn http1_clients_of_a_worker_share_its_upstream_connections() {
+        let authority = upstream().await;
+        let slots = UpstreamSlots::new(4, Duration::from_secs(60));
+        let (first, second, third) = (Upstreams::default(), Upstreams::default(), Upstreams::default());
+        get_parking(&first, &authority, &slots, Parking::Worker).await.unwrap();
+        get_parking(&second, &authority, &slots, Parking::Worker).await.unwrap();
+        assert_eq!(slots.open(), 1, "the second client took the first's connection");
+        get(&third, &authority, &slots).await.unwrap();
+        assert_eq!(slots.open(), 2, "an HTTP/2 client opens its own");
+        get_parking(&first, &authority, &slots, Parking::Worker).await.unwrap();
+        assert_eq!(slots.open(), 2, "and does not hand it to the worker");
     }
 
     #[tokio::test]
@@ -603,7 +648,10 @@ mod shedding {
         assert_eq!(slots.open(), 1, "the first client keeps its connection");
         get(&second, &authority, &slots).await.unwrap();
         assert_eq!(slots.open(), 1, "the cap held");
-        assert!(first.take(&slots.inner, &authority).is_none(), "the first client's idle connection was closed");
+        assert!(
+            first.take(&slots.inner, &authority, Parking::Client).is_none(),
+            "the first client's idle connection was closed"
+        );
     }
 
     /// An upstream that answers every request 200 with a two-byte body whose
@@ -649,7 +697,7 @@ mod shedding {
         // Two clients' downloads fill the route's cap.
         let mut downloads = Vec::new();
         for client in &clients[..2] {
-            let checkout = client.checkout(&authority, &slots, Duration::ZERO).await.unwrap();
+            let checkout = client.checkout(&authority, &slots, Duration::ZERO, Parking::Client).await.unwrap();
             let response = client.send(&authority, &slots, checkout, request()).await.unwrap();
             downloads.push(response);
         }
@@ -657,7 +705,7 @@ mod shedding {
         // The third waits: both connections are still sending their bodies.
         let waiting = tokio::spawn({
             let (client, authority, slots) = (clients[2].clone(), authority.clone(), slots.clone());
-            async move { client.checkout(&authority, &slots, Duration::from_secs(30)).await.map(|_| ()) }
+            async move { client.checkout(&authority, &slots, Duration::from_secs(30), Parking::Client).await.map(|_| ()) }
         });
         while !slots.inner.wanted() {
             tokio::task::yield_now().await;
@@ -687,7 +735,10 @@ mod shedding {
         }
         let idle = last_used.elapsed();
         assert!(idle >= Duration::from_millis(300), "closed after {idle:?} idle, before the timeout");
-        assert!(client.take(&slots.inner, &authority).is_none(), "the closed connection is not handed out");
+        assert!(
+            client.take(&slots.inner, &authority, Parking::Client).is_none(),
+            "the closed connection is not handed out"
+        );
         get(&client, &authority, &slots).await.expect("a new connection is opened after the idle one closed");
     }
 
@@ -713,10 +764,11 @@ mod shedding {
         let (greedy, other) = (Upstreams::default(), Upstreams::default());
         let mut held = Vec::new();
         for _ in 0..2 {
-            let checkout = greedy.checkout(&authority, &slots, Duration::ZERO).await.unwrap();
+            let checkout = greedy.checkout(&authority, &slots, Duration::ZERO, Parking::Client).await.unwrap();
             held.push(greedy.send(&authority, &slots, checkout, request()).await.unwrap());
         }
-        let Err(refused) = greedy.checkout(&authority, &slots, Duration::from_millis(200)).await else {
+        let Err(refused) = greedy.checkout(&authority, &slots, Duration::from_millis(200), Parking::Client).await
+        else {
             panic!("a slot past the client connection's share");
         };
         assert!(refused.is_busy() && !refused.may_have_sent(), "{refused}");
@@ -724,7 +776,7 @@ mod shedding {
         // Another client connection is served beside it (every upstream
         // connection may now send its body).
         release.add_permits(3);
-        let checkout = other.checkout(&authority, &slots, Duration::ZERO).await.unwrap();
+        let checkout = other.checkout(&authority, &slots, Duration::ZERO, Parking::Client).await.unwrap();
         let response = other.send(&authority, &slots, checkout, request()).await.unwrap();
         assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
         assert_eq!(slots.open(), 3);
@@ -739,7 +791,9 @@ mod shedding {
         let slots = UpstreamSlots::new(1, Duration::from_secs(60));
         let _taken = slots.acquire(Duration::ZERO).await.unwrap();
         let authority = Authority::from_static("127.0.0.1:1");
-        let Err(refused) = Upstreams::default().checkout(&authority, &slots, Duration::from_millis(300)).await else {
+        let Err(refused) =
+            Upstreams::default().checkout(&authority, &slots, Duration::from_millis(300), Parking::Client).await
+        else {
             panic!("a slot past the cap");
         };
         assert!(refused.is_busy() && !refused.may_have_sent(), "{refused}");

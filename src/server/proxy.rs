@@ -51,9 +51,8 @@ async fn serve(
 ) {
     let _ = stream.set_nodelay(true);
     let io = ActivityIo::new(stream, activity.clone());
-    let forward = Forward::new(peer);
-    let service = TowerToHyperService::new(proxy_service(shared, &forward, activity.clone()));
-    let conn = ProxyConnection::new(io, service, protocols, activity.clone(), forward);
+    let service = TowerToHyperService::new(proxy_service(shared, &Forward::new(peer), activity.clone()));
+    let conn = ProxyConnection::new(io, service, protocols, activity.clone());
     connection::serve(conn, activity, admission, peer).await;
 }
 

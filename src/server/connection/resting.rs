@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use super::activity::Activity;
 use super::io::{ActivityIo, Protocol};
 use super::ClientConnection;
-use crate::proxy::{BoxError, Forward};
+use crate::proxy::BoxError;
 
 /// How long after a connection rests its thread asks the allocator to give
 /// freed memory back: past mimalloc's purge delays (10 ms for pages, 100 ms
@@ -97,8 +97,6 @@ pub(crate) struct ProxyConnection<S: HttpService<Incoming>> {
     state: State<S>,
     protocols: Arc<Protocols>,
     activity: Arc<Activity>,
-    /// The connection's upstream connections, handed on when it rests.
-    forward: Forward,
 }
 
 enum State<S: HttpService<Incoming>> {
@@ -136,10 +134,9 @@ where
         service: S,
         protocols: Arc<Protocols>,
         activity: Arc<Activity>,
-        forward: Forward,
     ) -> ProxyConnection<S> {
         let state = State::Opening { io, service, first: [0; 24], len: 0 };
-        ProxyConnection { state, protocols, activity, forward }
+        ProxyConnection { state, protocols, activity }
     }
 
     fn http1(&self, io: Io, service: S) -> State<S> {
@@ -225,9 +222,8 @@ where
 
     /// An HTTP/1.1 connection between requests gives back hyper's state (its
     /// read and write buffers) and waits for the client's next bytes on the
-    /// bare socket; its idle upstream connections become the worker's
-    /// spares. Anything hyper had read and not yet parsed is read again first
-    /// by the connection that follows.
+    /// bare socket. Anything hyper had read and not yet parsed is read again
+    /// first by the connection that follows.
     fn rest(self: Pin<&mut Self>) {
         let this = self.get_mut();
         if !matches!(this.state, State::Http1(_)) || !this.activity.between_requests() {
@@ -238,7 +234,6 @@ where
         };
         // None: the connection was upgraded, and hyper is done with it.
         let Some(parts) = Pin::into_inner(conn).into_parts() else { return };
-        this.forward.rest();
         let mut io = parts.io.into_inner();
         io.unread(parts.read_buf);
         this.state = if io.prefix.is_empty() {
