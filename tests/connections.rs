@@ -679,3 +679,31 @@ async fn a_worker_gives_memory_back_after_its_connections_rest() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A request body streamed to the upstream (here an unfenced write on a route
+/// that allows a missing token) ends at its declared length: the upstream
+/// reads no further, and the connection still rests after it.
+#[tokio::test]
+async fn a_connection_rests_after_a_body_streamed_with_its_length() {
+    let upstream = RecordingUpstream::start().await;
+    let proxy = start(ONE_WORKER, &route("open", "/", &upstream, "missing_token = \"allow\"")).await;
+    let mut conn = Conn::open(proxy.addr).await;
+    let request = common::raw::RawRequest::new("PUT", "/a").body("streamed").keep_alive();
+    conn.send(&request.bytes()).await;
+    assert_eq!(conn.response().await.status, 200);
+    assert_eq!(upstream.object("/a").as_deref(), Some(&b"streamed"[..]));
+    proxy.wait_metric("fencegate_resting_connections", 1.0).await;
+}
+
+/// A connection that sends the start of the HTTP/2 preface and stops
+/// sending is read as the HTTP/1 request it can only be: 400, as hyper
+/// answers a head cut short.
+#[tokio::test]
+async fn the_start_of_the_preface_then_the_end_of_input_gets_400() {
+    let upstream = RecordingUpstream::start().await;
+    let proxy = start(ONE_WORKER, &route("objects", "/", &upstream, "")).await;
+    let mut conn = Conn::open(proxy.addr).await;
+    conn.send(&PREFACE[..18]).await;
+    conn.stream.shutdown().await.unwrap();
+    assert_eq!(conn.response().await.status, 400);
+}

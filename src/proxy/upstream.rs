@@ -21,9 +21,11 @@
 //! The cap: every open upstream connection, busy or idle, holds one of its
 //! route's [`UpstreamSlots`] until it closes, so HTTP/2 streams whose responses
 //! are never read pin at most `max_upstream_connections` of them. Within it,
-//! one client connection holds at most its share of a route's slots (a
+//! one HTTP/2 client connection holds at most its share of a route's slots (a
 //! quarter of the cap, at least one), so the streams of one connection can't
-//! take the whole route from every other client. A request that needs a new
+//! take the whole route from every other client. (An HTTP/1.1 client has one
+//! request in flight at a time, and the connections its requests open serve
+//! the whole worker: they count in the route's cap only.) A request that needs a new
 //! connection when none is free (of the route, or of its connection's share)
 //! waits for a slot up to the route's `queue_timeout`; then it is refused
 //! (503 `upstream-busy`) with nothing sent. While it waits, every connection
@@ -191,19 +193,20 @@ impl UpstreamSlots {
 }
 
 /// What an open upstream connection holds until it closes: a slot of its
-/// route's and one of its client connection's share.
+/// route's and, if an HTTP/2 client opened it, one of that client
+/// connection's share.
 struct Slot {
     route: Arc<Pool>,
-    share: Arc<Pool>,
+    share: Option<Arc<Pool>>,
     idle_timeout: Duration,
     _route_slot: OwnedSemaphorePermit,
-    _share_slot: OwnedSemaphorePermit,
+    _share_slot: Option<OwnedSemaphorePermit>,
 }
 
 impl Slot {
     /// Whether a request waits for a slot this connection could give back.
     fn wanted(&self) -> bool {
-        self.route.wanted() || self.share.wanted()
+        self.route.wanted() || self.share.as_ref().is_some_and(|share| share.wanted())
     }
 }
 
@@ -216,7 +219,7 @@ struct Parked {
     /// When the sender was last parked.
     parked_at: Mutex<Instant>,
     route: Arc<Pool>,
-    share: Arc<Pool>,
+    share: Option<Arc<Pool>>,
 }
 
 impl Parked {
@@ -294,16 +297,26 @@ impl Upstreams {
         if let Some((parked, sender)) = self.take(&slots.inner, authority, parking) {
             return Ok(Checkout(Way::Kept(parked, sender), parking));
         }
-        Ok(Checkout(Way::Slot(self.slot(slots, Instant::now() + wait).await?), parking))
+        Ok(Checkout(Way::Slot(self.slot(slots, Instant::now() + wait, parking).await?), parking))
     }
 
-    /// A slot of this client connection's share of the route, then one of the
-    /// route's, both by `deadline`.
-    async fn slot(&self, slots: &UpstreamSlots, deadline: Instant) -> Result<Slot, UpstreamError> {
+    /// A slot of the route's by `deadline`; for an HTTP/2 client, first one
+    /// of this client connection's share of the route. (An HTTP/1.1 client
+    /// has one request in flight at a time, so it pins one connection at
+    /// most, and its connections serve every client of the worker: counting
+    /// them in the share of the client that opened them would hold that
+    /// client's share with other clients' requests.)
+    async fn slot(&self, slots: &UpstreamSlots, deadline: Instant, parking: Parking) -> Result<Slot, UpstreamError> {
         let started = Instant::now();
-        let share = self.share(slots);
-        let Some(share_slot) = share.acquire(deadline).await else {
-            return Err(UpstreamError::busy_share(share.cap, started.elapsed()));
+        let (share, share_slot) = match parking {
+            Parking::Worker => (None, None),
+            Parking::Client => {
+                let share = self.share(slots);
+                let Some(share_slot) = share.acquire(deadline).await else {
+                    return Err(UpstreamError::busy_share(share.cap, started.elapsed()));
+                };
+                (Some(share), Some(share_slot))
+            }
         };
         let route = slots.inner.clone();
         let Some(route_slot) = route.acquire(deadline).await else {
@@ -349,7 +362,7 @@ impl Upstreams {
                         req = unsent;
                         drop(sender);
                         tokio::task::yield_now().await;
-                        self.slot(slots, Instant::now()).await?
+                        self.slot(slots, Instant::now(), parking).await?
                     }
                     None => return Err(UpstreamError::exchange(e.into_error())),
                 },
@@ -387,7 +400,8 @@ impl Upstreams {
         *parked.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
         // Its driver looks for waiters only when the connection turns idle; if
         // that happened before it was parked, look here.
-        if (parked.route.wanted() || parked.share.wanted()) && parked.take_if_idle().is_some() {
+        let share_wanted = parked.share.as_ref().is_some_and(|share| share.wanted());
+        if (parked.route.wanted() || share_wanted) && parked.take_if_idle().is_some() {
             return;
         }
         match parking {
@@ -504,7 +518,12 @@ async fn drive(conn: Connection, slot: Slot, parked: Weak<Parked>) {
     let mut idle_check = pin!(tokio::time::sleep(slot.idle_timeout));
     loop {
         let mut route_asks = pin!(slot.route.shed.notified());
-        let mut share_asks = pin!(slot.share.shed.notified());
+        let mut share_asks = pin!(async {
+            match &slot.share {
+                Some(share) => share.shed.notified().await,
+                None => std::future::pending().await,
+            }
+        });
         let woken = std::future::poll_fn(|cx| {
             if let Poll::Ready(ended) = conn.as_mut().poll(cx) {
                 if let Err(e) = ended {
@@ -637,6 +656,32 @@ mod shedding {
         assert_eq!(slots.open(), 2, "an HTTP/2 client opens its own");
         get_parking(&first, &authority, &slots, Parking::Worker).await.unwrap();
         assert_eq!(slots.open(), 2, "and does not hand it to the worker");
+    }
+
+    /// An HTTP/1.1 client's connections count in the route's cap only: one
+    /// another client is using leaves the first client free to open another
+    /// (with a share of one, counting it in the opener's share would make the
+    /// first client wait for a request not its own).
+    #[tokio::test]
+    async fn a_worker_connection_in_another_clients_use_does_not_hold_its_openers_share() {
+        let release = Arc::new(Semaphore::new(0));
+        let authority = holding_upstream(release.clone()).await;
+        let slots = UpstreamSlots::new(4, Duration::from_secs(60));
+        assert_eq!(slots.share(), 1);
+        let (first, second) = (Upstreams::default(), Upstreams::default());
+        // The first client opens a connection and reads its response whole.
+        release.add_permits(1);
+        let checkout = first.checkout(&authority, &slots, Duration::ZERO, Parking::Worker).await.unwrap();
+        let response = first.send(&authority, &slots, checkout, request()).await.unwrap();
+        assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
+        // The second client takes it, and keeps it busy.
+        let checkout = second.checkout(&authority, &slots, Duration::ZERO, Parking::Worker).await.unwrap();
+        let busy = second.send(&authority, &slots, checkout, request()).await.unwrap();
+        assert_eq!(slots.open(), 1);
+        // The first client is not held by its share.
+        let checkout = first.checkout(&authority, &slots, Duration::ZERO, Parking::Worker).await;
+        assert!(checkout.is_ok(), "refused: {:?}", checkout.err());
+        drop(busy);
     }
 
     #[tokio::test]

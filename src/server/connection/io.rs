@@ -46,12 +46,13 @@ impl<I> ActivityIo<I> {
         &self.inner
     }
 
-    /// A write's outcome: bytes written are unflushed until a flush succeeds.
-    fn wrote(&self, result: Poll<std::io::Result<usize>>) -> Poll<std::io::Result<usize>> {
-        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
+    /// Bytes are being written: they are unflushed until a flush succeeds,
+    /// whether this write takes them or not (one that returns `Pending`
+    /// leaves them in the writer's buffer, which is no less unflushed).
+    fn writing(&self, len: usize) {
+        if len > 0 {
             self.activity.unflushed(true);
         }
-        result
     }
 }
 
@@ -112,8 +113,8 @@ impl<I: AsyncRead + Unpin> AsyncRead for ActivityIo<I> {
 
 impl<I: AsyncWrite + Unpin> AsyncWrite for ActivityIo<I> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
-        self.wrote(result)
+        self.writing(buf.len());
+        Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -137,8 +138,8 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for ActivityIo<I> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        self.wrote(result)
+        self.writing(bufs.iter().map(|b| b.len()).sum());
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 }
 

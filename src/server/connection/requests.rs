@@ -142,9 +142,13 @@ impl Body for ClientBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<bytes::Bytes>, hyper::Error>>> {
-        let this = self.project();
-        let frame = std::task::ready!(this.inner.poll_frame(cx));
-        if frame.is_none() {
+        let mut this = self.project();
+        let frame = std::task::ready!(this.inner.as_mut().poll_frame(cx));
+        // The end: no more frames, or (with a declared length) the last byte
+        // of it. hyper has left the body behind by then: it marks its reading
+        // done before it hands over the last chunk. A reader that stops at
+        // the declared length (hyper's client does) never asks again.
+        if frame.is_none() || this.inner.is_end_stream() {
             if let Some(activity) = this.open.take() {
                 activity.body_ended();
             }

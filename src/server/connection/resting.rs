@@ -163,13 +163,16 @@ where
                     let mut buf = ReadBuf::new(&mut first[*len..]);
                     ready!(Pin::new(&mut *io).poll_read(cx, &mut buf))?;
                     let read = buf.filled().len();
-                    if read == 0 {
+                    if read == 0 && *len == 0 {
                         // Closed before it said anything.
                         this.state = State::Closed;
                         continue;
                     }
                     *len += read;
-                    let Some(protocol) = io.protocol() else { continue };
+                    // Closed after the start of the preface: HTTP/1, for hyper
+                    // to answer what it makes of it (400).
+                    let protocol = if read == 0 { Some(Protocol::Http1) } else { io.protocol() };
+                    let Some(protocol) = protocol else { continue };
                     let State::Opening { io, service, first, len } = std::mem::replace(&mut this.state, State::Closed)
                     else {
                         unreachable!("matched above")
@@ -326,5 +329,89 @@ impl<S: HttpService<Incoming>> std::fmt::Debug for ProxyConnection<S> {
             State::Closed => "closed",
         };
         f.debug_struct("ProxyConnection").field("state", &state).finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper_util::service::TowerToHyperService;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::server::connection::requests::{ClientBody, TrackRequestsLayer, TrackedBody};
+
+    /// A first response this large, then a short second one.
+    const FIRST: usize = 50_000;
+
+    type Served = http1::Connection<TokioIo<ActivityIo<tokio::io::DuplexStream>>, BoxedService>;
+    type BoxedService = TowerToHyperService<
+        tower::util::BoxCloneService<http::Request<Incoming>, http::Response<TrackedBody<Full<Bytes>>>, Infallible>,
+    >;
+
+    /// hyper serving `/1` (FIRST bytes) and `/2` ("second") over a pipe that
+    /// holds `window` bytes the client has not read.
+    fn serve(activity: &Arc<Activity>, window: usize) -> (tokio::io::DuplexStream, Served) {
+        let service = tower::ServiceBuilder::new().layer(TrackRequestsLayer(activity.clone())).service(
+            tower::service_fn(|req: http::Request<ClientBody>| async move {
+                let body = if req.uri().path() == "/1" { vec![b'x'; FIRST] } else { b"second".to_vec() };
+                Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(body))))
+            }),
+        );
+        let service = TowerToHyperService::new(tower::util::BoxCloneService::new(service));
+        let (client, server) = tokio::io::duplex(window);
+        let conn =
+            http1::Builder::new().serve_connection(TokioIo::new(ActivityIo::new(server, activity.clone())), service);
+        (client, conn)
+    }
+
+    /// A client that has not read its first response yet: hyper has ended
+    /// both requests (their bodies are done) but holds the second response
+    /// in its write buffer, the socket being full. Taking hyper apart then
+    /// would lose it: the connection must not count as between requests.
+    #[tokio::test]
+    async fn a_response_held_in_hypers_write_buffer_keeps_the_connection_from_resting() {
+        // How long the first response is on the wire.
+        let activity = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
+        let (mut client, conn) = serve(&activity, 1 << 20);
+        let serving = tokio::spawn(conn);
+        client.write_all(b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        let mut first = Vec::new();
+        let mut chunk = [0; 8192];
+        while first.windows(4).position(|w| w == b"\r\n\r\n").is_none_or(|head| first.len() < head + 4 + FIRST) {
+            let n = client.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed early");
+            first.extend_from_slice(&chunk[..n]);
+        }
+        serving.abort();
+
+        // Room for exactly the first response: the second finds the pipe full.
+        let activity = Activity::new(Duration::from_secs(10), Duration::from_secs(60));
+        let (mut client, mut conn) = serve(&activity, first.len());
+        client.write_all(b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\nGET /2 HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        assert!(tokio::time::timeout(Duration::from_millis(200), &mut conn).await.is_err(), "hyper is still serving");
+        assert!(!activity.between_requests(), "the second response is not flushed");
+
+        // Once the client reads, both responses arrive and the connection is
+        // between requests.
+        let mut got = Vec::new();
+        let reading = async {
+            let mut chunk = [0; 8192];
+            while !got.ends_with(b"second") {
+                let n = client.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "closed early");
+                got.extend_from_slice(&chunk[..n]);
+            }
+        };
+        tokio::select! {
+            () = reading => {}
+            _ = &mut conn => panic!("the connection ended"),
+        }
+        assert!(tokio::time::timeout(Duration::from_millis(100), &mut conn).await.is_err());
+        assert!(activity.between_requests());
     }
 }
