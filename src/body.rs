@@ -191,7 +191,7 @@ impl<S> Layer<S> for BodyLayer {
     type Service = Bodies<S>;
 
     fn layer(&self, inner: S) -> Bodies<S> {
-        Bodies { inner, budget: self.budget.clone(), connection: self.connection.clone() }
+        Bodies { inner, budgets: Arc::new((self.budget.clone(), self.connection.clone())) }
     }
 }
 
@@ -199,8 +199,10 @@ impl<S> Layer<S> for BodyLayer {
 #[derive(Debug, Clone)]
 pub struct Bodies<S> {
     inner: S,
-    budget: Arc<BufferBudget>,
-    connection: Arc<BufferBudget>,
+    /// The process's budget and the connection's share, behind one count of
+    /// the connection's own: cloned for every request, it touches no count
+    /// the other worker threads write.
+    budgets: Arc<(Arc<BufferBudget>, Arc<BufferBudget>)>,
 }
 
 impl<S> Service<Checked<ClientBody>> for Bodies<S>
@@ -217,9 +219,9 @@ where
     }
 
     fn call(&mut self, checked: Checked<ClientBody>) -> Self::Future {
-        let (inner, budget, connection) = (self.inner.clone(), self.budget.clone(), self.connection.clone());
+        let (inner, budgets) = (self.inner.clone(), self.budgets.clone());
         Box::pin(async move {
-            let held = Held::new(&budget, &connection);
+            let held = Held::new(&budgets.0, &budgets.1);
             let checked = limit_body(checked, held).await?;
             inner.oneshot(checked).await
         })

@@ -45,7 +45,7 @@ impl<S, St> Layer<S> for HeadChecksLayer<St> {
     type Service = HeadChecks<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        HeadChecks { inner, store: self.store.clone() }
+        HeadChecks { inner, store: Arc::new(ConnectionStore(self.store.clone())) }
     }
 }
 
@@ -55,8 +55,14 @@ impl<S, St> Layer<S> for HeadChecksLayer<St> {
 #[derive(Debug)]
 pub struct HeadChecks<S, St> {
     inner: S,
-    store: Arc<St>,
+    /// The store behind a count of this connection's own: cloned for every
+    /// request, it touches no count the other worker threads write.
+    store: Arc<ConnectionStore<St>>,
 }
+
+/// One connection's handle on the store every connection shares.
+#[derive(Debug)]
+struct ConnectionStore<St>(Arc<St>);
 
 impl<S: Clone, St> Clone for HeadChecks<S, St> {
     fn clone(&self) -> Self {
@@ -82,7 +88,7 @@ where
     fn call(&mut self, routed: Routed<B>) -> Self::Future {
         let (inner, store) = (self.inner.clone(), self.store.clone());
         Box::pin(async move {
-            let checked = check(&*store, routed).await?;
+            let checked = check(&*store.0, routed).await?;
             inner.oneshot(checked).await
         })
     }

@@ -29,19 +29,22 @@ use crate::routing::Routed;
 #[derive(Debug)]
 pub struct Fencing<S, St> {
     inner: S,
-    store: Arc<St>,
-    gate: Arc<KeyGate>,
+    /// The store and the gate, behind one count of this connection's own:
+    /// the layers above clone this service for every request, and a clone
+    /// then touches no count the other worker threads write.
+    shared: Arc<(Arc<St>, Arc<KeyGate>)>,
 }
 
 impl<S: Clone, St> Clone for Fencing<S, St> {
     fn clone(&self) -> Self {
-        Fencing { inner: self.inner.clone(), store: self.store.clone(), gate: self.gate.clone() }
+        Fencing { inner: self.inner.clone(), shared: self.shared.clone() }
     }
 }
 
 impl<S, St> Fencing<S, St> {
+    /// For one client connection.
     pub fn new(inner: S, store: Arc<St>, gate: Arc<KeyGate>) -> Self {
-        Fencing { inner, store, gate }
+        Fencing { inner, shared: Arc::new((store, gate)) }
     }
 }
 
@@ -64,14 +67,13 @@ where
         // Take the service that was driven to readiness; leave a fresh clone behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(take_turn_and_forward(inner, self.store.clone(), self.gate.clone(), req))
+        ResponseFuture::new(take_turn_and_forward(inner, self.shared.clone(), req))
     }
 }
 
 async fn take_turn_and_forward<S, St, B>(
     inner: S,
-    store: Arc<St>,
-    gate: Arc<KeyGate>,
+    shared: Arc<(Arc<St>, Arc<KeyGate>)>,
     checked: Checked<B>,
 ) -> Result<Response<ProxyBody>, Rejection>
 where
@@ -80,6 +82,7 @@ where
     St: FenceStore,
     B: Send + 'static,
 {
+    let (store, gate) = (&*shared.0, &shared.1);
     let Checked { mut routed, fence } = checked;
     let Some(fence) = fence else {
         return forward_unfenced(inner, routed).await;
@@ -134,7 +137,7 @@ where
     // move a mark (fenced requests for these keys wait for the turn), and
     // raising it only makes the jump smaller.
     for (k, r) in keys {
-        check_mark(&*store, r, k, token).await.map_err(|e| reject(e, k))?;
+        check_mark(store, r, k, token).await.map_err(|e| reject(e, k))?;
     }
     for (k, r) in keys {
         match store.advance(k, token).await {
@@ -346,7 +349,7 @@ mod tests {
         let request = req.body(Empty::<Bytes>::new()).unwrap();
         let req = Routed { route, request, fenced: true, destination: None, caller_gone: None };
         let decided = match super::super::head::check(&*store, req).await {
-            Ok(checked) => take_turn_and_forward(inner, store, Arc::new(KeyGate::default()), checked).await,
+            Ok(checked) => take_turn_and_forward(inner, Arc::new((store, Arc::new(KeyGate::default()))), checked).await,
             Err(rejection) => Err(rejection),
         };
         let status = match decided {
@@ -427,7 +430,7 @@ mod tests {
         });
         let gate = Arc::new(KeyGate::default());
         let store = Arc::new(WitnessStore::default());
-        let refused = take_turn_and_forward(timing_out, store, gate.clone(), checked).await.unwrap_err();
+        let refused = take_turn_and_forward(timing_out, Arc::new((store, gate.clone())), checked).await.unwrap_err();
         assert_eq!(refused.settle, Some(Duration::from_secs(2)));
         let started = tokio::time::Instant::now();
         let b = |wait| gate.acquire("/objects/b", 5, Ask::Alone, wait);

@@ -10,6 +10,7 @@ mod upstream;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -67,9 +68,14 @@ impl CallerGone {
 }
 
 /// The innermost service: sends a request to its route's upstream, on the
-/// client connection's own upstream connections. Make one per client connection.
+/// client connection's own upstream connections. Make one per client
+/// connection. The layers above clone it for every request: one count, of
+/// this connection's, is all a clone touches.
 #[derive(Clone, Debug)]
-pub struct Forward {
+pub struct Forward(Arc<ClientSide>);
+
+#[derive(Debug)]
+struct ClientSide {
     upstreams: upstream::Upstreams,
     client: ClientAddr,
 }
@@ -77,7 +83,7 @@ pub struct Forward {
 impl Forward {
     /// The forwarder of the client connection from `client`.
     pub fn new(client: SocketAddr) -> Forward {
-        Forward { upstreams: upstream::Upstreams::default(), client: ClientAddr::new(client) }
+        Forward(Arc::new(ClientSide { upstreams: upstream::Upstreams::default(), client: ClientAddr::new(client) }))
     }
 }
 
@@ -119,7 +125,7 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
     strip_hop_by_hop(&mut parts.headers, upgrade, |name| {
         route.reads_header(name) || destination.as_ref().is_some_and(|d| d.route.reads_header(name))
     });
-    add_forwarded(&mut parts.headers, &connection.client, original_host.clone());
+    add_forwarded(&mut parts.headers, &connection.0.client, original_host.clone());
     let host = match (&original_host, route.preserve_host) {
         (Some(h), true) => h.clone(),
         _ => route.upstream.host.clone(),
@@ -149,7 +155,7 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
     // frees, in a refusal with nothing sent, never in an unknown outcome.
     let authority = &route.upstream.authority;
     let slots = &route.upstream_slots;
-    let checkout = connection.upstreams.checkout(authority, slots, route.queue_timeout, parking);
+    let checkout = connection.0.upstreams.checkout(authority, slots, route.queue_timeout, parking);
     let checkout = match caller_gone {
         Some(CallerGone(gone)) => tokio::select! {
             checkout = checkout => checkout?,
@@ -157,7 +163,7 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
         },
         None => checkout.await?,
     };
-    let send = connection.upstreams.send(authority, slots, checkout, request);
+    let send = connection.0.upstreams.send(authority, slots, checkout, request);
     // The timeout covers connecting, retries and backoff included.
     let mut response = match tokio::time::timeout(route.timeout, send).await {
         Ok(Ok(response)) => response,
