@@ -199,4 +199,7 @@ where
         }
     }
     drop(admission);
+    // What the connection held is freed now: have it returned to the system
+    // (after an HTTP/2 flood, tens of MiB), as a rest's is.
+    resting::give_back_soon();
 }

@@ -34,8 +34,8 @@ const GIVE_BACK_AFTER: Duration = Duration::from_millis(200);
 /// program set it (see [`give_back_memory_with`]).
 static GIVE_BACK: OnceLock<fn()> = OnceLock::new();
 
-/// Sets what a worker thread calls, a moment after its connections rest, to
-/// return the memory they freed to the system. An allocator that keeps freed
+/// Sets what a worker thread calls, a moment after its connections rest or
+/// close, to return the memory they freed to the system. An allocator that keeps freed
 /// memory until it is next called (mimalloc does, and a worker whose
 /// connections all rest is not calling it) would otherwise hold it: resting
 /// frees hyper's buffers, this lets the process shrink. Set once, before
@@ -49,9 +49,9 @@ thread_local! {
     static GIVE_BACK_DUE: Cell<bool> = const { Cell::new(false) };
 }
 
-/// After a rest: calls the give-back on this thread [`GIVE_BACK_AFTER`] from
-/// now, unless one is already due.
-fn give_back_soon() {
+/// After a rest, or a connection's end: calls the give-back on this thread
+/// [`GIVE_BACK_AFTER`] from now, unless one is already due.
+pub(super) fn give_back_soon() {
     let Some(&give_back) = GIVE_BACK.get() else { return };
     if GIVE_BACK_DUE.with(|due| due.replace(true)) {
         return;
