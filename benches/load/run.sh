@@ -6,7 +6,9 @@
 #   ROUNDS=1 SECONDS=2 WARMUP=1 benches/load/run.sh   # quick check (~1.5 min)
 #
 # Knobs (environment): ROUNDS (3), SECONDS (5; DURATION is an alias), WARMUP (1),
-# CONNS (64), KEYS (10000), SCENARIOS ("put get hotkey raise"), CONTENDERS (all;
+# CONNS (64), KEYS (10000), ACCESS_LOG (off; "on": fencegate's access log at
+# info to its stdout file, nginx's to a file with a 64k buffer, as deployed),
+# SCENARIOS ("put get hotkey raise"), CONTENDERS (all;
 # e.g. "nginx fencegate-memory"), OUT (a directory for
 # results.csv, report.txt and the wrk/server logs), FENCEGATE_BIN (use this
 # binary, skip `cargo build`), HYPER_FLOOR_BIN (the same for the hyper-floor
@@ -40,6 +42,7 @@ WARMUP=${WARMUP:-1}
 CONNS=${CONNS:-64}
 KEYS=${KEYS:-10000}
 SCENARIOS=${SCENARIOS:-put get hotkey raise}
+ACCESS_LOG=${ACCESS_LOG:-off}
 CONTENDERS=${CONTENDERS:-}
 OUT=${OUT:-}
 
@@ -53,6 +56,7 @@ done
 ((ROUNDS > 0)) || die "ROUNDS must be at least 1"
 ((CONNS > 0)) || die "CONNS must be at least 1"
 ((KEYS > 0)) || die "KEYS must be at least 1"
+[[ "$ACCESS_LOG" == on || "$ACCESS_LOG" == off ]] || die "ACCESS_LOG must be on or off, got '$ACCESS_LOG'"
 
 ALL_SCENARIOS="put get hotkey raise"
 ALL_CONTENDERS="nginx nginx-lua haproxy hyper-floor fencegate-memory fencegate-file fencegate-unfenced upstream"
@@ -213,6 +217,14 @@ pick_port() {
     die "no free port found in $port_lo-$port_hi"
 }
 
+nginx_access_log() { # dir : the access_log directive for a proxy contender
+    if [[ "$ACCESS_LOG" == on ]]; then
+        echo "access_log $1/access.log combined buffer=64k flush=1s;"
+    else
+        echo "access_log off;"
+    fi
+}
+
 render() { # template output NAME=value... : replaces @NAME@ with value
     local tmpl=$1 out=$2
     shift 2
@@ -348,7 +360,7 @@ if [[ -n "${NEEDED[nginx]:-}" ]]; then
     d=$work/nginx
     mkdir -p "$d"
     render "$here/proxy-nginx.conf.in" "$d/nginx.conf" DIR="$d" PORT="${PORT[nginx]}" UPSTREAM_PORT="$UP" \
-        KEEPALIVE="$KEEPALIVE" USER_LINE="$USER_LINE"
+        KEEPALIVE="$KEEPALIVE" USER_LINE="$USER_LINE" ACCESS_LOG_LINE="$(nginx_access_log "$d")"
     nginx -t -q -p "$d/" -c "$d/nginx.conf" -e "$d/error.log" >"$d/check.log" 2>&1 || { cat "$d/check.log" >&2; die "nginx proxy config rejected"; }
     start_proc nginx "$d/stdout.log" nginx -p "$d/" -c "$d/nginx.conf" -e "$d/error.log"
     wait_ready nginx "http://127.0.0.1:${PORT[nginx]}/"
@@ -369,7 +381,7 @@ if [[ -n "${NEEDED[nginx-lua]:-}" ]]; then
     d=$work/nginx-lua
     mkdir -p "$d"
     render "$here/proxy-nginx-lua.conf.in" "$d/nginx.conf" DIR="$d" PORT="${PORT[nginx-lua]}" UPSTREAM_PORT="$UP" \
-        KEEPALIVE="$KEEPALIVE" USER_LINE="$USER_LINE"
+        KEEPALIVE="$KEEPALIVE" USER_LINE="$USER_LINE" ACCESS_LOG_LINE="$(nginx_access_log "$d")"
     nginx -t -q -p "$d/" -c "$d/nginx.conf" -e "$d/error.log" >"$d/check.log" 2>&1 || { cat "$d/check.log" >&2; die "nginx-lua config rejected"; }
     start_proc nginx-lua "$d/stdout.log" nginx -p "$d/" -c "$d/nginx.conf" -e "$d/error.log"
     wait_ready nginx-lua "http://127.0.0.1:${PORT[nginx-lua]}/"
@@ -411,9 +423,12 @@ start_fencegate() { # name fences-lines safe-methods allow-safe-body
             UPSTREAM_PORT="$UP" FENCES="$2" SAFE_METHODS="$3" SAFE_BODY="$4" WORKERS=""
         "$BIN" --config "$d/fencegate.toml" --check >"$d/check.log" 2>&1 || { cat "$d/check.log" >&2; die "$name config rejected"; }
     fi
-    # RUST_LOG=warn: no access log (info), no per-request span (debug).
+    # RUST_LOG=warn: no access log (info), no per-request span (debug);
+    # with ACCESS_LOG=on, info: the access log, to the stdout file.
+    local level=warn
+    [[ "$ACCESS_LOG" == on ]] && level=info
     start_proc "$name" "$d/fencegate.log" env -u FENCEGATE_ADMIN_TOKEN -u FENCEGATE_CONFIG \
-        RUST_LOG=warn TOKIO_WORKER_THREADS=2 "$BIN" --config "$d/fencegate.toml"
+        RUST_LOG=$level TOKIO_WORKER_THREADS=2 "$BIN" --config "$d/fencegate.toml"
     wait_ready "$name" "http://127.0.0.1:${ADMIN_PORT[$name]}/readyz" "http://127.0.0.1:${PORT[$name]}/objects/ready"
 }
 DEFAULT_METHODS='["GET", "HEAD", "OPTIONS"]'
@@ -554,6 +569,7 @@ report() {
     echo "- tools: nginx $nginx_v, HAProxy $haproxy_v, wrk $wrk_v"
     echo "- fencegate: $fg_v, commit $commit ($BIN_ORIGIN)"
     echo "- load: wrk -t1 -c$CONNS, $ROUNDS interleaved round(s) of ${ROUND_SECONDS}s per contender, ${WARMUP}s warm-up, $KEYS keys, 16-byte bodies"
+    echo "- access logs: $ACCESS_LOG (fencegate at info to its stdout file, nginx buffered to a file; HAProxy never)"
     echo
     echo "**Only ratios within one run mean anything**: wrk, the upstream and the proxy share"
     echo "this machine's CPUs, and absolute numbers move with whatever else runs on it."
