@@ -569,7 +569,11 @@ report() {
     echo "- tools: nginx $nginx_v, HAProxy $haproxy_v, wrk $wrk_v"
     echo "- fencegate: $fg_v, commit $commit ($BIN_ORIGIN)"
     echo "- load: wrk -t1 -c$CONNS, $ROUNDS interleaved round(s) of ${ROUND_SECONDS}s per contender, ${WARMUP}s warm-up, $KEYS keys, 16-byte bodies"
-    echo "- access logs: $ACCESS_LOG (fencegate at info to its stdout file, nginx buffered to a file; HAProxy never)"
+    if [[ "$ACCESS_LOG" == on ]]; then
+        echo "- access logs: on (fencegate at info to its stdout file, nginx buffered to a file; HAProxy and the floor never)"
+    else
+        echo "- access logs: off"
+    fi
     echo
     echo "**Only ratios within one run mean anything**: wrk, the upstream and the proxy share"
     echo "this machine's CPUs, and absolute numbers move with whatever else runs on it."
