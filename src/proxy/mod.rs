@@ -67,8 +67,9 @@ impl CallerGone {
     }
 }
 
-/// The innermost service: sends a request to its route's upstream, on the
-/// client connection's own upstream connections. Make one per client
+/// The innermost service: sends a request to its route's upstream, on an
+/// upstream connection of the worker's (HTTP/1.1 clients) or of the client
+/// connection's own (HTTP/2; upstream.rs says why). Make one per client
 /// connection. The layers above clone it for every request: one count, of
 /// this connection's, is all a clone touches.
 #[derive(Clone, Debug)]

@@ -1,8 +1,9 @@
 //! The threads that serve client connections: each runs a single-threaded
-//! runtime, and a client connection's upstream connections live on the same
-//! thread, so a request, its upstream exchange and its response all happen on
-//! one thread, with no hand-offs between threads. Only the fence map and the
-//! key turns are shared.
+//! runtime, and the upstream connections its clients use live on the same
+//! thread (shared by its HTTP/1.1 clients), so a request, its upstream
+//! exchange and its response all happen on one thread, with no hand-offs
+//! between threads. Only the fence map and the key turns are shared between
+//! threads.
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::activity::Activity;
@@ -22,11 +23,36 @@ pub(crate) struct ActivityIo<I> {
     inner: I,
     activity: Arc<Activity>,
     framing: Framing,
+    /// Bytes already read (and seen) that reads return again first: the
+    /// first bytes, read to tell the protocol before hyper takes the
+    /// connection, or what hyper had read and not parsed when it rested.
+    unread: Bytes,
 }
 
 impl<I> ActivityIo<I> {
     pub(crate) fn new(inner: I, activity: Arc<Activity>) -> Self {
-        ActivityIo { inner, activity, framing: Framing::Preface(0) }
+        ActivityIo { inner, activity, framing: Framing::Preface(0), unread: Bytes::new() }
+    }
+
+    /// `bytes` are read again before anything not yet read. (An empty `Bytes`
+    /// may still hold a whole buffer: it is not kept.)
+    pub(crate) fn unread(&mut self, bytes: Bytes) {
+        if bytes.is_empty() {
+            return;
+        }
+        if self.unread.is_empty() {
+            self.unread = bytes;
+        } else {
+            let mut both = BytesMut::with_capacity(bytes.len() + self.unread.len());
+            both.extend_from_slice(&bytes);
+            both.extend_from_slice(&self.unread);
+            self.unread = both.freeze();
+        }
+    }
+
+    /// Whether bytes wait to be read again.
+    pub(crate) fn has_unread(&self) -> bool {
+        !self.unread.is_empty()
     }
 
     fn received(&mut self, bytes: &[u8]) {
@@ -102,6 +128,17 @@ impl Framing {
 impl<I: AsyncRead + Unpin> AsyncRead for ActivityIo<I> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
+        if !this.unread.is_empty() {
+            // Seen when first read: not told to the activity again.
+            let n = this.unread.len().min(buf.remaining());
+            buf.put_slice(&this.unread[..n]);
+            this.unread.advance(n);
+            if this.unread.is_empty() {
+                // Read through: let go of its buffer.
+                this.unread = Bytes::new();
+            }
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let result = Pin::new(&mut this.inner).poll_read(cx, buf);
         if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {

@@ -10,14 +10,14 @@ use std::sync::{Arc, OnceLock};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::Bytes;
 use hyper::body::{Body, Incoming};
 use hyper::rt::bounds::Http2ServerConnExec;
 use hyper::server::conn::{http1, http2};
 use hyper::service::HttpService;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::activity::Activity;
@@ -87,9 +87,7 @@ impl Drop for Counted {
     }
 }
 
-/// The connection as hyper reads it: what was read before hyper took it
-/// first, then the client's socket.
-type Io = Rewind<ActivityIo<TcpStream>>;
+type Io = ActivityIo<TcpStream>;
 
 /// One client connection of the proxy listener, from its first byte to its
 /// close.
@@ -177,7 +175,8 @@ where
                     else {
                         unreachable!("matched above")
                     };
-                    let io = Rewind::new(io, Bytes::copy_from_slice(&first[..len]));
+                    let mut io = io;
+                    io.unread(Bytes::copy_from_slice(&first[..len]));
                     this.state = match protocol {
                         Protocol::Http1 => this.http1(io, service),
                         Protocol::Http2 => {
@@ -189,7 +188,7 @@ where
                 State::Http2(conn) => return conn.as_mut().poll(cx).map_err(Into::into),
                 State::Resting { io, .. } => {
                     // Readable, or closed: hyper reads either.
-                    ready!(io.inner.get_ref().poll_read_ready(cx))?;
+                    ready!(io.get_ref().poll_read_ready(cx))?;
                     let State::Resting { io, service, .. } = std::mem::replace(&mut this.state, State::Closed) else {
                         unreachable!("matched above")
                     };
@@ -239,83 +238,12 @@ where
         let Some(parts) = Pin::into_inner(conn).into_parts() else { return };
         let mut io = parts.io.into_inner();
         io.unread(parts.read_buf);
-        this.state = if io.prefix.is_empty() {
+        this.state = if !io.has_unread() {
             State::Resting { io, service: parts.service, _counted: Counted::new(&this.protocols.resting) }
         } else {
             this.http1(io, parts.service)
         };
         give_back_soon();
-    }
-}
-
-/// An IO whose reads return `prefix` first: bytes read from the connection
-/// before hyper took it.
-pub(crate) struct Rewind<I> {
-    prefix: Bytes,
-    inner: I,
-}
-
-impl<I> Rewind<I> {
-    fn new(inner: I, prefix: Bytes) -> Rewind<I> {
-        Rewind { prefix, inner }
-    }
-
-    /// `bytes` are read again before anything not yet read. (An empty `Bytes`
-    /// may still hold a whole buffer: it is not kept.)
-    fn unread(&mut self, bytes: Bytes) {
-        if bytes.is_empty() {
-            return;
-        }
-        if self.prefix.is_empty() {
-            self.prefix = bytes;
-        } else {
-            let mut both = BytesMut::with_capacity(bytes.len() + self.prefix.len());
-            both.extend_from_slice(&bytes);
-            both.extend_from_slice(&self.prefix);
-            self.prefix = both.freeze();
-        }
-    }
-}
-
-impl<I: AsyncRead + Unpin> AsyncRead for Rewind<I> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        if self.prefix.is_empty() {
-            return Pin::new(&mut self.inner).poll_read(cx, buf);
-        }
-        let n = self.prefix.len().min(buf.remaining());
-        buf.put_slice(&self.prefix[..n]);
-        self.prefix.advance(n);
-        if self.prefix.is_empty() {
-            // Read through: let go of its buffer.
-            self.prefix = Bytes::new();
-        }
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<I: AsyncWrite + Unpin> AsyncWrite for Rewind<I> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 }
 
