@@ -26,7 +26,7 @@
 //! | `routing/` | the canonical target, the route, method overrides, the WebDAV `Destination` |
 //! | `fence/head.rs` | everything the head decides: token, signature, key, a stale or jumping token |
 //! | `body.rs` | the body limit, and fenced bodies read whole within a global budget |
-//! | `fence/service.rs` | the keys' turns, the atomic raise, the forward on a task of its own |
+//! | `fence/service.rs` | the keys' turns, the atomic raise, the forward that outlives its client |
 //! | `proxy/` | the upstream connections, header rewrite, timeouts, upgrades |
 //!
 //! And what they lean on: `canonical/` (path, host and query canonical forms),

@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 
 use http::Response;
 
-use crate::error::Rejection;
+use crate::error::{ProxyError, Rejection};
 use crate::proxy::ProxyBody;
 
 type BoxedDecision = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Rejection>> + Send>>;
@@ -35,5 +35,57 @@ impl Future for ResponseFuture {
 impl std::fmt::Debug for ResponseFuture {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+type BoxedForward = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send>>;
+
+/// A forward that runs to its end whatever its caller does. While the caller
+/// waits it is polled in place, on the request's own task: no task of its
+/// own to spawn, schedule and join for every request. Dropped before it is
+/// done (the client's connection closed, its HTTP/2 stream was reset), it is
+/// handed to a task of its own that finishes it, so the keys' turns pass on
+/// only when the upstream has answered (or after the settle period), never
+/// while the write may still land.
+pub(super) struct Forwarding {
+    /// Taken out while polled: a forward that panics is dropped where it
+    /// panicked (its turns then settle), never handed to a task to resume.
+    inner: Option<BoxedForward>,
+}
+
+impl Forwarding {
+    pub(super) fn new(inner: impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send + 'static) -> Self {
+        Forwarding { inner: Some(Box::pin(inner)) }
+    }
+}
+
+impl Future for Forwarding {
+    type Output = Result<Response<ProxyBody>, ProxyError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut inner = self.inner.take().expect("Forwarding polled after it was done");
+        match inner.as_mut().poll(cx) {
+            Poll::Ready(result) => Poll::Ready(result),
+            Poll::Pending => {
+                self.inner = Some(inner);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for Forwarding {
+    fn drop(&mut self) {
+        let Some(unfinished) = self.inner.take() else { return };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ = unfinished.await;
+                });
+            }
+            // No runtime left (the process is stopping): nothing else will
+            // forward, and dropping it settles its keys.
+            Err(_) => drop(unfinished),
+        }
     }
 }

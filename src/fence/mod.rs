@@ -4,7 +4,8 @@
 //! `HeadChecksLayer` decides everything the request head can decide (token,
 //! signature, key, a stale or jumping token) before a byte of the body is
 //! read; `FencingLayer` then takes the keys' turns in key order, raises the
-//! marks atomically under them, and forwards on a task of its own. What each
+//! marks atomically under them, and forwards to the end even if the client
+//! leaves (then on a task of its own). What each
 //! step refuses, and with which status, is the guarantee written down once in
 //! `docs/behaviour.md` ("The guarantee, step by step").
 

@@ -1,7 +1,8 @@
 //! The turn-taking service: a checked request waits for its keys' turns (in
 //! key order, within one deadline), has its marks raised under them, and is
-//! forwarded on a task of its own that passes the turns on when the upstream
-//! answers, or after the settle period when the outcome is unknown.
+//! forwarded to its end (on a task of its own if the client leaves first),
+//! passing the turns on when the upstream answers, or after the settle period
+//! when the outcome is unknown.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -10,7 +11,7 @@ use std::time::Duration;
 use http::Response;
 use tower::{Service, ServiceExt};
 
-use super::future::ResponseFuture;
+use super::future::{Forwarding, ResponseFuture};
 use super::gate::{Ask, NoTurn, Turn};
 use super::head::check_mark;
 use super::store::{Advance, FenceStore};
@@ -157,15 +158,16 @@ where
     // go too (a no-op for turns held alone).
     turns.share();
 
-    // The forward runs on a task of its own: if the client goes away (its
-    // connection closes, its HTTP/2 stream is reset), the request still runs
-    // to its end at the upstream, and only then do the turns pass on. Were it
-    // dropped half-way, the next holder's write could land before this one.
-    // It gives up only while it waits for an upstream slot, if this future
-    // is dropped (the client left): nothing was sent then.
+    // The forward runs to its end whatever the client does: if the client
+    // goes away (its connection closes, its HTTP/2 stream is reset), the
+    // forward moves to a task of its own (future.rs), still runs to its end
+    // at the upstream, and only then do the turns pass on. Were it dropped
+    // half-way, the next holder's write could land before this one. It gives
+    // up only while it waits for an upstream slot, if this future is dropped
+    // (the client left): nothing was sent then.
     let (_caller, gone) = crate::proxy::CallerGone::watch();
     routed.caller_gone = Some(gone);
-    let forward = tokio::spawn(async move {
+    let forward = Forwarding::new(async move {
         let turns = SettlingTurns { turns, settle };
         let result = inner.oneshot(routed).await;
         let turns = turns.disarm();
@@ -181,7 +183,7 @@ where
         result
     });
     match forward.await {
-        Ok(Ok(mut response)) => {
+        Ok(mut response) => {
             let decision = Decision {
                 outcome: Outcome::Forwarded,
                 key: Some(key),
@@ -192,13 +194,12 @@ where
             response.extensions_mut().insert(decision);
             Ok(response)
         }
-        Ok(Err(e)) => {
+        Err(e) => {
             let settled = e.is_ambiguous() && !settle.is_zero();
             let mut rejection = reject(e, &key);
             rejection.settle = settled.then_some(settle);
             Err(rejection)
         }
-        Err(e) => Err(reject(ProxyError::internal("the forward task failed", e), &key)),
     }
 }
 

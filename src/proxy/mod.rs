@@ -50,7 +50,7 @@ impl ClientAddr {
 }
 
 /// Given with a request (`Routed::caller_gone`) by whoever runs its forward
-/// on a task of its own: tells the forward when the request's caller is gone (its client
+/// to its end even if the caller leaves: tells the forward when the request's caller is gone (its client
 /// connection closed, its HTTP/2 stream was reset). A forward still waiting
 /// for an upstream slot then gives up, with nothing sent, instead of holding
 /// its key's turn and a task until `queue_timeout` for nobody. Once a slot

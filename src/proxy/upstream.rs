@@ -297,7 +297,10 @@ impl Upstreams {
         if let Some((parked, sender)) = self.take(&slots.inner, authority, parking) {
             return Ok(Checkout(Way::Kept(parked, sender), parking));
         }
-        Ok(Checkout(Way::Slot(self.slot(slots, Instant::now() + wait, parking).await?), parking))
+        // Boxed: the wait is the rare path, and inline it would make every
+        // request's future larger (and every move of it longer).
+        let slot = Box::pin(self.slot(slots, Instant::now() + wait, parking)).await?;
+        Ok(Checkout(Way::Slot(slot), parking))
     }
 
     /// A slot of the route's by `deadline`; for an HTTP/2 client, first one
@@ -342,31 +345,50 @@ impl Upstreams {
         authority: &Authority,
         slots: &UpstreamSlots,
         checkout: Checkout,
-        mut req: Request<RequestBody>,
+        req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let Checkout(way, parking) = checkout;
-        let slot = match way {
-            Way::Slot(slot) => slot,
-            Way::Kept(parked, mut sender) => match sender.try_send_request(req).await {
-                Ok(response) => {
-                    self.put_back(authority, parked, sender, parking);
-                    return Ok(response);
+        let (parked, mut sender) = match way {
+            Way::Slot(slot) => return Box::pin(self.send_on_new(authority, Ok(slot), req, parking)).await,
+            Way::Kept(parked, sender) => (parked, sender),
+        };
+        match sender.try_send_request(req).await {
+            Ok(response) => {
+                self.put_back(authority, parked, sender, parking);
+                Ok(response)
+            }
+            Err(mut e) => match e.take_message() {
+                // Handed back before a byte was written: the upstream had
+                // closed the idle connection. Safe to send on a fresh one,
+                // if a slot is free now: this request holds a key's turn
+                // and its timeout is running, so it does not wait.
+                Some(unsent) => {
+                    tracing::debug!(error = %e.error(), "kept upstream connection was closed; reconnecting");
+                    drop(sender);
+                    Box::pin(self.send_on_new(authority, Err(slots), unsent, parking)).await
                 }
-                Err(mut e) => match e.take_message() {
-                    // Handed back before a byte was written: the upstream had
-                    // closed the idle connection. Safe to send on a fresh one,
-                    // if a slot is free now: this request holds a key's turn
-                    // and its timeout is running, so it does not wait.
-                    Some(unsent) => {
-                        tracing::debug!(error = %e.error(), "kept upstream connection was closed; reconnecting");
-                        req = unsent;
-                        drop(sender);
-                        tokio::task::yield_now().await;
-                        self.slot(slots, Instant::now(), parking).await?
-                    }
-                    None => return Err(UpstreamError::exchange(e.into_error())),
-                },
+                None => Err(UpstreamError::exchange(e.into_error())),
             },
+        }
+    }
+
+    /// `send` on a new connection, in `slot` or (`Err(slots)`, after a kept
+    /// connection turned out closed) in a slot of `slots` free now. The rare
+    /// path, boxed by `send`: inline, the connect and the handshake would
+    /// make every request's future several times larger.
+    async fn send_on_new(
+        &self,
+        authority: &Authority,
+        slot: Result<Slot, &UpstreamSlots>,
+        req: Request<RequestBody>,
+        parking: Parking,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let slot = match slot {
+            Ok(slot) => slot,
+            Err(slots) => {
+                tokio::task::yield_now().await;
+                self.slot(slots, Instant::now(), parking).await?
+            }
         };
         let (parked, mut sender) = connect(authority, slot).await?;
         match sender.send_request(req).await {

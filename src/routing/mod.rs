@@ -57,8 +57,8 @@ pub struct Routed<B> {
     pub fenced: bool,
     /// The WebDAV `Destination` of a fenced request, canonical and routed.
     pub destination: Option<Destination>,
-    /// Set by whoever runs the forward on a task of its own (the fence):
-    /// tells the forward when the request's caller is gone.
+    /// Set by whoever runs the forward to its end even if the caller leaves
+    /// (the fence): tells the forward when the request's caller is gone.
     pub caller_gone: Option<CallerGone>,
 }
 
