@@ -54,6 +54,50 @@ pub enum HostError {
 /// assert!(canonical_host("a.example..", 80).is_err());
 /// ```
 pub fn canonical_host(authority: &str, default_port: u16) -> Result<Cow<'_, str>, HostError> {
+    // Every request's host goes through here, and nearly all are canonical
+    // already: one pass over the bytes tells, before the full rules.
+    if already_canonical(authority, default_port) {
+        return Ok(Cow::Borrowed(authority));
+    }
+    canonical_host_by_the_rules(authority, default_port)
+}
+
+/// Whether `authority` is canonical as it is, decided in one pass: a name of
+/// lower-case letters, digits, `-` and `_` in non-empty labels, and no port or
+/// one written without leading zeros that is not the default. `false` leaves
+/// it to the full rules, which canonicalize or refuse it (an IPv6 literal
+/// always goes there); a test holds the two to agreeing.
+pub(super) fn already_canonical(authority: &str, default_port: u16) -> bool {
+    let (name, port) = match authority.split_once(':') {
+        Some((name, port)) => (name.as_bytes(), Some(port.as_bytes())),
+        None => (authority.as_bytes(), None),
+    };
+    // At the start, a dot would open an empty label.
+    let mut after_dot = true;
+    for &b in name {
+        match b {
+            b'.' if after_dot => return false,
+            b'.' => after_dot = true,
+            b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' => after_dot = false,
+            _ => return false,
+        }
+    }
+    // An empty name, or a trailing dot.
+    if after_dot {
+        return false;
+    }
+    match port {
+        None => true,
+        Some(digits @ [b'1'..=b'9', ..]) if digits.len() <= 5 && digits.iter().all(u8::is_ascii_digit) => {
+            let number = digits.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0'));
+            number <= u32::from(u16::MAX) && number != u32::from(default_port)
+        }
+        Some(_) => false,
+    }
+}
+
+/// [`canonical_host`] by its full rules, for hosts not canonical already.
+pub(super) fn canonical_host_by_the_rules(authority: &str, default_port: u16) -> Result<Cow<'_, str>, HostError> {
     if authority.is_empty() {
         return Err(HostError::Empty);
     }

@@ -305,6 +305,38 @@ fn host_spellings() {
     assert_eq!(canonical_host("a.example:80", 443).as_deref(), Ok("a.example:80"));
 }
 
+/// The one-pass check never takes a host the full rules would change or
+/// refuse, and takes the common ones; over every short spelling made of the
+/// characters that matter.
+#[test]
+fn the_quick_check_agrees_with_the_rules() {
+    use super::host::{already_canonical, canonical_host_by_the_rules};
+    const ALPHABET: &[u8] = b"aZ09.-_:[]@%";
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut taken = 0;
+    for _ in 0..300_000 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let len = (seed % 11) as usize;
+        let text: String = (0..len).map(|i| ALPHABET[((seed >> (4 + 5 * i)) % 12) as usize] as char).collect();
+        for default_port in [80, 443, 9] {
+            if already_canonical(&text, default_port) {
+                taken += 1;
+                let by_the_rules = canonical_host_by_the_rules(&text, default_port);
+                assert!(matches!(by_the_rules, Ok(Cow::Borrowed(h)) if h == text), "{text:?} {default_port}");
+            }
+        }
+    }
+    assert!(taken > 1000, "the quick check took only {taken}");
+    for host in ["a.example", "a.example:8080", "127.0.0.1", "127.0.0.1:65535", "x_y-z.b:1"] {
+        assert!(already_canonical(host, 80), "{host}");
+    }
+    for host in ["a.example:80", "a.example:65536", "a.example:08080", "A.example", "a..b", ".a", "a.", "[::1]", ""] {
+        assert!(!already_canonical(host, 80), "{host}");
+    }
+}
+
 #[test]
 fn canonical_hosts_are_borrowed() {
     for input in ["a.example", "a.example:8080", "127.0.0.1", "[::1]", "[2001:db8::a]:81", "x"] {
