@@ -34,6 +34,10 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 
+// What fencegate ships with (src/main.rs), behind the counter.
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 /// mimalloc with a count of allocation calls.
 struct Counting;
 
@@ -128,24 +132,24 @@ fn site(trace: &std::backtrace::Backtrace) -> String {
 // effect on the memory handed out.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let ptr = unsafe { mimalloc::MiMalloc.alloc(layout) };
+        let ptr = unsafe { allocator::Mimalloc.alloc(layout) };
         counted(ptr, layout.size());
         ptr
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let ptr = unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) };
+        let ptr = unsafe { allocator::Mimalloc.alloc_zeroed(layout) };
         counted(ptr, layout.size());
         ptr
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         freed(ptr, layout.size());
-        let new = unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) };
+        let new = unsafe { allocator::Mimalloc.realloc(ptr, layout, new_size) };
         counted(new, new_size);
         new
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         let sample = freed(ptr, layout.size());
-        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+        unsafe { allocator::Mimalloc.dealloc(ptr, layout) }
         // Outside the map's lock: dropping a backtrace frees memory too.
         if sample.is_some() {
             CAPTURING.with(|c| c.set(true));

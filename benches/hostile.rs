@@ -36,8 +36,12 @@
 //!   client's delay is the attacker's own CPU, not what the proxy spends on it.
 //!   At 19 the attacker runs on what the others leave; 0 puts it level with them.
 
+// What fencegate ships with (src/main.rs).
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::Mimalloc = allocator::Mimalloc;
 
 #[path = "hostile/attacks.rs"]
 mod attacks;

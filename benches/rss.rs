@@ -23,9 +23,13 @@
 //! - `RSS_SETTLE` (3): seconds to wait after the cache is under capacity.
 //! - `RSS_DIR`: where the file store goes (default: the system temp dir).
 
+// What fencegate ships with (src/main.rs).
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 /// The allocator the fencegate binary ships with, so the numbers are its numbers.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::Mimalloc = allocator::Mimalloc;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

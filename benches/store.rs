@@ -25,9 +25,13 @@
 //!
 //! See benches/README.md for results and how to read them.
 
+// What fencegate ships with (src/main.rs).
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 /// The allocator the fencegate binary ships with, so the numbers are its numbers.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::Mimalloc = allocator::Mimalloc;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

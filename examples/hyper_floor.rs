@@ -24,9 +24,12 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
+// What fencegate ships with (src/main.rs).
+#[path = "../src/allocator.rs"]
+mod allocator;
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::Mimalloc = allocator::Mimalloc;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 

@@ -1,5 +1,9 @@
 //! The `fencegate` command.
 
+// The global allocator, shared with the benchmarks and the hyper floor so
+// they measure what ships.
+mod allocator;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -9,7 +13,7 @@ use fencegate::{telemetry, Config, Fencegate};
 
 /// Many small allocations per request on several threads: see Cargo.toml.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::Mimalloc = allocator::Mimalloc;
 
 /// mimalloc keeps freed memory until the thread that freed it allocates
 /// again; a worker whose connections all rest does not. This returns what
