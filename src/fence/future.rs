@@ -8,6 +8,7 @@ use http::Response;
 
 use crate::error::{ProxyError, Rejection};
 use crate::proxy::ProxyBody;
+use crate::proxy::SlotTaken;
 
 type BoxedDecision = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Rejection>> + Send>>;
 
@@ -43,19 +44,25 @@ type BoxedForward = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Prox
 /// A forward that runs to its end whatever its caller does. While the caller
 /// waits it is polled in place, on the request's own task: no task of its
 /// own to spawn, schedule and join for every request. Dropped before it is
-/// done (the client's connection closed, its HTTP/2 stream was reset), it is
-/// handed to a task of its own that finishes it, so the keys' turns pass on
-/// only when the upstream has answered (or after the settle period), never
-/// while the write may still land.
+/// done (the client's connection closed, its HTTP/2 stream was reset) once
+/// it has its way to the upstream, it is handed to a task of its own that
+/// finishes it, so the keys' turns pass on only when the upstream has
+/// answered (or after the settle period), never while the write may still
+/// land. Dropped before that, nothing was sent: it is dropped too.
 pub(super) struct Forwarding {
     /// Taken out while polled: a forward that panics is dropped where it
     /// panicked (its turns then settle), never handed to a task to resume.
     inner: Option<BoxedForward>,
+    /// Marked by the forward once it may send something.
+    taken: SlotTaken,
 }
 
 impl Forwarding {
-    pub(super) fn new(inner: impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send + 'static) -> Self {
-        Forwarding { inner: Some(Box::pin(inner)) }
+    pub(super) fn new(
+        taken: SlotTaken,
+        inner: impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send + 'static,
+    ) -> Self {
+        Forwarding { inner: Some(Box::pin(inner)), taken }
     }
 }
 
@@ -77,6 +84,10 @@ impl Future for Forwarding {
 impl Drop for Forwarding {
     fn drop(&mut self) {
         let Some(unfinished) = self.inner.take() else { return };
+        if !self.taken.is_taken() {
+            // Still waiting for its way to the upstream: nothing was sent.
+            return;
+        }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {

@@ -234,7 +234,7 @@ mod tests {
                 .unwrap(),
             fenced: true,
             destination: Some(Destination { route: to, path: "/x/b".into(), query: None }),
-            caller_gone: None,
+            slot_taken: None,
         };
         let store = MemoryStore::default();
         let strict = Arc::new(test_route("strict", "/strict/"));

@@ -56,8 +56,8 @@ impl<B> Checked<B> {
         let Checked { routed, fence } = self;
         let (parts, body) = routed.request.into_parts();
         let request = http::Request::from_parts(parts, ());
-        let Routed { route, fenced, destination, caller_gone, .. } = routed;
-        (Checked { routed: Routed { route, request, fenced, destination, caller_gone }, fence }, body)
+        let Routed { route, fenced, destination, slot_taken, .. } = routed;
+        (Checked { routed: Routed { route, request, fenced, destination, slot_taken }, fence }, body)
     }
 
     /// A refusal of this request, naming its key and token when it has them.
@@ -80,7 +80,7 @@ impl Checked<()> {
                 route: routed.route,
                 fenced: routed.fenced,
                 destination: routed.destination,
-                caller_gone: routed.caller_gone,
+                slot_taken: routed.slot_taken,
             },
             fence,
         }

@@ -19,6 +19,7 @@ use super::{Checked, Fence, KeyGate};
 use crate::error::{ProxyError, Rejection};
 use crate::outcome::{Decision, Outcome};
 use crate::proxy::ProxyBody;
+use crate::proxy::SlotTaken;
 use crate::route::Route;
 use crate::routing::Routed;
 
@@ -162,15 +163,15 @@ where
     // goes away (its connection closes, its HTTP/2 stream is reset), the
     // forward moves to a task of its own (future.rs), still runs to its end
     // at the upstream, and only then do the turns pass on. Were it dropped
-    // half-way, the next holder's write could land before this one. It gives
-    // up only while it waits for an upstream slot, if this future is dropped
-    // (the client left): nothing was sent then.
-    let (_caller, gone) = crate::proxy::CallerGone::watch();
-    routed.caller_gone = Some(gone);
-    let forward = Forwarding::new(async move {
-        let turns = SettlingTurns { turns, settle };
+    // half-way, the next holder's write could land before this one. Until
+    // it has its way to the upstream nothing was sent: a forward whose client
+    // left by then is dropped, and its turns pass on at once.
+    let taken = SlotTaken::default();
+    routed.slot_taken = Some(taken.clone());
+    let settling = SettlingTurns { turns, settle, taken: taken.clone() };
+    let forward = Forwarding::new(taken, async move {
         let result = inner.oneshot(routed).await;
-        let turns = turns.disarm();
+        let turns = settling.disarm();
         match &result {
             // The upstream may still apply this write. Keep the keys closed for
             // the settle period, so a newer write cannot land and then be
@@ -238,11 +239,14 @@ fn hold_for(turns: Turns, settle: Duration) {
 }
 
 /// Keys' turns while their request is with the upstream. Dropped without
-/// [`disarm`](Self::disarm) (the forward task was cancelled: the runtime is
-/// stopping), the outcome is unknown, so the keys settle like after a timeout.
+/// [`disarm`](Self::disarm) once the forward has its way to the upstream
+/// (the forward task was cancelled: the runtime is stopping), the outcome is
+/// unknown, so the keys settle like after a timeout; before, nothing was
+/// sent and the turns pass on.
 struct SettlingTurns {
     turns: Turns,
     settle: Duration,
+    taken: SlotTaken,
 }
 
 impl SettlingTurns {
@@ -254,7 +258,7 @@ impl SettlingTurns {
 impl Drop for SettlingTurns {
     fn drop(&mut self) {
         let turns = std::mem::take(&mut self.turns);
-        if !turns.is_empty() && !self.settle.is_zero() {
+        if !turns.is_empty() && !self.settle.is_zero() && self.taken.is_taken() {
             hold_for(turns, self.settle);
         }
     }
@@ -348,7 +352,7 @@ mod tests {
             req = req.header(*name, *value);
         }
         let request = req.body(Empty::<Bytes>::new()).unwrap();
-        let req = Routed { route, request, fenced: true, destination: None, caller_gone: None };
+        let req = Routed { route, request, fenced: true, destination: None, slot_taken: None };
         let decided = match super::super::head::check(&*store, req).await {
             Ok(checked) => take_turn_and_forward(inner, Arc::new((store, Arc::new(KeyGate::default()))), checked).await,
             Err(rejection) => Err(rejection),
@@ -423,7 +427,7 @@ mod tests {
             Arc::new(Route { settle: Duration::from_secs(2), ..crate::route::test_route("objects", "/objects/") });
         let request = Request::builder().method("COPY").uri("/lenient/a").body(Empty::<Bytes>::new()).unwrap();
         let checked = Checked {
-            routed: Routed { route: source, request, fenced: true, destination: None, caller_gone: None },
+            routed: Routed { route: source, request, fenced: true, destination: None, slot_taken: None },
             fence: Some(Fence { token: 5, key: "/lenient/a".into(), destination: Some(("/objects/b".into(), dest)) }),
         };
         let timing_out = tower::service_fn(|_req: Routed<Empty<Bytes>>| async {

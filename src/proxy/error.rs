@@ -64,13 +64,6 @@ impl UpstreamError {
         UpstreamError { stage: UpstreamStage::Busy, source: what.into() }
     }
 
-    /// The request's caller went away while it waited for a slot: nobody
-    /// sees this, but the forward ends as a refusal with nothing sent.
-    pub fn caller_gone() -> Self {
-        let what = "the client went away while the request waited for a connection";
-        UpstreamError { stage: UpstreamStage::Busy, source: what.into() }
-    }
-
     /// Whether the route's connection cap refused the request.
     pub fn is_busy(&self) -> bool {
         self.stage == UpstreamStage::Busy

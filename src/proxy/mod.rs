@@ -10,6 +10,7 @@ mod upstream;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -19,7 +20,6 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{Either, Full};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
-use tokio_util::sync::{CancellationToken, DropGuard};
 use tower::Service;
 
 pub(crate) use error::BoxError;
@@ -49,21 +49,24 @@ impl ClientAddr {
     }
 }
 
-/// Given with a request (`Routed::caller_gone`) by whoever runs its forward
-/// to its end even if the caller leaves: tells the forward when the request's caller is gone (its client
-/// connection closed, its HTTP/2 stream was reset). A forward still waiting
-/// for an upstream slot then gives up, with nothing sent, instead of holding
-/// its key's turn and a task until `queue_timeout` for nobody. Once a slot
-/// is taken the forward runs to its end whatever the caller does.
-#[derive(Clone, Debug)]
-pub struct CallerGone(CancellationToken);
+/// Given with a request (`Routed::slot_taken`) by whoever runs its forward
+/// to its end even if the caller leaves (the fence): the forward marks it
+/// once it has its way to the upstream, before it sends a byte. Until then a
+/// forward whose caller is gone (its client connection closed, its HTTP/2
+/// stream was reset) can simply be dropped, with nothing sent, instead of
+/// holding its key's turn until `queue_timeout` for nobody; from then on it
+/// runs to its end whatever the caller does.
+#[derive(Clone, Debug, Default)]
+pub struct SlotTaken(Arc<AtomicBool>);
 
-impl CallerGone {
-    /// The mark for the request, and the guard its caller holds: dropping
-    /// the guard tells the forward.
-    pub fn watch() -> (DropGuard, CallerGone) {
-        let gone = CancellationToken::new();
-        (gone.clone().drop_guard(), CallerGone(gone))
+impl SlotTaken {
+    fn mark(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether the forward may have sent something.
+    pub fn is_taken(&self) -> bool {
+        self.0.load(Ordering::Acquire)
     }
 }
 
@@ -103,7 +106,7 @@ impl Service<Routed<RequestBody>> for Forward {
 }
 
 async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Response<ProxyBody>, ProxyError> {
-    let Routed { route, request: req, fenced, destination, caller_gone } = req;
+    let Routed { route, request: req, fenced, destination, slot_taken } = req;
     let (mut parts, body) = req.into_parts();
     // HTTP/1.1 clients share their worker's upstream connections; an HTTP/2
     // client's streams stay on its own (upstream.rs says why).
@@ -156,14 +159,10 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
     // frees, in a refusal with nothing sent, never in an unknown outcome.
     let authority = &route.upstream.authority;
     let slots = &route.upstream_slots;
-    let checkout = connection.0.upstreams.checkout(authority, slots, route.queue_timeout, parking);
-    let checkout = match caller_gone {
-        Some(CallerGone(gone)) => tokio::select! {
-            checkout = checkout => checkout?,
-            () = gone.cancelled() => return Err(UpstreamError::caller_gone().into()),
-        },
-        None => checkout.await?,
-    };
+    let checkout = connection.0.upstreams.checkout(authority, slots, route.queue_timeout, parking).await?;
+    if let Some(taken) = slot_taken {
+        taken.mark();
+    }
     let send = connection.0.upstreams.send(authority, slots, checkout, request);
     // The timeout covers connecting, retries and backoff included.
     let mut response = match tokio::time::timeout(route.timeout, send).await {

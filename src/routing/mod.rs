@@ -37,7 +37,7 @@ pub use service::Routing;
 
 use crate::canonical::{canonical_path, EscapedSlashes, PathOptions};
 use crate::error::ProxyError;
-use crate::proxy::CallerGone;
+use crate::proxy::SlotTaken;
 use crate::route::{Route, RouteTable, RouteTag};
 
 /// A request and the route it matched: what the layers below routing take, so
@@ -58,8 +58,8 @@ pub struct Routed<B> {
     /// The WebDAV `Destination` of a fenced request, canonical and routed.
     pub destination: Option<Destination>,
     /// Set by whoever runs the forward to its end even if the caller leaves
-    /// (the fence): tells the forward when the request's caller is gone.
-    pub caller_gone: Option<CallerGone>,
+    /// (the fence): the forward marks it once it may send something.
+    pub slot_taken: Option<SlotTaken>,
 }
 
 /// How paths are canonicalized for routing: escaped slashes are kept until the
@@ -112,7 +112,7 @@ pub(crate) fn route_request<B>(
         Err(e) => return Err(tagged(e.into())),
     };
     let request = Request::from_parts(parts, body);
-    Ok((Routed { route, request, fenced, destination, caller_gone: None }, tag))
+    Ok((Routed { route, request, fenced, destination, slot_taken: None }, tag))
 }
 
 /// Finds the route for a raw request path. Returns its canonical form too
