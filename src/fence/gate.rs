@@ -247,20 +247,14 @@ impl KeyGate {
     /// now, and forgets the key once nobody holds or waits for it.
     fn update(self: &Arc<Self>, key: &str, change: impl FnOnce(&mut KeyTurns)) {
         let mut unclaimed = Vec::new();
-        let idle = match self.keys.get_mut(key) {
-            Some(mut entry) => {
-                let (key, turns) = entry.pair_mut();
-                change(turns);
-                turns.wake(self, key, &mut unclaimed);
-                turns.is_idle()
-            }
-            None => false,
-        };
-        if idle {
-            // Checked again under the lock: someone may have come since.
-            self.keys.remove_if(key, |_, turns| turns.is_idle());
-        }
+        // One lock for the change, the wake-ups and forgetting the key.
+        let forgotten = self.keys.remove_if_mut(key, |key, turns| {
+            change(turns);
+            turns.wake(self, key, &mut unclaimed);
+            turns.is_idle()
+        });
         // Outside the key's lock: dropping a turn takes it.
+        drop(forgotten);
         drop(unclaimed);
     }
 }
