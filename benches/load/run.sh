@@ -8,7 +8,7 @@
 # Knobs (environment): ROUNDS (3), SECONDS (5; DURATION is an alias), WARMUP (1),
 # CONNS (64), KEYS (10000), ACCESS_LOG (off; "on": fencegate's access log at
 # info to its stdout file, nginx's to a file with a 64k buffer, as deployed),
-# SCENARIOS ("put get hotkey raise"), CONTENDERS (all;
+# SCENARIOS ("put get hotkey raise churn"), CONTENDERS (all;
 # e.g. "nginx fencegate-memory"), OUT (a directory for
 # results.csv, report.txt and the wrk/server logs), FENCEGATE_BIN (use this
 # binary, skip `cargo build`), HYPER_FLOOR_BIN (the same for the hyper-floor
@@ -41,7 +41,7 @@ ROUNDS=${ROUNDS:-3}
 WARMUP=${WARMUP:-1}
 CONNS=${CONNS:-64}
 KEYS=${KEYS:-10000}
-SCENARIOS=${SCENARIOS:-put get hotkey raise}
+SCENARIOS=${SCENARIOS:-put get hotkey raise churn}
 ACCESS_LOG=${ACCESS_LOG:-off}
 CONTENDERS=${CONTENDERS:-}
 OUT=${OUT:-}
@@ -58,7 +58,7 @@ done
 ((KEYS > 0)) || die "KEYS must be at least 1"
 [[ "$ACCESS_LOG" == on || "$ACCESS_LOG" == off ]] || die "ACCESS_LOG must be on or off, got '$ACCESS_LOG'"
 
-ALL_SCENARIOS="put get hotkey raise"
+ALL_SCENARIOS="put get hotkey raise churn"
 ALL_CONTENDERS="nginx nginx-lua haproxy hyper-floor fencegate-memory fencegate-file fencegate-unfenced upstream"
 for s in $SCENARIOS; do
     [[ " $ALL_SCENARIOS " == *" $s "* ]] || die "unknown scenario '$s' (known: $ALL_SCENARIOS)"
@@ -74,16 +74,18 @@ declare -A LINEUP=(
     [get]="nginx haproxy hyper-floor fencegate-memory upstream"
     [hotkey]="nginx nginx-lua fencegate-memory"
     [raise]="fencegate-memory fencegate-file"
+    [churn]="nginx haproxy hyper-floor fencegate-memory"
 )
-declare -A REFERENCE=([put]=nginx [get]=nginx [hotkey]=nginx [raise]=fencegate-memory)
+declare -A REFERENCE=([put]=nginx [get]=nginx [hotkey]=nginx [raise]=fencegate-memory [churn]=nginx)
 declare -A TITLE=(
     [put]="fenced PUT, constant token (equal to the mark: no store write), $KEYS keys"
     [get]="GET pass-through, $KEYS keys"
     [hotkey]="fenced PUT, constant token, all to ONE key"
     [raise]="fenced PUT, every request raises its key's token, $KEYS keys"
+    [churn]="fenced PUT, constant token, one key, a new connection per request (Connection: close)"
 )
 # URL path per scenario: disjoint keys, so one scenario's marks never meet another's.
-declare -A URLPATH=([put]=/objects/put/ [get]=/objects/get/ [hotkey]=/objects/hot/k0 [raise]=/objects/raise/)
+declare -A URLPATH=([put]=/objects/put/ [get]=/objects/get/ [hotkey]=/objects/hot/k0 [raise]=/objects/raise/ [churn]=/objects/churn/k0)
 
 lineup() { # scenario -> its contenders after the CONTENDERS filter
     local c out=()
@@ -467,6 +469,7 @@ run_wrk() { # scenario contender kind round seconds conns
         put) args=(-s "$here/keys.lua" "$url" -- PUT "$KEYS" 7) ;;
         get) args=(-s "$here/keys.lua" "$url" -- GET "$KEYS" -) ;;
         hotkey) args=(-s "$here/hot.lua" "$url") ;;
+        churn) args=(-s "$here/close.lua" "$url") ;;
         raise) args=(-s "$here/raise.lua" "$url" -- "$KEYS" "$(((WRK_SEQ + 1) * 1000000000))") ;;
     esac
     [[ "$kind" == prime ]] && args+=(prime "$conns")
@@ -583,8 +586,8 @@ report() {
     echo "and socket errors over every run, warm-ups included; must be 0."
     awk -v scenarios="$SCENARIOS" -v keys="$KEYS" -v hz="$CLK_TCK" -v conns="$CONNS" \
         -v lineups="$(for s in $ALL_SCENARIOS; do printf '%s=%s;' "$s" "$(lineup "$s" | tr ' ' ',')"; done)" \
-        -v refs="put=${REFERENCE[put]};get=${REFERENCE[get]};hotkey=${REFERENCE[hotkey]};raise=${REFERENCE[raise]}" \
-        -v titles="put=${TITLE[put]};get=${TITLE[get]};hotkey=${TITLE[hotkey]};raise=${TITLE[raise]}" '
+        -v refs="put=${REFERENCE[put]};get=${REFERENCE[get]};hotkey=${REFERENCE[hotkey]};raise=${REFERENCE[raise]};churn=${REFERENCE[churn]}" \
+        -v titles="put=${TITLE[put]};get=${TITLE[get]};hotkey=${TITLE[hotkey]};raise=${TITLE[raise]};churn=${TITLE[churn]}" '
     function thousands(x,   s, out) {
         s = sprintf("%.0f", x); out = ""
         while (length(s) > 3) { out = "," substr(s, length(s) - 2) out; s = substr(s, 1, length(s) - 3) }
