@@ -106,8 +106,8 @@ pub fn proxy_service(
         // budget) before they may take their key's turn: a slow or broken
         // upload never holds a key, and never reaches the upstream in part.
         .layer(BodyLayer::new(shared.buffers.clone(), limits.buffer_share))
-        // The key's turn and the atomic raise, then the forward on a task of
-        // its own that ends at the upstream even if the client leaves.
+        // The key's turn and the atomic raise, then the forward, which ends
+        // at the upstream even if the client leaves (on a task of its own then).
         .layer(FencingLayer::new(shared.store.clone(), shared.gate.clone()))
         .service(forward.clone())
 }

@@ -95,7 +95,7 @@ impl Drop for Forwarding {
                 });
             }
             // No runtime left (the process is stopping): nothing else will
-            // forward, and dropping it settles its keys.
+            // forward, and dropping it lets its keys' turns go.
             Err(_) => drop(unfinished),
         }
     }

@@ -245,10 +245,11 @@ fn hold_for(turns: Turns, settle: Duration) {
 }
 
 /// Keys' turns while their request is with the upstream. Dropped without
-/// [`disarm`](Self::disarm) once the forward has its way to the upstream
-/// (the forward task was cancelled: the runtime is stopping), the outcome is
-/// unknown, so the keys settle like after a timeout; before, nothing was
-/// sent and the turns pass on.
+/// [`disarm`](Self::disarm) once the forward has its way to the upstream (it
+/// panicked, or its task was cancelled: the runtime is stopping), the
+/// outcome is unknown, so the keys settle like after a timeout (with no
+/// runtime left, nothing else forwards and they go at once); before, nothing
+/// was sent and the turns pass on.
 struct SettlingTurns {
     turns: Turns,
     settle: Duration,
