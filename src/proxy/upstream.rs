@@ -349,7 +349,7 @@ impl Upstreams {
     ) -> Result<Response<Incoming>, UpstreamError> {
         let Checkout(way, parking) = checkout;
         let (parked, mut sender) = match way {
-            Way::Slot(slot) => return Box::pin(self.send_on_new(authority, Ok(slot), req, parking)).await,
+            Way::Slot(slot) => return Box::pin(self.send_on_new(authority, slot, req, parking)).await,
             Way::Kept(parked, sender) => (parked, sender),
         };
         match sender.try_send_request(req).await {
@@ -365,31 +365,28 @@ impl Upstreams {
                 Some(unsent) => {
                     tracing::debug!(error = %e.error(), "kept upstream connection was closed; reconnecting");
                     drop(sender);
-                    Box::pin(self.send_on_new(authority, Err(slots), unsent, parking)).await
+                    Box::pin(async move {
+                        tokio::task::yield_now().await;
+                        let slot = self.slot(slots, Instant::now(), parking).await?;
+                        self.send_on_new(authority, slot, unsent, parking).await
+                    })
+                    .await
                 }
                 None => Err(UpstreamError::exchange(e.into_error())),
             },
         }
     }
 
-    /// `send` on a new connection, in `slot` or (`Err(slots)`, after a kept
-    /// connection turned out closed) in a slot of `slots` free now. The rare
-    /// path, boxed by `send`: inline, the connect and the handshake would
-    /// make every request's future several times larger.
+    /// `send` on a new connection in `slot`. The rare path, boxed by `send`:
+    /// inline, the connect and the handshake would make every request's
+    /// future several times larger.
     async fn send_on_new(
         &self,
         authority: &Authority,
-        slot: Result<Slot, &UpstreamSlots>,
+        slot: Slot,
         req: Request<RequestBody>,
         parking: Parking,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        let slot = match slot {
-            Ok(slot) => slot,
-            Err(slots) => {
-                tokio::task::yield_now().await;
-                self.slot(slots, Instant::now(), parking).await?
-            }
-        };
         let (parked, mut sender) = connect(authority, slot).await?;
         match sender.send_request(req).await {
             Ok(response) => {
