@@ -395,3 +395,30 @@ async fn a_write_whose_client_went_away_is_not_overtaken() {
     let last = k.last().expect("token 2 was applied");
     assert_eq!(last.token.as_deref(), Some("2"), "token 1 landed after token 2: {k:?}");
 }
+
+/// The write whose client went away is finished, not merely waited out: with
+/// a settle period far shorter than the upstream takes, the next write for
+/// the key still waits until the first one's response, however long that is.
+/// (Were the first write dropped with its client, or its turn passed on once
+/// the settle period ran out, token 2 would reach the upstream while token 1
+/// is still there.)
+#[tokio::test]
+async fn a_write_whose_client_went_away_holds_its_key_until_its_real_end_not_its_settle() {
+    let up = RecordingUpstream::start().await;
+    let proxy = Proxy::start(&route("objects", "/objects/", &up, "settle = \"20ms\"")).await;
+    let gate = up.hold("/objects/k");
+    let first = spawn_put(proxy.url("/objects/k"), 1);
+    gate.wait_arrived().await;
+    first.abort();
+    let _ = first.await;
+    let second = spawn_put(proxy.url("/objects/k"), 2);
+    proxy.wait_metric("fencegate_waiting_requests", 1.0).await;
+    // Ten settle periods: time enough for a broken build to let token 2 go.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(up.in_flight("/objects/k"), 1, "token 2 reached the upstream while token 1 was held");
+    gate.release();
+    assert_eq!(second.await.unwrap().status, 200);
+    assert!(up.overlaps().is_empty(), "token 2 reached the upstream while token 1 was still there");
+    let tokens: Vec<_> = up.applied_for("/objects/k").iter().map(|w| w.token.clone()).collect();
+    assert_eq!(tokens, [Some("1".to_string()), Some("2".to_string())], "each write applied once, in order");
+}
