@@ -2,21 +2,23 @@
 //! with warnings held to a rate per call site (limit.rs).
 //!
 //! Lines (the access log among them) go to stdout through a thread of their
-//! own: a request formats its line and queues it, and never waits on the
-//! write. The thread writes through a 64 KiB buffer, flushed whenever the
-//! queue runs dry (so a quiet proxy's lines appear at once) and whenever it
-//! fills. When the queue is full (stdout slower than the lines, for
-//! [`QUEUED_LINES`] lines) a line is dropped and counted in
-//! `fencegate_log_dropped_total`, never waited for. [`LogGuard`] flushes what
-//! is queued when dropped: `main` holds it until the end, so a clean
-//! shutdown loses no line.
+//! own (writer.rs): a request appends its line to its thread's buffer and
+//! never waits on the write. Access lines are written when a buffer fills
+//! (64 KiB) and at least once a second; every other line at once. A line
+//! that finds the writer's queue full (stdout slower than the lines) is
+//! dropped and counted in `fencegate_log_dropped_total`, never waited for.
+//! [`LogGuard`] writes out every line when dropped: `main` holds it until the
+//! end, so a clean shutdown loses no line.
+//!
+//! The access log's line is formatted by fencegate itself (access_log.rs),
+//! byte for byte as tracing's formatter would: that costs a few hundred
+//! instructions, against some ten thousand through tracing's formatter.
 
 mod limit;
+mod writer;
 
-use std::io::BufWriter;
 use std::sync::OnceLock;
 
-use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -30,37 +32,61 @@ pub use limit::{CallSiteLimit, ForeignLimit, BURST, INTERVAL};
 #[doc(hidden)]
 pub use tracing as __tracing;
 
-/// Lines queued for the writer thread before new ones are dropped.
-pub const QUEUED_LINES: usize = 64 * 1024;
+pub use writer::{Writer, CHUNK, FLUSH_EVERY, QUEUED_CHUNKS};
 
-/// The writer thread's buffer.
-const WRITE_BUFFER: usize = 64 * 1024;
+/// The access log's target: its filter directive (`fencegate::access=off`)
+/// and its lines' `target` field.
+pub const ACCESS_TARGET: &str = "fencegate::access";
 
-/// Lines dropped because the queue was full, since the process started.
-static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
-
-/// Lines dropped because the writer's queue was full (0 before [`init`]):
-/// `fencegate_log_dropped_total`.
-pub fn dropped_lines() -> u64 {
-    DROPPED.get().map_or(0, |c| c.dropped_lines() as u64)
+/// Where the access log writes its own lines, once [`init`] installed the
+/// writer.
+#[derive(Debug)]
+pub struct AccessSink {
+    pub writer: Writer,
+    pub format: LogFormat,
 }
 
-/// Keeps the writer thread; dropping it writes out every queued line.
+/// The installed writer, when [`init`] installed it (not in tests that set
+/// a subscriber of their own, and not on a terminal, where tracing colours
+/// the lines).
+static SINK: OnceLock<AccessSink> = OnceLock::new();
+
+/// The writer the access log formats its own lines into, if any.
+pub fn access_sink() -> Option<&'static AccessSink> {
+    SINK.get()
+}
+
+/// Lines dropped because the writer's queue was full or stdout failed (0
+/// before [`init`]): `fencegate_log_dropped_total`.
+pub fn dropped_lines() -> u64 {
+    SINK.get().map_or(0, |s| s.writer.dropped_lines())
+}
+
+/// Keeps the writer thread; dropping it writes out every line made so far.
 #[must_use = "dropping the guard stops the log writer"]
-pub struct LogGuard(#[allow(dead_code)] Option<WorkerGuard>);
+pub struct LogGuard(Option<Writer>);
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        if let Some(writer) = &self.0 {
+            writer.stop();
+        }
+    }
+}
 
 /// Installs the global subscriber. `RUST_LOG`, when set, overrides `level`.
 pub fn init(format: LogFormat, level: &str) -> LogGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
     // Colour only for a terminal: log files and collectors get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let (writer, guard) = NonBlockingBuilder::default()
-        .lossy(true)
-        .buffered_lines_limit(QUEUED_LINES)
-        .thread_name("fencegate-log")
-        .finish(BufWriter::with_capacity(WRITE_BUFFER, std::io::stdout()));
-    let dropped = writer.error_counter();
-    let lines = tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(ansi);
+    let writer = match Writer::start(std::io::stdout()) {
+        Ok(writer) => writer,
+        Err(e) => {
+            eprintln!("cannot start the log writer thread: {e}");
+            std::process::exit(1);
+        }
+    };
+    let lines = tracing_subscriber::fmt::layer().with_writer(writer.clone()).with_ansi(ansi);
     let lines = match format {
         LogFormat::Human => lines.boxed(),
         LogFormat::Json => lines.json().flatten_event(true).with_current_span(false).boxed(),
@@ -69,11 +95,17 @@ pub fn init(format: LogFormat, level: &str) -> LogGuard {
     // counts against a call site's budget.
     match tracing_subscriber::registry().with(filter).with(lines).with(ForeignLimit::default()).try_init() {
         Ok(()) => {
-            let _ = DROPPED.set(dropped);
-            LogGuard(Some(guard))
+            // On a terminal, access lines go through tracing, which colours them.
+            let sink = if ansi { None } else { Some(AccessSink { writer: writer.clone(), format }) };
+            // `init` installs once, or returns above.
+            let _ = sink.map(|s| SINK.set(s));
+            LogGuard(Some(writer))
         }
         // A subscriber is already set (tests that start several servers):
         // this writer was never installed.
-        Err(_) => LogGuard(None),
+        Err(_) => {
+            writer.stop();
+            LogGuard(None)
+        }
     }
 }

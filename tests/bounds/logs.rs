@@ -165,3 +165,62 @@ async fn the_access_log_loses_no_line_on_a_clean_shutdown() {
     let logged = lines(&events, |e| e["target"] == "fencegate::access" && e["route"] == "objects").count();
     assert_eq!(logged, writers * each, "access lines for {} requests", writers * each);
 }
+
+/// A log collector that stops reading: stdout's pipe fills, then the
+/// writer's queue. Requests are served as before, never waiting on the log;
+/// the lines that found no room are counted in `fencegate_log_dropped_total`,
+/// and every access line is either written or counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_stdout_drops_and_counts_lines_and_never_holds_a_request() {
+    let upstream = RecordingUpstream::start().await;
+    let mut fencegate = start(&upstream).await;
+    fencegate.hold_stdout(true);
+    // Lines of about 1 KiB: 8,000 of them are more than the pipe, the
+    // writer's queue (4 MiB) and every thread's partial buffer hold.
+    let (writers, each) = (8, 1_000);
+    let long = "k".repeat(900);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for writer in 0..writers {
+        let url = fencegate.url(&format!("/objects/{long}-{writer}"));
+        tasks.push(tokio::spawn(async move {
+            let client = client();
+            for _ in 0..each {
+                let req = Request::put(&url)
+                    .header("x-fencing-token", "1")
+                    .body(Full::new(Bytes::from_static(b"x")))
+                    .unwrap();
+                let resp = tokio::time::timeout(DEADLINE, client.request(req)).await.expect("a request waited");
+                assert_eq!(resp.unwrap().status(), 200);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let served_in = started.elapsed();
+    let dropped = |text: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("fencegate_log_dropped_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no fencegate_log_dropped_total in\n{text}"))
+    };
+    let dropped_while_held = dropped(&get(&fencegate.admin_url("/metrics")).await.text());
+    assert!(dropped_while_held > 0, "nothing dropped behind a stalled stdout ({served_in:?} for the requests)");
+
+    fencegate.hold_stdout(false);
+    // The writer drains what it queued; partial buffers follow within a second.
+    tokio::time::sleep(fencegate::telemetry::FLUSH_EVERY * 2).await;
+    let dropped_total = dropped(&get(&fencegate.admin_url("/metrics")).await.text());
+    fencegate.signal("TERM");
+    assert!(fencegate.wait_exit().await.success());
+    let events = fencegate.events();
+    let logged = lines(&events, |e| e["target"] == "fencegate::access" && e["route"] == "objects").count() as u64;
+    assert!(logged > 0, "no access line was written at all");
+    assert_eq!(
+        logged + dropped_total,
+        (writers * each) as u64,
+        "{logged} access lines written and {dropped_total} dropped for {} requests",
+        writers * each
+    );
+}

@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -21,6 +22,21 @@ use super::Proxy;
 /// Generous: a loaded CI machine may take a while to start a process.
 pub const DEADLINE: Duration = Duration::from_secs(30);
 pub const BIN: &str = env!("CARGO_BIN_EXE_fencegate");
+
+/// A pipe end that is not read while `held` is set.
+struct Held<R> {
+    inner: R,
+    held: Arc<AtomicBool>,
+}
+
+impl<R: Read> Read for Held<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.held.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.inner.read(buf)
+    }
+}
 
 /// A fresh directory under the system temp dir, removed on drop, that writes
 /// config and key files for a test.
@@ -152,6 +168,9 @@ pub struct Running {
     stdout: Arc<Mutex<Vec<String>>>,
     stderr: Arc<Mutex<Vec<String>>>,
     readers: Vec<JoinHandle<()>>,
+    /// While set, nobody reads the child's stdout: its pipe fills, as one
+    /// behind a stalled log collector.
+    stdout_held: Arc<AtomicBool>,
     pub proxy: SocketAddr,
     pub admin: SocketAddr,
     _dir: Option<TempDir>,
@@ -206,7 +225,9 @@ impl Running {
             });
             (lines, reader)
         };
-        let (stdout, out_reader) = collect(Box::new(child.0.stdout.take().unwrap()));
+        let stdout_held = Arc::new(AtomicBool::new(false));
+        let held = Held { inner: child.0.stdout.take().unwrap(), held: stdout_held.clone() };
+        let (stdout, out_reader) = collect(Box::new(held));
         let (stderr, err_reader) = collect(Box::new(child.0.stderr.take().unwrap()));
         let unbound: SocketAddr = "0.0.0.0:0".parse().unwrap();
         Running {
@@ -214,6 +235,7 @@ impl Running {
             stdout,
             stderr,
             readers: vec![out_reader, err_reader],
+            stdout_held,
             proxy: unbound,
             admin: unbound,
             _dir: None,
@@ -248,6 +270,11 @@ impl Running {
         self.proxy = addr("proxy");
         self.admin = addr("admin");
         Ok(())
+    }
+
+    /// Stops reading the child's stdout (`true`) or reads on (`false`).
+    pub fn hold_stdout(&self, hold: bool) {
+        self.stdout_held.store(hold, Ordering::SeqCst);
     }
 
     pub fn pid(&self) -> String {
