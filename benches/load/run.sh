@@ -11,8 +11,8 @@
 # SCENARIOS ("put get hotkey raise churn"), CONTENDERS (all;
 # e.g. "nginx fencegate-memory"), OUT (a directory for
 # results.csv, report.txt and the wrk/server logs), FENCEGATE_BIN (use this
-# binary, skip `cargo build`), HYPER_FLOOR_BIN (the same for the hyper-floor
-# contender, examples/hyper_floor.rs), SETTLE_WAIT_MS (2500: pause between two runs on
+# binary, skip `cargo build`), HYPER_FLOOR_BIN (the same for the hyper-floor and fenced-floor
+# contenders, examples/hyper_floor.rs), SETTLE_WAIT_MS (2500: pause between two runs on
 # the same fencing fencegate and keys, see README). See benches/load/README.md.
 #
 # Exit status: 0 ok; 1 setup failure (a tool missing, a contender that did not
@@ -59,7 +59,7 @@ done
 [[ "$ACCESS_LOG" == on || "$ACCESS_LOG" == off ]] || die "ACCESS_LOG must be on or off, got '$ACCESS_LOG'"
 
 ALL_SCENARIOS="put get hotkey raise churn"
-ALL_CONTENDERS="nginx nginx-lua haproxy hyper-floor fencegate-memory fencegate-file fencegate-unfenced upstream"
+ALL_CONTENDERS="nginx nginx-lua haproxy hyper-floor fenced-floor fencegate-memory fencegate-file fencegate-unfenced upstream"
 for s in $SCENARIOS; do
     [[ " $ALL_SCENARIOS " == *" $s "* ]] || die "unknown scenario '$s' (known: $ALL_SCENARIOS)"
 done
@@ -70,7 +70,7 @@ done
 # Who runs in which scenario, in table order. The first one is the reference of
 # the ratio columns.
 declare -A LINEUP=(
-    [put]="nginx nginx-lua haproxy hyper-floor fencegate-memory fencegate-file fencegate-unfenced upstream"
+    [put]="nginx nginx-lua haproxy hyper-floor fenced-floor fencegate-memory fencegate-file fencegate-unfenced upstream"
     [get]="nginx haproxy hyper-floor fencegate-memory upstream"
     [hotkey]="nginx nginx-lua fencegate-memory"
     [raise]="fencegate-memory fencegate-file"
@@ -137,7 +137,7 @@ fi
 if [[ -n "${HYPER_FLOOR_BIN:-}" ]]; then
     FLOOR_BIN=$HYPER_FLOOR_BIN
     [[ -x "$FLOOR_BIN" ]] || die "HYPER_FLOOR_BIN='$FLOOR_BIN' is not an executable file"
-elif [[ " $(for s in $SCENARIOS; do lineup "$s"; done | tr '\n' ' ') " == *" hyper-floor "* ]]; then
+elif [[ " $(for s in $SCENARIOS; do lineup "$s"; done | tr '\n' ' ') " =~ " "(hyper|fenced)-floor" " ]]; then
     command -v cargo >/dev/null 2>&1 || die "cargo not found (or set HYPER_FLOOR_BIN, or leave out the hyper-floor contender)"
     log "building the hyper floor: cargo build --release --locked --example hyper_floor"
     (cd "$repo" && cargo build --release --locked --example hyper_floor >&2) || die "cargo build --example hyper_floor failed"
@@ -407,6 +407,17 @@ if [[ -n "${NEEDED[hyper-floor]:-}" ]]; then
     mkdir -p "$work/hyper-floor"
     start_proc hyper-floor "$work/hyper-floor/hyper-floor.log" "$FLOOR_BIN" "127.0.0.1:${PORT[hyper-floor]}" "127.0.0.1:$UP" 2
     wait_ready hyper-floor "http://127.0.0.1:${PORT[hyper-floor]}/"
+fi
+# --- the same with the least a fencing proxy does (see examples/hyper_floor.rs),
+# its access log at info to its stdout file with ACCESS_LOG=on, as fencegate's
+if [[ -n "${NEEDED[fenced-floor]:-}" ]]; then
+    PORT[fenced-floor]=$(pick_port)
+    mkdir -p "$work/fenced-floor"
+    floor_level=warn
+    [[ "$ACCESS_LOG" == on ]] && floor_level=info
+    start_proc fenced-floor "$work/fenced-floor/fenced-floor.log" env RUST_LOG=$floor_level \
+        "$FLOOR_BIN" "127.0.0.1:${PORT[fenced-floor]}" "127.0.0.1:$UP" 2 fence
+    wait_ready fenced-floor "http://127.0.0.1:${PORT[fenced-floor]}/"
 fi
 
 # --- fencegate: one process per store, plus one whose route fences nothing
