@@ -64,6 +64,9 @@ async fn serve(
 const H2_CONNECTION_WINDOW: u32 = 1024 * 1024;
 const H2_STREAM_WINDOW: u32 = 1024 * 1024;
 
+/// The fields hyper's HTTP/1.1 parser allows in a head when not told.
+const HYPER_MAX_HEADERS: usize = 100;
+
 /// HTTP/1.1 and h2c, with the head and stream limits from `[server]`.
 fn protocols(server: &ServerConfig, resting: Gauge<i64, AtomicI64>) -> Protocols {
     let mut h1 = http1::Builder::new();
@@ -72,10 +75,15 @@ fn protocols(server: &ServerConfig, resting: Gauge<i64, AtomicI64>) -> Protocols
         // hyper's head timer would also close idle keep-alive connections.
         .header_read_timeout(None)
         // A head larger than this gets 431.
-        .max_buf_size(server.max_header_bytes)
-        // So does one with more fields than this; HTTP/2 heads are counted
-        // in the stack (head_limits.rs).
-        .max_headers(server.max_headers);
+        .max_buf_size(server.max_header_bytes);
+    // So does one with more fields than this; HTTP/2 heads are counted in
+    // the stack (head_limits.rs). hyper's own limit is 100 fields, in arrays
+    // on the stack; a limit set here, even 100, makes it allocate and fill
+    // two arrays of that many slots for every head it parses (~800
+    // instructions a request), so it is set only when it differs.
+    if server.max_headers != HYPER_MAX_HEADERS {
+        h1.max_headers(server.max_headers);
+    }
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new())
         // A decoded header list larger than this gets 431 from h2 (HPACK:
