@@ -22,7 +22,7 @@ use tracing::Span;
 use crate::config::LogFormat;
 use crate::metrics::{Metrics, NO_ROUTE_LABEL};
 use crate::outcome::{Decision, Outcome};
-use crate::telemetry::{access_sink, ACCESS_TARGET};
+use crate::telemetry::access_sink;
 
 /// The trace layer that writes the access log: a debug span per request, and
 /// an event per response (nothing per body chunk).
@@ -107,49 +107,107 @@ impl Line<'_> {
     }
 
     /// The line as tracing's formatter writes [`Line::event`], at `now`.
+    /// Without `core::fmt` on the common path: it cost more than the rest of
+    /// the line together.
     fn write(&self, format: LogFormat, now: SystemTime, out: &mut Vec<u8>) {
-        // Writing to a Vec cannot fail.
-        let _ = match format {
+        match format {
             LogFormat::Human => self.write_human(now, out),
             LogFormat::Json => self.write_json(now, out),
-        };
+        }
     }
 
     /// `<time>  INFO fencegate::access: route="objects" key="/objects/a" token=5 ...`:
     /// strings as `{:?}` writes them, an absent field left out.
-    fn write_human(&self, now: SystemTime, out: &mut Vec<u8>) -> std::io::Result<()> {
+    fn write_human(&self, now: SystemTime, out: &mut Vec<u8>) {
         timestamp(now, out);
-        write!(out, "  INFO {ACCESS_TARGET}: route={:?}", self.route)?;
+        out.extend_from_slice(b"  INFO fencegate::access: route=");
+        debug_str(self.route, out);
         if let Some(key) = self.key {
-            write!(out, " key={key:?}")?;
+            out.extend_from_slice(b" key=");
+            debug_str(key, out);
         }
         if let Some(token) = self.token {
-            write!(out, " token={token}")?;
+            out.extend_from_slice(b" token=");
+            decimal(token, out);
         }
-        writeln!(out, " decision={:?} status={} latency_us={}", self.decision, self.status, self.latency_us)
+        out.extend_from_slice(b" decision=");
+        debug_str(self.decision, out);
+        out.extend_from_slice(b" status=");
+        decimal(self.status.into(), out);
+        out.extend_from_slice(b" latency_us=");
+        decimal(self.latency_us, out);
+        out.push(b'\n');
     }
 
     /// `{"timestamp":"<time>","level":"INFO","route":...,"target":"fencegate::access"}`,
     /// the fields flattened into the object in their order, strings as
     /// serde_json escapes them.
-    fn write_json(&self, now: SystemTime, out: &mut Vec<u8>) -> std::io::Result<()> {
+    fn write_json(&self, now: SystemTime, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"timestamp\":\"");
         timestamp(now, out);
         out.extend_from_slice(b"\",\"level\":\"INFO\",\"route\":");
-        serde_json::to_writer(&mut *out, self.route)?;
+        json_str(self.route, out);
         if let Some(key) = self.key {
             out.extend_from_slice(b",\"key\":");
-            serde_json::to_writer(&mut *out, key)?;
+            json_str(key, out);
         }
         if let Some(token) = self.token {
-            write!(out, ",\"token\":{token}")?;
+            out.extend_from_slice(b",\"token\":");
+            decimal(token, out);
         }
-        writeln!(
-            out,
-            ",\"decision\":\"{}\",\"status\":{},\"latency_us\":{},\"target\":\"{ACCESS_TARGET}\"}}",
-            self.decision, self.status, self.latency_us
-        )
+        out.extend_from_slice(b",\"decision\":");
+        json_str(self.decision, out);
+        out.extend_from_slice(b",\"status\":");
+        decimal(self.status.into(), out);
+        out.extend_from_slice(b",\"latency_us\":");
+        decimal(self.latency_us, out);
+        out.extend_from_slice(b",\"target\":\"fencegate::access\"}\n");
     }
+}
+
+/// Whether `{:?}` and serde_json write `text` as it is, in quotes: printable
+/// ASCII but for the quote and the backslash.
+fn plain(text: &str) -> bool {
+    text.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+}
+
+/// `text` as `{:?}` writes it.
+fn debug_str(text: &str, out: &mut Vec<u8>) {
+    if plain(text) {
+        out.push(b'"');
+        out.extend_from_slice(text.as_bytes());
+        out.push(b'"');
+    } else {
+        // Writing to a Vec cannot fail.
+        let _ = write!(out, "{text:?}");
+    }
+}
+
+/// `text` as serde_json writes it.
+fn json_str(text: &str, out: &mut Vec<u8>) {
+    if plain(text) {
+        out.push(b'"');
+        out.extend_from_slice(text.as_bytes());
+        out.push(b'"');
+    } else {
+        // Writing a string to a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, text);
+    }
+}
+
+/// `n` in decimal.
+fn decimal(mut n: u64, out: &mut Vec<u8>) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// `2026-12-02T04:20:43.935551Z`, as tracing's formatter writes the time:
@@ -167,8 +225,12 @@ fn timestamp(now: SystemTime, out: &mut Vec<u8>) {
         SECOND.set((secs, text));
     }
     out.extend_from_slice(&text);
-    // Writing to a Vec cannot fail.
-    let _ = write!(out, ".{:06}Z", since.subsec_micros());
+    out.push(b'.');
+    let micros = since.subsec_micros();
+    for place in [100_000, 10_000, 1_000, 100, 10, 1] {
+        out.push(b'0' + (micros / place % 10) as u8);
+    }
+    out.push(b'Z');
 }
 
 /// `YYYY-MM-DDTHH:MM:SS` for seconds since the Unix epoch, in UTC (the
@@ -256,6 +318,7 @@ mod tests {
         let keys = [
             None,
             Some("/objects/a"),
+            Some("/objects/it's ~{|}^`"),
             Some("/objects/with \"quotes\" and \\ backslash"),
             Some("/objects/tab\tnew\nline\r\u{0}\u{7f}"),
             Some("/objects/é ünïcödé \u{200b} \u{fffd} 🦀"),
