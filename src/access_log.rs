@@ -21,7 +21,8 @@ use tracing::Span;
 
 use crate::config::LogFormat;
 use crate::metrics::{Metrics, NO_ROUTE_LABEL};
-use crate::outcome::{Decision, Outcome};
+use crate::outcome::Outcome;
+use crate::proxy::ProxyBody;
 use crate::telemetry::access_sink;
 
 /// The trace layer that writes the access log: a debug span per request, and
@@ -55,9 +56,9 @@ pub struct AccessLog {
     metrics: Arc<Metrics>,
 }
 
-impl<B> OnResponse<B> for AccessLog {
-    fn on_response(self, response: &Response<B>, latency: Duration, span: &Span) {
-        let decision = response.extensions().get::<Decision>();
+impl OnResponse<ProxyBody> for AccessLog {
+    fn on_response(self, response: &Response<ProxyBody>, latency: Duration, span: &Span) {
+        let decision = response.body().decision();
         let route = decision.and_then(|d| d.route.as_ref());
         let outcome = decision.map(|d| d.outcome).unwrap_or(Outcome::Internal);
         let settled = decision.is_some_and(|d| d.settled);

@@ -11,7 +11,6 @@ use http::header::HeaderValue;
 #[cfg(test)]
 use http::StatusCode;
 use http::{HeaderName, Response};
-use http_body_util::Either;
 
 use crate::canonical::PathError;
 use crate::fence::signature::SignatureError;
@@ -230,10 +229,10 @@ impl Rejection {
         if self.error.retry_soon() {
             problem = problem.retry_soon();
         }
-        let mut response = problem.into_response().map(Either::Right);
+        let mut response = problem.into_response().map(ProxyBody::full);
         let settled = self.settle.is_some();
         let decision = Decision { outcome, key: self.key, token: self.token, settled, route: self.route };
-        response.extensions_mut().insert(decision);
+        crate::proxy::decide(&mut response, decision);
         response
     }
 }

@@ -107,8 +107,8 @@ impl EncodeLabelValue for Outcome {
     }
 }
 
-/// The fence decision for one request, carried in the response extensions for
-/// the access log and metrics (one extension: each costs an allocation).
+/// The fence decision for one request, carried in the response's body
+/// ([`ProxyBody`](crate::proxy::ProxyBody)) up to the access log and metrics.
 #[derive(Debug, Clone)]
 pub struct Decision {
     pub outcome: Outcome,

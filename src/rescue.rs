@@ -108,7 +108,7 @@ fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<ProxyBody> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outcome::{Decision, Outcome};
+    use crate::outcome::Outcome;
     use http::Request;
     use http_body_util::BodyExt;
     use tower::ServiceExt;
@@ -117,7 +117,7 @@ mod tests {
     async fn assert_internal(response: Response<ProxyBody>) {
         assert_eq!(response.status(), 500);
         assert_eq!(response.headers()["content-type"], "application/problem+json");
-        assert_eq!(response.extensions().get::<Decision>().map(|d| d.outcome), Some(Outcome::Internal));
+        assert_eq!(response.body().decision().map(|d| d.outcome), Some(Outcome::Internal));
         let body = response.into_body().collect().await.unwrap().to_bytes();
         let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(problem["type"], "urn:fencegate:problem:internal");
@@ -132,7 +132,7 @@ mod tests {
             if true {
                 panic!("a bug");
             }
-            Ok::<Response<ProxyBody>, Rejection>(Response::new(ProxyBody::Right(Default::default())))
+            Ok::<Response<ProxyBody>, Rejection>(Response::new(ProxyBody::default()))
         });
         assert_internal(RescueLayer.layer(panicking).oneshot(Request::new(())).await.unwrap()).await;
     }

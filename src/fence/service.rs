@@ -18,8 +18,8 @@ use super::store::{Advance, FenceStore};
 use super::{Checked, Fence, KeyGate};
 use crate::error::{ProxyError, Rejection};
 use crate::outcome::{Decision, Outcome};
-use crate::proxy::ProxyBody;
 use crate::proxy::SlotTaken;
+use crate::proxy::{decide, ProxyBody};
 use crate::route::Route;
 use crate::routing::Routed;
 
@@ -198,7 +198,7 @@ where
                 settled: false,
                 route: None,
             };
-            response.extensions_mut().insert(decision);
+            decide(&mut response, decision);
             Ok(response)
         }
         Err(e) => {
@@ -277,7 +277,7 @@ where
 {
     let mut response = inner.oneshot(req).await?;
     let decision = Decision { outcome: Outcome::Unfenced, key: None, token: None, settled: false, route: None };
-    response.extensions_mut().insert(decision);
+    decide(&mut response, decision);
     Ok(response)
 }
 
@@ -287,7 +287,7 @@ mod tests {
 
     use bytes::Bytes;
     use http::{Method, Request};
-    use http_body_util::{Either, Empty, Full};
+    use http_body_util::Empty;
 
     use super::*;
     use crate::fence::head::check_jump;
@@ -352,7 +352,7 @@ mod tests {
         let seen = forwarded.clone();
         let inner = tower::service_fn(move |_req: Routed<Empty<Bytes>>| {
             seen.fetch_add(1, Ordering::SeqCst);
-            async { Ok::<_, ProxyError>(Response::new(Either::Right(Full::new(Bytes::new())))) }
+            async { Ok::<_, ProxyError>(Response::new(ProxyBody::default())) }
         });
         let mut req = Request::builder().method(Method::PUT).uri("/objects/a");
         for (name, value) in headers {

@@ -29,11 +29,85 @@ pub use upstream::{Parking, UpstreamSlots};
 
 use crate::body::RequestBody;
 use crate::error::ProxyError;
+use crate::outcome::{Decision, Outcome};
 use crate::routing::Routed;
 
-/// The body of every response fencegate sends: streamed from the upstream, or
-/// made here in one piece (a problem document).
-pub type ProxyBody = Either<hyper::body::Incoming, Full<Bytes>>;
+pin_project_lite::pin_project! {
+    /// The body of every response fencegate sends: streamed from the upstream,
+    /// or made here in one piece (a problem document). It carries the
+    /// request's [`Decision`] up to the access log: in the body, not in the
+    /// response's extensions, which cost three allocations a response.
+    #[derive(Debug)]
+    pub struct ProxyBody {
+        #[pin]
+        inner: Either<hyper::body::Incoming, Full<Bytes>>,
+        decision: Option<Decision>,
+    }
+}
+
+impl ProxyBody {
+    /// A body streamed from the upstream.
+    pub fn upstream(body: hyper::body::Incoming) -> Self {
+        ProxyBody { inner: Either::Left(body), decision: None }
+    }
+
+    /// A body made here.
+    pub fn full(body: Full<Bytes>) -> Self {
+        ProxyBody { inner: Either::Right(body), decision: None }
+    }
+
+    /// The decision the layers below recorded, if any.
+    pub fn decision(&self) -> Option<&Decision> {
+        self.decision.as_ref()
+    }
+
+    pub fn decision_mut(&mut self) -> Option<&mut Decision> {
+        self.decision.as_mut()
+    }
+}
+
+impl Default for ProxyBody {
+    fn default() -> Self {
+        ProxyBody::full(Full::default())
+    }
+}
+
+impl hyper::body::Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Records `decision` in `response`. An upstream's answer that has a status
+/// fencegate also uses to refuse a head (400, 429, 431) is marked
+/// [`UpstreamAnswer`] too, for the connection's count of refused heads.
+pub fn decide(response: &mut Response<ProxyBody>, decision: Decision) {
+    if matches!(response.status().as_u16(), 400 | 429 | 431)
+        && matches!(decision.outcome, Outcome::Forwarded | Outcome::Unfenced)
+    {
+        response.extensions_mut().insert(UpstreamAnswer);
+    }
+    response.body_mut().decision = Some(decision);
+}
+
+/// Marks the upstream's answers whose status is one fencegate refuses heads
+/// with (see [`decide`]).
+#[derive(Debug, Clone, Copy)]
+pub struct UpstreamAnswer;
 
 /// The client's address, for `X-Forwarded-For`.
 #[derive(Debug, Clone)]
@@ -187,7 +261,7 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
         }
     }
     strip_hop_by_hop(response.headers_mut(), switching && upgrade, |_| false);
-    Ok(response.map(Either::Left))
+    Ok(response.map(ProxyBody::upstream))
 }
 
 /// Copies bytes both ways between an upgraded client and upstream connection.

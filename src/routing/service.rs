@@ -11,7 +11,6 @@ use tower::{Service, ServiceExt};
 
 use super::{route_request, Routed};
 use crate::error::Rejection;
-use crate::outcome::Decision;
 use crate::proxy::ProxyBody;
 use crate::route::RouteTable;
 
@@ -64,7 +63,7 @@ where
                     // Every response from below carries its decision (the
                     // fence inserts one for each request it lets through):
                     // the route rides in it, one extension for the access log.
-                    if let Some(decision) = response.extensions_mut().get_mut::<Decision>() {
+                    if let Some(decision) = response.body_mut().decision_mut() {
                         decision.route = Some(tag);
                     }
                     Ok(response)

@@ -13,7 +13,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tower::{Layer, Service};
 
 use super::activity::Activity;
-use crate::outcome::{Decision, Outcome};
+use crate::proxy::UpstreamAnswer;
 
 /// Counts a connection's requests in flight for its [`Activity`].
 #[derive(Clone)]
@@ -171,11 +171,7 @@ impl Body for ClientBody {
 /// are, whatever their status: an upstream that rate-limits a client with
 /// 429s is its business. The status first: most answers stop there.
 fn refuses_the_head<B>(response: &http::Response<B>) -> bool {
-    matches!(response.status().as_u16(), 400 | 429 | 431)
-        && !response
-            .extensions()
-            .get::<Decision>()
-            .is_some_and(|d| matches!(d.outcome, Outcome::Forwarded | Outcome::Unfenced))
+    matches!(response.status().as_u16(), 400 | 429 | 431) && response.extensions().get::<UpstreamAnswer>().is_none()
 }
 
 /// Counts one request in flight until dropped.
@@ -190,11 +186,13 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outcome::{Decision, Outcome};
+    use crate::proxy::{decide, ProxyBody};
 
-    fn answer(status: u16, outcome: Option<Outcome>) -> http::Response<()> {
-        let mut response = http::Response::builder().status(status).body(()).unwrap();
+    fn answer(status: u16, outcome: Option<Outcome>) -> http::Response<ProxyBody> {
+        let mut response = http::Response::builder().status(status).body(ProxyBody::default()).unwrap();
         if let Some(outcome) = outcome {
-            response.extensions_mut().insert(Decision { outcome, key: None, token: None, settled: false, route: None });
+            decide(&mut response, Decision { outcome, key: None, token: None, settled: false, route: None });
         }
         response
     }
