@@ -47,7 +47,37 @@ use crate::server::connection::ClientBody;
 #[derive(Debug)]
 pub enum RequestBody {
     Streaming(Limited<ClientBody>),
-    Buffered { blocks: VecDeque<Bytes>, _held: Option<Held> },
+    Buffered { blocks: Blocks, _held: Option<Held> },
+}
+
+/// A buffered body's blocks, in order. The first is held apart, so a body of
+/// one block (most of them) needs no list.
+#[derive(Debug, Default)]
+pub struct Blocks {
+    first: Option<Bytes>,
+    rest: VecDeque<Bytes>,
+}
+
+impl Blocks {
+    fn push(&mut self, block: Bytes) {
+        if self.is_empty() {
+            self.first = Some(block);
+        } else {
+            self.rest.push_back(block);
+        }
+    }
+
+    fn pop(&mut self) -> Option<Bytes> {
+        self.first.take().or_else(|| self.rest.pop_front())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none() && self.rest.is_empty()
+    }
+
+    fn len(&self) -> u64 {
+        self.first.iter().chain(&self.rest).map(|b| b.len() as u64).sum()
+    }
 }
 
 impl RequestBody {
@@ -63,7 +93,7 @@ impl Body for RequestBody {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
-            RequestBody::Buffered { blocks, .. } => Poll::Ready(blocks.pop_front().map(|b| Ok(Frame::data(b)))),
+            RequestBody::Buffered { blocks, .. } => Poll::Ready(blocks.pop().map(|b| Ok(Frame::data(b)))),
             RequestBody::Streaming(inner) => Pin::new(inner).poll_frame(cx),
         }
     }
@@ -77,7 +107,7 @@ impl Body for RequestBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            RequestBody::Buffered { blocks, .. } => SizeHint::with_exact(blocks.iter().map(|b| b.len() as u64).sum()),
+            RequestBody::Buffered { blocks, .. } => SizeHint::with_exact(blocks.len()),
             RequestBody::Streaming(inner) => inner.size_hint(),
         }
     }
@@ -332,13 +362,8 @@ impl Block {
 /// `held` has taken from the budgets first: one of exactly the declared
 /// length, if there is one (already taken), else blocks that grow with the
 /// body, from [`MIN_BLOCK`] to [`MAX_BLOCK`].
-async fn read(
-    mut body: ClientBody,
-    limit: u64,
-    declared: Option<u64>,
-    held: &mut Held,
-) -> Result<VecDeque<Bytes>, ProxyError> {
-    let mut blocks = VecDeque::new();
+async fn read(mut body: ClientBody, limit: u64, declared: Option<u64>, held: &mut Held) -> Result<Blocks, ProxyError> {
+    let mut blocks = Blocks::default();
     let mut block = Block::new(usize::try_from(declared.unwrap_or(0)).unwrap_or(0));
     let mut seen = 0u64;
     while let Some(frame) = body.frame().await {
@@ -357,14 +382,14 @@ async fn read(
                 held.take(size)?;
                 let full = std::mem::replace(&mut block, Block::new(size as usize));
                 if !full.is_empty() {
-                    blocks.push_back(full.freeze());
+                    blocks.push(full.freeze());
                 }
             }
             block.fill(&mut data);
         }
     }
     if !block.is_empty() {
-        blocks.push_back(block.freeze());
+        blocks.push(block.freeze());
     }
     Ok(blocks)
 }
@@ -372,6 +397,21 @@ async fn read(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocks_come_out_in_the_order_they_went_in() {
+        let mut blocks = Blocks::default();
+        assert!(blocks.is_empty());
+        for text in ["a", "bb", "ccc"] {
+            blocks.push(Bytes::from(text));
+        }
+        assert_eq!(blocks.len(), 6);
+        assert_eq!(blocks.pop().as_deref(), Some(&b"a"[..]));
+        blocks.push(Bytes::from("dddd"));
+        let rest: Vec<_> = std::iter::from_fn(|| blocks.pop()).collect();
+        assert_eq!(rest, ["bb", "ccc", "dddd"]);
+        assert!(blocks.is_empty());
+    }
 
     #[test]
     fn a_body_takes_from_its_connection_share_and_the_budget_or_from_neither() {
