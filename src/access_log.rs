@@ -256,32 +256,8 @@ fn civil(secs: u64) -> [u8; 19] {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
-    use tracing_subscriber::fmt::MakeWriter;
-
     use super::*;
-
-    /// What tracing's formatter wrote.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Captured {
-        type Writer = Captured;
-        fn make_writer(&'a self) -> Captured {
-            self.clone()
-        }
-    }
+    use crate::telemetry::testing::Captured;
 
     /// The line through tracing's formatter, configured as telemetry::init does.
     fn through_tracing(line: &Line<'_>, format: LogFormat) -> String {
@@ -295,8 +271,7 @@ mod tests {
         };
         let subscriber = tracing_subscriber::registry().with(layer);
         tracing::subscriber::with_default(subscriber, || line.event());
-        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-        text
+        captured.text()
     }
 
     fn ours(line: &Line<'_>, format: LogFormat, now: SystemTime) -> String {

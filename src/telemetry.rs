@@ -109,3 +109,39 @@ pub fn init(format: LogFormat, level: &str) -> LogGuard {
         }
     }
 }
+
+/// An in-memory output for tests of the log's writing.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::fmt::MakeWriter;
+
+    /// Everything written to it, shared by its clones.
+    #[derive(Clone, Default)]
+    pub(crate) struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Captured {
+        pub(crate) fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> MakeWriter<'a> for Captured {
+        type Writer = Captured;
+        fn make_writer(&'a self) -> Captured {
+            self.clone()
+        }
+    }
+}

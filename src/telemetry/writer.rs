@@ -243,25 +243,7 @@ impl<'a> MakeWriter<'a> for Writer {
 mod tests {
     use super::*;
 
-    /// What the writer thread wrote, shared with the test.
-    #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Sink {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl Sink {
-        fn text(&self) -> String {
-            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-        }
-    }
+    use crate::telemetry::testing::Captured as Sink;
 
     fn line(writer: &Writer, urgent: bool, text: &str) {
         writer.line(urgent, |b| {
