@@ -5,6 +5,7 @@
 //! they apply. Errors never escape as connection resets: the rescue layer turns
 //! each [`Rejection`] into a response with [`Rejection::into_response`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::HeaderValue;
@@ -176,7 +177,7 @@ impl ProxyError {
 #[derive(Debug)]
 pub struct Rejection {
     pub error: ProxyError,
-    pub key: Option<String>,
+    pub key: Option<Arc<str>>,
     pub token: Option<u64>,
     /// How long the key stays closed after this ambiguous outcome, if it does.
     pub settle: Option<Duration>,
@@ -191,7 +192,7 @@ impl From<ProxyError> for Rejection {
 }
 
 impl Rejection {
-    pub fn new(error: ProxyError, key: Option<String>, token: Option<u64>) -> Self {
+    pub fn new(error: ProxyError, key: Option<Arc<str>>, token: Option<u64>) -> Self {
         Rejection { error, key, token, settle: None, route: None }
     }
 
@@ -212,7 +213,7 @@ impl Rejection {
             problem = problem.member("settle_ms", settle.as_millis() as u64);
         }
         if let Some(key) = &self.key {
-            problem = problem.member("key", key.as_str());
+            problem = problem.member("key", &**key);
         }
         if let Some(token) = self.token {
             problem = problem.member("token", token);

@@ -2,6 +2,8 @@
 //! `decision` field of each access-log event and the `outcome` label of
 //! `fencegate_requests_total`.
 
+use std::sync::Arc;
+
 use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 
 use crate::route::RouteTag;
@@ -112,7 +114,7 @@ impl EncodeLabelValue for Outcome {
 #[derive(Debug, Clone)]
 pub struct Decision {
     pub outcome: Outcome,
-    pub key: Option<String>,
+    pub key: Option<Arc<str>>,
     pub token: Option<u64>,
     /// The key was held for a settle period after an ambiguous outcome.
     pub settled: bool,

@@ -34,6 +34,41 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+/// A key as [`KeyGate::acquire`] takes it: a request's key, shared with
+/// the turns it opens, so a key without turns yet is not copied again; or
+/// plain text, copied when it opens.
+pub trait GateKey {
+    fn text(&self) -> &str;
+    fn shared(&self) -> Arc<str>;
+}
+
+impl GateKey for &Arc<str> {
+    fn text(&self) -> &str {
+        self
+    }
+    fn shared(&self) -> Arc<str> {
+        Arc::clone(self)
+    }
+}
+
+impl GateKey for &str {
+    fn text(&self) -> &str {
+        self
+    }
+    fn shared(&self) -> Arc<str> {
+        Arc::from(*self)
+    }
+}
+
+impl GateKey for &String {
+    fn text(&self) -> &str {
+        self
+    }
+    fn shared(&self) -> Arc<str> {
+        Arc::from(self.as_str())
+    }
+}
+
 /// The per-key turns. Cheap to share: clone the `Arc`.
 #[derive(Debug, Default)]
 pub struct KeyGate {
@@ -207,11 +242,18 @@ impl KeyGate {
     ///
     /// Cancel-safe: dropping the returned future while it waits leaves the
     /// queue as if this caller never came.
-    pub async fn acquire(self: &Arc<Self>, key: &str, token: u64, ask: Ask, timeout: Duration) -> Result<Turn, NoTurn> {
+    pub async fn acquire(
+        self: &Arc<Self>,
+        key: impl GateKey,
+        token: u64,
+        ask: Ask,
+        timeout: Duration,
+    ) -> Result<Turn, NoTurn> {
+        let key_text = key.text();
         let (id, woken) = {
-            let mut turns = match self.keys.get_mut(key) {
+            let mut turns = match self.keys.get_mut(key_text) {
                 Some(turns) => turns,
-                None => self.keys.entry(Arc::from(key)).or_default(),
+                None => self.keys.entry(key.shared()).or_default(),
             };
             if let Some(held) = turns.arrive(token, ask)? {
                 return Ok(Turn { gate: self.clone(), key: turns.key().clone(), token, held });
@@ -221,7 +263,7 @@ impl KeyGate {
             turns.queue.push_back(Waiter { id, token, ask, wake });
             (id, woken)
         };
-        let mut queued = Queued { gate: self, key, id, waiting: true };
+        let mut queued = Queued { gate: self, key: key_text, id, waiting: true };
         let _waiting = WaitingGuard::new(&self.waiting);
         match tokio::time::timeout(timeout, woken).await {
             Ok(Ok(turn)) => {

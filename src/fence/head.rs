@@ -127,7 +127,7 @@ pub(super) async fn check<St: FenceStore, B: Body>(store: &St, routed: Routed<B>
         (key, Err(e)) => return Err(Rejection::new(e, key.ok(), None)),
         (Err(e), Ok(token)) => return Err(Rejection::new(e.into(), None, Some(token))),
     };
-    let reject = |e: ProxyError, key: &str| Rejection::new(e, Some(key.to_string()), Some(token));
+    let reject = |e: ProxyError, key: &Arc<str>| Rejection::new(e, Some(key.clone()), Some(token));
     let destination = match &routed.destination {
         Some(d) => {
             let key = d.route.key_for(&d.path, d.query.as_deref(), headers).map_err(|e| reject(e.into(), &key))?;

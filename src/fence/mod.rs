@@ -45,9 +45,9 @@ pub(crate) struct Checked<B> {
 #[derive(Debug, Clone)]
 pub struct Fence {
     pub token: u64,
-    pub key: String,
+    pub key: Arc<str>,
     /// The WebDAV destination's key and its route, when the request has one.
-    pub destination: Option<(String, Arc<Route>)>,
+    pub destination: Option<(Arc<str>, Arc<Route>)>,
 }
 
 impl<B> Checked<B> {

@@ -91,7 +91,7 @@ where
     };
     let route = routed.route.clone();
     let Fence { token, key, destination } = fence;
-    let reject = |e: ProxyError, key: &str| Rejection::new(e, Some(key.to_string()), Some(token));
+    let reject = |e: ProxyError, key: &Arc<str>| Rejection::new(e, Some(key.clone()), Some(token));
     // Each key settles as long as its own route asks: a COPY into a route
     // that settles for 2s holds that key 2s, whatever its source route says.
     let settle = destination.as_ref().map_or(route.settle, |(_, to)| route.settle.max(to.settle));
@@ -105,14 +105,14 @@ where
     // it, turns taken in key order: two requests that write the same two keys
     // (a COPY each way) then never hold one each and wait for the other.
     let (one, mut two);
-    let keys: &[(&str, &Route)] = match &destination {
+    let keys: &[(&Arc<str>, &Route)] = match &destination {
         Some((dest_key, dest_route)) if *dest_key != key => {
-            two = [(key.as_str(), &*route), (dest_key.as_str(), &**dest_route)];
+            two = [(&key, &*route), (dest_key, &**dest_route)];
             two.sort_by(|a, b| a.0.cmp(b.0));
             &two
         }
         _ => {
-            one = [(key.as_str(), &*route)];
+            one = [(&key, &*route)];
             &one
         }
     };
@@ -125,7 +125,7 @@ where
     for (k, r) in keys {
         let ask = if keys.len() > 1 || r.strict { Ask::Alone } else { Ask::Share };
         let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match gate.acquire(k, token, ask, wait).await {
+        match gate.acquire(*k, token, ask, wait).await {
             Ok(turn) => turns.push(turn),
             Err(NoTurn::Timeout) => return Err(reject(ProxyError::QueueTimeout(route.queue_timeout), &key)),
             Err(NoTurn::Stale { current }) => return Err(reject(ProxyError::StaleToken { token, current }, k)),

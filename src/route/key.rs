@@ -2,6 +2,8 @@
 //! time, so rendering a key on the hot path is a walk over a short slice with no
 //! parsing.
 
+use std::borrow::Cow;
+
 use http::{HeaderMap, HeaderName, Uri};
 
 use super::PathPattern;
@@ -116,22 +118,23 @@ impl KeyTemplate {
 
     /// Renders the key for a request.
     pub fn render(&self, uri: &Uri, headers: &HeaderMap) -> Result<String, KeyError> {
-        self.render_target(uri.path(), uri.query(), headers)
+        self.render_target(uri.path(), uri.query(), headers).map(Cow::into_owned)
     }
 
     /// Renders the key for a request target given as its path and query.
     /// Query parameters are decoded as web frameworks decode them
     /// ([`query_param`]); the `Host` header is used as it is (routing made it
     /// canonical).
-    pub(super) fn render_target(
+    pub(super) fn render_target<'a>(
         &self,
-        path: &str,
+        path: &'a str,
         query: Option<&str>,
         headers: &HeaderMap,
-    ) -> Result<String, KeyError> {
-        // The default `{path}` template is the hot case: no captures, one copy.
+    ) -> Result<Cow<'a, str>, KeyError> {
+        // The default `{path}` template is the hot case: no captures, the
+        // path itself (the caller makes the one copy the key needs).
         if let [KeyPart::Path] = self.parts.as_slice() {
-            return Ok(path.to_string());
+            return Ok(Cow::Borrowed(path));
         }
         let mismatch = || KeyError::PatternMismatch(self.pattern.as_ref().map_or("", |p| p.source()).to_string());
         let captures = match &self.pattern {
@@ -170,7 +173,7 @@ impl KeyTemplate {
                 KeyPart::Capture(i) => key.push_str(captures.get(*i).ok_or_else(mismatch)?),
             }
         }
-        Ok(key)
+        Ok(Cow::Owned(key))
     }
 }
 

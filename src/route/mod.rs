@@ -113,12 +113,13 @@ impl Route {
     /// this route's template and key case.
     /// A key longer than `max_key_bytes` is refused: every key that reads or
     /// raises a mark can hold memory and disk, so none may be unbounded.
-    pub fn key_for(&self, path: &str, query: Option<&str>, headers: &HeaderMap) -> Result<String, KeyError> {
+    /// Made once per request as an `Arc`: the key's turn in the gate shares it.
+    pub fn key_for(&self, path: &str, query: Option<&str>, headers: &HeaderMap) -> Result<Arc<str>, KeyError> {
         let key = self.key.render_target(path, query, headers)?;
         if key.len() > self.max_key_bytes {
             return Err(KeyError::TooLong { len: key.len(), max: self.max_key_bytes });
         }
-        Ok(if self.fold_key_case { key.to_ascii_lowercase() } else { key })
+        Ok(if self.fold_key_case { key.to_ascii_lowercase().into() } else { key.into() })
     }
 }
 
