@@ -116,7 +116,12 @@ pub fn canonical_path(path: &str, options: PathOptions) -> Result<Cow<'_, str>, 
         let segment = out.len();
         while let Some(&b) = bytes.get(out.pos) {
             match RAW[usize::from(b)] {
-                Raw::Keep => out.keep(1),
+                Raw::Keep => {
+                    // A run of bytes kept as they are, in one step: a long
+                    // segment is copied (or passed over) whole, not byte by byte.
+                    let run = bytes[out.pos..].iter().take_while(|&&b| RAW[usize::from(b)] == Raw::Keep).count();
+                    out.keep(run);
+                }
                 Raw::Slash => break,
                 Raw::Percent => out.escape(options)?,
                 Raw::Encode => out.replace_with_escape(1, b),
