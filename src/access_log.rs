@@ -4,7 +4,7 @@
 //! The line is formatted here, byte for byte as tracing's human or JSON
 //! formatter would write the same event, into the log writer's buffer
 //! (telemetry/writer.rs). tracing's formatter cost some 11,000 instructions
-//! per line, a sixth of a fenced request; this costs a few hundred. The
+//! per line, a sixth of a fenced request; this costs about a thousand. The
 //! event goes through tracing instead when the writer is not fencegate's
 //! (tests with a subscriber of their own), on a terminal (colours), and when
 //! the request's debug span is on (the line then names its span).
