@@ -245,6 +245,15 @@ mod tests {
 
     use crate::telemetry::testing::Captured as Sink;
 
+    /// What `sink` holds once something was written to it, or after `wait`.
+    fn written_within(sink: &Sink, wait: Duration) -> String {
+        let deadline = Instant::now() + wait;
+        while sink.text().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        sink.text()
+    }
+
     fn line(writer: &Writer, urgent: bool, text: &str) {
         writer.line(urgent, |b| {
             b.extend_from_slice(text.as_bytes());
@@ -259,11 +268,7 @@ mod tests {
         line(&writer, false, "access 1");
         line(&writer, false, "access 2");
         line(&writer, true, "warning");
-        let deadline = Instant::now() + Duration::from_millis(500);
-        while sink.text().is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(sink.text(), "access 1\naccess 2\nwarning\n");
+        assert_eq!(written_within(&sink, Duration::from_millis(500)), "access 1\naccess 2\nwarning\n");
         writer.stop();
     }
 
@@ -273,11 +278,7 @@ mod tests {
         let writer = Writer::start(sink.clone()).unwrap();
         line(&writer, false, "alone");
         std::thread::sleep(FLUSH_EVERY / 2);
-        let deadline = Instant::now() + FLUSH_EVERY * 2;
-        while sink.text().is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert_eq!(sink.text(), "alone\n");
+        assert_eq!(written_within(&sink, FLUSH_EVERY * 2), "alone\n");
         writer.stop();
     }
 

@@ -134,29 +134,16 @@ async fn rapid_reset_logs_a_few_lines_not_one_per_connection() {
     assert_eq!(get(&fencegate.url("/objects/normal")).await.status, 200);
 }
 
-/// The access log is written by a thread of its own, through a queue: a
-/// burst of requests is logged whole, `fencegate_log_dropped_total` says
-/// nothing was dropped, and a clean shutdown (SIGTERM right after the last
-/// answer) writes out every queued line.
+/// The access log is written by a thread of its own, from each worker's
+/// buffer: a burst of requests is logged whole, `fencegate_log_dropped_total`
+/// says nothing was dropped, and a clean shutdown (SIGTERM right after the
+/// last answer) writes out every line still buffered or queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_loses_no_line_on_a_clean_shutdown() {
     let upstream = RecordingUpstream::start().await;
     let mut fencegate = start(&upstream).await;
     let (writers, each) = (8, 250);
-    let mut tasks = Vec::new();
-    for writer in 0..writers {
-        let url = fencegate.url(&format!("/objects/burst-{writer}"));
-        tasks.push(tokio::spawn(async move {
-            let client = client();
-            for _ in 0..each {
-                let req = Request::get(&url).body(Full::<Bytes>::default()).unwrap();
-                client.request(req).await.unwrap();
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
+    put_burst(&fencegate, "burst", writers, each).await;
     let text = get(&fencegate.admin_url("/metrics")).await.text();
     assert!(text.lines().any(|l| l == "fencegate_log_dropped_total 0"), "{text}");
     fencegate.signal("TERM");
@@ -178,26 +165,8 @@ async fn a_stalled_stdout_drops_and_counts_lines_and_never_holds_a_request() {
     // Lines of about 1 KiB: 8,000 of them are more than the pipe, the
     // writer's queue (4 MiB) and every thread's partial buffer hold.
     let (writers, each) = (8, 1_000);
-    let long = "k".repeat(900);
     let started = Instant::now();
-    let mut tasks = Vec::new();
-    for writer in 0..writers {
-        let url = fencegate.url(&format!("/objects/{long}-{writer}"));
-        tasks.push(tokio::spawn(async move {
-            let client = client();
-            for _ in 0..each {
-                let req = Request::put(&url)
-                    .header("x-fencing-token", "1")
-                    .body(Full::new(Bytes::from_static(b"x")))
-                    .unwrap();
-                let resp = tokio::time::timeout(DEADLINE, client.request(req)).await.expect("a request waited");
-                assert_eq!(resp.unwrap().status(), 200);
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
+    put_burst(&fencegate, &"k".repeat(900), writers, each).await;
     let served_in = started.elapsed();
     let dropped = |text: &str| -> u64 {
         text.lines()
@@ -223,4 +192,28 @@ async fn a_stalled_stdout_drops_and_counts_lines_and_never_holds_a_request() {
         "{logged} access lines written and {dropped_total} dropped for {} requests",
         writers * each
     );
+}
+
+/// `writers` clients at once, each sending `each` fenced `PUT`s (token 1) to
+/// `/objects/<name>-<writer>`: every one answered 200, none waiting longer
+/// than [`DEADLINE`].
+async fn put_burst(fencegate: &Running, name: &str, writers: usize, each: usize) {
+    let mut tasks = Vec::new();
+    for writer in 0..writers {
+        let url = fencegate.url(&format!("/objects/{name}-{writer}"));
+        tasks.push(tokio::spawn(async move {
+            let client = client();
+            for _ in 0..each {
+                let req = Request::put(&url)
+                    .header("x-fencing-token", "1")
+                    .body(Full::new(Bytes::from_static(b"x")))
+                    .unwrap();
+                let resp = tokio::time::timeout(DEADLINE, client.request(req)).await.expect("a request waited");
+                assert_eq!(resp.unwrap().status(), 200);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
 }
