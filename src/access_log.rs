@@ -1,5 +1,6 @@
 //! The access log: one `fencegate::access` event and one metrics update per
-//! response, with the decision the layers below recorded in its extensions.
+//! response, with the decision the layers below recorded in its body
+//! ([`ProxyBody`]).
 //!
 //! The line is formatted here, byte for byte as tracing's human or JSON
 //! formatter would write the same event, into the log writer's buffer
@@ -107,64 +108,58 @@ impl Line<'_> {
         );
     }
 
-    /// The line as tracing's formatter writes [`Line::event`], at `now`.
-    /// Without `core::fmt` on the common path: it cost more than the rest of
-    /// the line together.
+    /// The line as tracing's formatter writes [`Line::event`], at `now`:
+    /// `<time>  INFO fencegate::access: route="objects" key="/objects/a" ...`
+    /// with strings as `{:?}` writes them, or
+    /// `{"timestamp":"<time>","level":"INFO","route":...,"target":"fencegate::access"}`
+    /// with the fields flattened in their order and strings as serde_json
+    /// escapes them. An absent field is left out. Without `core::fmt` on the
+    /// common path: it cost more than the rest of the line together.
     fn write(&self, format: LogFormat, now: SystemTime, out: &mut Vec<u8>) {
-        match format {
-            LogFormat::Human => self.write_human(now, out),
-            LogFormat::Json => self.write_json(now, out),
-        }
-    }
-
-    /// `<time>  INFO fencegate::access: route="objects" key="/objects/a" token=5 ...`:
-    /// strings as `{:?}` writes them, an absent field left out.
-    fn write_human(&self, now: SystemTime, out: &mut Vec<u8>) {
-        timestamp(now, out);
-        out.extend_from_slice(b"  INFO fencegate::access: route=");
-        debug_str(self.route, out);
+        // What comes before and after each field's name, and how its strings are written.
+        let (before, after, string): (&[u8], &[u8], WriteStr) = match format {
+            LogFormat::Human => {
+                timestamp(now, out);
+                out.extend_from_slice(b"  INFO fencegate::access:");
+                (b" ", b"=", debug_str)
+            }
+            LogFormat::Json => {
+                out.extend_from_slice(b"{\"timestamp\":\"");
+                timestamp(now, out);
+                out.extend_from_slice(b"\",\"level\":\"INFO\"");
+                (b",\"", b"\":", json_str)
+            }
+        };
+        let name = |out: &mut Vec<u8>, name: &str| {
+            out.extend_from_slice(before);
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(after);
+        };
+        name(out, "route");
+        string(self.route, out);
         if let Some(key) = self.key {
-            out.extend_from_slice(b" key=");
-            debug_str(key, out);
+            name(out, "key");
+            string(key, out);
         }
         if let Some(token) = self.token {
-            out.extend_from_slice(b" token=");
+            name(out, "token");
             decimal(token, out);
         }
-        out.extend_from_slice(b" decision=");
-        debug_str(self.decision, out);
-        out.extend_from_slice(b" status=");
+        name(out, "decision");
+        string(self.decision, out);
+        name(out, "status");
         decimal(self.status.into(), out);
-        out.extend_from_slice(b" latency_us=");
+        name(out, "latency_us");
         decimal(self.latency_us, out);
-        out.push(b'\n');
-    }
-
-    /// `{"timestamp":"<time>","level":"INFO","route":...,"target":"fencegate::access"}`,
-    /// the fields flattened into the object in their order, strings as
-    /// serde_json escapes them.
-    fn write_json(&self, now: SystemTime, out: &mut Vec<u8>) {
-        out.extend_from_slice(b"{\"timestamp\":\"");
-        timestamp(now, out);
-        out.extend_from_slice(b"\",\"level\":\"INFO\",\"route\":");
-        json_str(self.route, out);
-        if let Some(key) = self.key {
-            out.extend_from_slice(b",\"key\":");
-            json_str(key, out);
-        }
-        if let Some(token) = self.token {
-            out.extend_from_slice(b",\"token\":");
-            decimal(token, out);
-        }
-        out.extend_from_slice(b",\"decision\":");
-        json_str(self.decision, out);
-        out.extend_from_slice(b",\"status\":");
-        decimal(self.status.into(), out);
-        out.extend_from_slice(b",\"latency_us\":");
-        decimal(self.latency_us, out);
-        out.extend_from_slice(b",\"target\":\"fencegate::access\"}\n");
+        out.extend_from_slice(match format {
+            LogFormat::Human => b"\n",
+            LogFormat::Json => b",\"target\":\"fencegate::access\"}\n",
+        });
     }
 }
+
+/// Writes a string field's value in one format.
+type WriteStr = fn(&str, &mut Vec<u8>);
 
 /// Whether `{:?}` and serde_json write `text` as it is, in quotes: printable
 /// ASCII but for the quote and the backslash.
@@ -174,25 +169,28 @@ fn plain(text: &str) -> bool {
 
 /// `text` as `{:?}` writes it.
 fn debug_str(text: &str, out: &mut Vec<u8>) {
-    if plain(text) {
-        out.push(b'"');
-        out.extend_from_slice(text.as_bytes());
-        out.push(b'"');
-    } else {
+    quoted(text, out, |text, out| {
         // Writing to a Vec cannot fail.
         let _ = write!(out, "{text:?}");
-    }
+    });
 }
 
 /// `text` as serde_json writes it.
 fn json_str(text: &str, out: &mut Vec<u8>) {
+    quoted(text, out, |text, out| {
+        // Writing a string to a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, text);
+    });
+}
+
+/// A [`plain`] `text` between quotes, anything else as `escaped` writes it.
+fn quoted(text: &str, out: &mut Vec<u8>, escaped: impl FnOnce(&str, &mut Vec<u8>)) {
     if plain(text) {
         out.push(b'"');
         out.extend_from_slice(text.as_bytes());
         out.push(b'"');
     } else {
-        // Writing a string to a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut *out, text);
+        escaped(text, out);
     }
 }
 
