@@ -92,13 +92,18 @@ impl hyper::body::Body for ProxyBody {
     }
 }
 
-/// Records `decision` in `response`. An upstream's answer that has a status
-/// fencegate also uses to refuse a head (400, 429, 431) is marked
-/// [`UpstreamAnswer`] too, for the connection's count of refused heads.
+/// The statuses fencegate refuses a request's head with (400: malformed, a
+/// bad token or key; 429: over the header rate; 431: too many or too large
+/// fields). A connection's count of refused heads counts only fencegate's.
+pub fn refuses_heads_with(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 400 | 429 | 431)
+}
+
+/// Records `decision` in `response`. An upstream's answer whose status is
+/// one fencegate refuses heads with ([`refuses_heads_with`]) is marked
+/// [`UpstreamAnswer`] too, so the count of refused heads can tell them apart.
 pub fn decide(response: &mut Response<ProxyBody>, decision: Decision) {
-    if matches!(response.status().as_u16(), 400 | 429 | 431)
-        && matches!(decision.outcome, Outcome::Forwarded | Outcome::Unfenced)
-    {
+    if refuses_heads_with(response.status()) && matches!(decision.outcome, Outcome::Forwarded | Outcome::Unfenced) {
         response.extensions_mut().insert(UpstreamAnswer);
     }
     response.body_mut().decision = Some(decision);

@@ -13,7 +13,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tower::{Layer, Service};
 
 use super::activity::Activity;
-use crate::proxy::UpstreamAnswer;
+use crate::proxy::{refuses_heads_with, UpstreamAnswer};
 
 /// Counts a connection's requests in flight for its [`Activity`].
 #[derive(Clone)]
@@ -165,13 +165,12 @@ impl Body for ClientBody {
     }
 }
 
-/// Whether fencegate itself refused the request for what its head is (400:
-/// malformed, a bad token or key; 429: over the header rate; 431: too many or
-/// too large fields). The upstream's answers (forwarded, fenced or not) never
-/// are, whatever their status: an upstream that rate-limits a client with
-/// 429s is its business. The status first: most answers stop there.
+/// Whether fencegate itself refused the request for what its head is
+/// ([`refuses_heads_with`]). The upstream's answers (forwarded, fenced or
+/// not) never are, whatever their status: an upstream that rate-limits a
+/// client with 429s is its business. The status first: most answers stop there.
 fn refuses_the_head<B>(response: &http::Response<B>) -> bool {
-    matches!(response.status().as_u16(), 400 | 429 | 431) && response.extensions().get::<UpstreamAnswer>().is_none()
+    refuses_heads_with(response.status()) && response.extensions().get::<UpstreamAnswer>().is_none()
 }
 
 /// Counts one request in flight until dropped.
