@@ -116,47 +116,60 @@ impl Line<'_> {
     /// escapes them. An absent field is left out. Without `core::fmt` on the
     /// common path: it cost more than the rest of the line together.
     fn write(&self, format: LogFormat, now: SystemTime, out: &mut Vec<u8>) {
-        // What comes before and after each field's name, and how its strings are written.
-        let (before, after, string): (&[u8], &[u8], WriteStr) = match format {
+        let syntax = match format {
             LogFormat::Human => {
                 timestamp(now, out);
                 out.extend_from_slice(b"  INFO fencegate::access:");
-                (b" ", b"=", debug_str)
+                &HUMAN
             }
             LogFormat::Json => {
                 out.extend_from_slice(b"{\"timestamp\":\"");
                 timestamp(now, out);
                 out.extend_from_slice(b"\",\"level\":\"INFO\"");
-                (b",\"", b"\":", json_str)
+                &JSON
             }
         };
-        let name = |out: &mut Vec<u8>, name: &str| {
-            out.extend_from_slice(before);
-            out.extend_from_slice(name.as_bytes());
-            out.extend_from_slice(after);
-        };
-        name(out, "route");
-        string(self.route, out);
-        if let Some(key) = self.key {
-            name(out, "key");
-            string(key, out);
+        let [route, key, token, decision, status, latency] = syntax.names;
+        out.extend_from_slice(route);
+        (syntax.string)(self.route, out);
+        if let Some(value) = self.key {
+            out.extend_from_slice(key);
+            (syntax.string)(value, out);
         }
-        if let Some(token) = self.token {
-            name(out, "token");
-            decimal(token, out);
+        if let Some(value) = self.token {
+            out.extend_from_slice(token);
+            decimal(value, out);
         }
-        name(out, "decision");
-        string(self.decision, out);
-        name(out, "status");
+        out.extend_from_slice(decision);
+        (syntax.string)(self.decision, out);
+        out.extend_from_slice(status);
         decimal(self.status.into(), out);
-        name(out, "latency_us");
+        out.extend_from_slice(latency);
         decimal(self.latency_us, out);
-        out.extend_from_slice(match format {
-            LogFormat::Human => b"\n",
-            LogFormat::Json => b",\"target\":\"fencegate::access\"}\n",
-        });
+        out.extend_from_slice(syntax.end);
     }
 }
+
+/// How one format spells a line's fields: what comes before each value, in
+/// field order (one copy a field), how a string value is written, and what
+/// ends the line.
+struct Syntax {
+    names: [&'static [u8]; 6],
+    string: WriteStr,
+    end: &'static [u8],
+}
+
+const HUMAN: Syntax = Syntax {
+    names: [b" route=", b" key=", b" token=", b" decision=", b" status=", b" latency_us="],
+    string: debug_str,
+    end: b"\n",
+};
+
+const JSON: Syntax = Syntax {
+    names: [b",\"route\":", b",\"key\":", b",\"token\":", b",\"decision\":", b",\"status\":", b",\"latency_us\":"],
+    string: json_str,
+    end: b",\"target\":\"fencegate::access\"}\n",
+};
 
 /// Writes a string field's value in one format.
 type WriteStr = fn(&str, &mut Vec<u8>);
