@@ -26,8 +26,7 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tokio::time::Instant;
-use tower::util::Oneshot;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, Service};
 
 use crate::error::{ProxyError, Rejection};
 use crate::proxy::ProxyBody;
@@ -175,16 +174,14 @@ pub struct HeaderRate<S> {
 
 impl<S, B> Service<Routed<B>> for HeaderRate<S>
 where
-    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = Rejection> + Clone + Send + 'static,
-    S::Future: Send,
-    B: Send + 'static,
+    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = Rejection>,
 {
     type Response = Response<ProxyBody>;
     type Error = Rejection;
-    type Future = RefusedOr<Oneshot<S, Routed<B>>>;
+    type Future = RefusedOr<S::Future>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, routed: Routed<B>) -> Self::Future {
@@ -196,7 +193,7 @@ where
             return RefusedOr::refused(ProxyError::HeaderRate(bucket.rate));
         }
         drop(bucket);
-        RefusedOr::Passed { inner: self.inner.clone().oneshot(routed) }
+        RefusedOr::Passed { inner: self.inner.call(routed) }
     }
 }
 

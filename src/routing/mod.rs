@@ -20,6 +20,7 @@
 //! The request then goes on as [`Routed`]; no route is 404.
 
 mod destination;
+mod future;
 mod host;
 mod layer;
 mod method;
