@@ -25,7 +25,7 @@ pub const DESTINATION_SIGNATURE_HEADER: HeaderName = HeaderName::from_static("x-
 
 /// Applies [`HeadChecks`]; see the module docs.
 #[derive(Debug)]
-pub struct HeadChecksLayer<St> {
+pub(crate) struct HeadChecksLayer<St> {
     store: Arc<St>,
 }
 
@@ -53,7 +53,7 @@ impl<S, St> Layer<S> for HeadChecksLayer<St> {
 /// unfenced one that carries a body it must not; hands the rest on as
 /// [`Checked`]. Step 2 of the guarantee in `docs/behaviour.md` ("The guarantee, step by step").
 #[derive(Debug)]
-pub struct HeadChecks<S, St> {
+pub(crate) struct HeadChecks<S, St> {
     inner: S,
     /// The store behind a count of this connection's own: cloned for every
     /// request, it touches no count the other worker threads write.
@@ -79,24 +79,80 @@ where
 {
     type Response = Response<ProxyBody>;
     type Error = Rejection;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Rejection>> + Send>>;
+    type Future = CheckedFuture<S::Future>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, routed: Routed<B>) -> Self::Future {
-        let (inner, store) = (self.inner.clone(), self.store.clone());
-        Box::pin(async move {
-            let checked = check(&*store.0, routed).await?;
-            inner.oneshot(checked).await
-        })
+        let checked = match check_head(routed) {
+            Ok(checked) => checked,
+            Err(rejection) => return CheckedFuture::Refused { rejection: Some(rejection) },
+        };
+        match marks_at_hand(&*self.store.0, checked.fence.as_ref(), &checked.routed.route) {
+            Some(Ok(())) => CheckedFuture::Passed { inner: self.inner.call(checked) },
+            Some(Err(rejection)) => CheckedFuture::Refused { rejection: Some(rejection) },
+            // A mark the store must read first (the file store's cache did
+            // not hold it): the rest waits for it, on a future of its own.
+            None => {
+                let (inner, store) = (self.inner.clone(), self.store.clone());
+                CheckedFuture::Reading {
+                    inner: Box::pin(async move {
+                        check_marks(&*store.0, checked.fence.as_ref(), &checked.routed.route).await?;
+                        inner.oneshot(checked).await
+                    }),
+                }
+            }
+        }
+    }
+}
+
+type Boxed = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Rejection>> + Send>>;
+
+pin_project_lite::pin_project! {
+    /// [`HeadChecks`]' response future: the refusal, or the request passed
+    /// on, polled in place (no allocation) when the store had every mark at
+    /// hand.
+    #[project = CheckedFutureProj]
+    pub(crate) enum CheckedFuture<F> {
+        Refused { rejection: Option<Rejection> },
+        Passed { #[pin] inner: F },
+        Reading { inner: Boxed },
+    }
+}
+
+impl<F> Future for CheckedFuture<F>
+where
+    F: Future<Output = Result<Response<ProxyBody>, Rejection>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        match self.project() {
+            CheckedFutureProj::Refused { rejection } => {
+                Poll::Ready(Err(rejection.take().expect("the head checks' future polled after it was done")))
+            }
+            CheckedFutureProj::Passed { inner } => inner.poll(cx),
+            CheckedFutureProj::Reading { inner } => inner.as_mut().poll(cx),
+        }
     }
 }
 
 /// Step 2 of the guarantee in `docs/behaviour.md` ("The guarantee, step by step"),
 /// and the body rule for unfenced requests.
+#[cfg(test)]
 pub(super) async fn check<St: FenceStore, B: Body>(store: &St, routed: Routed<B>) -> Result<Checked<B>, Rejection> {
+    let checked = check_head(routed)?;
+    check_marks(store, checked.fence.as_ref(), &checked.routed.route).await?;
+    Ok(checked)
+}
+
+/// Every check of step 2 but the marks: what the head alone decides.
+// A refusal is moved once, into the response future; boxing it would cost
+// every refused request an allocation.
+#[allow(clippy::result_large_err)]
+fn check_head<B: Body>(routed: Routed<B>) -> Result<Checked<B>, Rejection> {
     let route = &routed.route;
     if !routed.fenced {
         // An upstream that expects no body may read this one as the next
@@ -144,14 +200,36 @@ pub(super) async fn check<St: FenceStore, B: Body>(store: &St, routed: Routed<B>
         check_signature(dest_route, dest_key, token, headers, &DESTINATION_SIGNATURE_HEADER)
             .map_err(|e| reject(e, &key))?;
     }
-
-    // A token already below a mark can never win, and one too far above it
-    // never will: refuse both without queueing, and without reading the body.
-    check_mark(store, route, &key, token).await.map_err(|e| reject(e, &key))?;
-    if let Some((dest_key, dest_route)) = &destination {
-        check_mark(store, dest_route, dest_key, token).await.map_err(|e| reject(e, dest_key))?;
-    }
     Ok(Checked { routed, fence: Some(Fence { token, key, destination }) })
+}
+
+/// The keys a fenced request writes, each with the route whose policy
+/// applies: its own (`route`'s) and its destination's.
+fn written_keys<'a>(fence: &'a Fence, route: &'a Route) -> impl Iterator<Item = (&'a Arc<str>, &'a Route)> {
+    let destination = fence.destination.as_ref().map(|(key, route)| (key, &**route));
+    std::iter::once((&fence.key, route)).chain(destination)
+}
+
+/// A token already below a mark can never win, and one too far above it
+/// never will: refuse both without queueing, and without reading the body.
+async fn check_marks<St: FenceStore>(store: &St, fence: Option<&Fence>, route: &Route) -> Result<(), Rejection> {
+    let Some(fence) = fence else { return Ok(()) };
+    for (key, route) in written_keys(fence, route) {
+        check_mark(store, route, key, fence.token).await.map_err(|e| fence.rejection(e, key))?;
+    }
+    Ok(())
+}
+
+/// [`check_marks`] from the marks the store has at hand; `None` when it must
+/// read one first.
+fn marks_at_hand<St: FenceStore>(store: &St, fence: Option<&Fence>, route: &Route) -> Option<Result<(), Rejection>> {
+    let Some(fence) = fence else { return Some(Ok(())) };
+    for (key, route) in written_keys(fence, route) {
+        if let Err(e) = compare_mark(route, fence.token, store.peek(key)?) {
+            return Some(Err(fence.rejection(e, key)));
+        }
+    }
+    Some(Ok(()))
 }
 
 fn check_signature(
@@ -176,7 +254,12 @@ pub(super) async fn check_mark<St: FenceStore>(
     key: &str,
     token: u64,
 ) -> Result<(), ProxyError> {
-    match store.get(key).await? {
+    compare_mark(route, token, store.get(key).await?)
+}
+
+/// [`check_mark`] against the mark `mark`.
+fn compare_mark(route: &Route, token: u64, mark: Option<u64>) -> Result<(), ProxyError> {
+    match mark {
         Some(current) if token < current || (route.strict && token == current) => {
             Err(ProxyError::StaleToken { token, current })
         }

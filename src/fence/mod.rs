@@ -50,6 +50,13 @@ pub struct Fence {
     pub destination: Option<(Arc<str>, Arc<Route>)>,
 }
 
+impl Fence {
+    /// A refusal of this fence's request for `key`, one of the keys it writes.
+    pub fn rejection(&self, error: ProxyError, key: &Arc<str>) -> Rejection {
+        Rejection::new(error, Some(key.clone()), Some(self.token))
+    }
+}
+
 impl<B> Checked<B> {
     /// Splits off the body; [`with_body`](Self::with_body) puts one back.
     pub fn take_body(self) -> (Checked<()>, B) {

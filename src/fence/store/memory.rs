@@ -112,6 +112,11 @@ impl FenceStore for MemoryStore {
         Ok(self.marks.get(key).map(|m| *m))
     }
 
+    /// Every mark is in memory.
+    fn peek(&self, key: &str) -> Option<Option<u64>> {
+        Some(self.marks.get(key).map(|m| *m))
+    }
+
     async fn advance(&self, key: &str, token: u64) -> Result<Advance, StoreError> {
         Ok(self.advance_now(key, token))
     }

@@ -102,6 +102,13 @@ pub trait FenceStore: Send + Sync + 'static {
     /// The mark of `key`, or `None` when no token was ever accepted for it.
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
 
+    /// What [`get`](Self::get) would answer, when the store has it at hand
+    /// without waiting (held in memory); `None` when only `get` can tell.
+    /// Lets a caller skip a future, never changes an answer.
+    fn peek(&self, _key: &str) -> Option<Option<u64>> {
+        None
+    }
+
     /// Atomically raises the mark of `key` to `token` when `token >= mark`.
     /// When this returns `Accepted`, the raise is as durable as the store promises.
     fn advance(&self, key: &str, token: u64) -> impl Future<Output = Result<Advance, StoreError>> + Send;
@@ -212,6 +219,13 @@ impl FenceStore for AnyStore {
         match self {
             AnyStore::Memory(s) => s.get(key).await,
             AnyStore::File(s) => s.get(key).await,
+        }
+    }
+
+    fn peek(&self, key: &str) -> Option<Option<u64>> {
+        match self {
+            AnyStore::Memory(s) => s.peek(key),
+            AnyStore::File(s) => s.peek(key),
         }
     }
 

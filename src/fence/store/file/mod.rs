@@ -223,12 +223,19 @@ impl Drop for FileStore {
 impl FenceStore for FileStore {
     async fn get(&self, key: &str) -> Result<Option<u64>, StoreError> {
         loop {
-            if let Some(e) = self.inner.cache.get(key) {
-                e.referenced.store(true, Ordering::Relaxed);
-                return Ok(e.mark);
+            if let Some(mark) = self.peek(key) {
+                return Ok(mark);
             }
             self.load(key).await?;
         }
+    }
+
+    /// A key in the cache (a key the cache holds no entry for may still have
+    /// a mark on disk).
+    fn peek(&self, key: &str) -> Option<Option<u64>> {
+        let e = self.inner.cache.get(key)?;
+        e.referenced.store(true, Ordering::Relaxed);
+        Some(e.mark)
     }
 
     async fn advance(&self, key: &str, token: u64) -> Result<Advance, StoreError> {
