@@ -25,17 +25,18 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use std::collections::VecDeque;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, Response};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::{LengthLimitError, Limited};
 use hyper::body::{Body, Frame, SizeHint};
 use memmap2::MmapMut;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, Service};
 
 use crate::error::{ProxyError, Rejection};
 use crate::fence::Checked;
@@ -237,55 +238,116 @@ pub struct Bodies<S> {
 
 impl<S> Service<Checked<ClientBody>> for Bodies<S>
 where
-    S: Service<Checked<RequestBody>, Response = Response<ProxyBody>, Error = Rejection> + Clone + Send + 'static,
-    S::Future: Send,
+    S: Service<Checked<RequestBody>, Response = Response<ProxyBody>, Error = Rejection> + Clone,
 {
     type Response = Response<ProxyBody>;
     type Error = Rejection;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Rejection>> + Send>>;
+    type Future = BodyFuture<S, S::Future>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
+        self.inner.poll_ready(cx)
     }
 
+    /// Applies the route's `max_body` to the request, reading a fenced body
+    /// whole (see the [module docs](self)). A refusal names the fence key and
+    /// token.
     fn call(&mut self, checked: Checked<ClientBody>) -> Self::Future {
-        let (inner, budgets) = (self.inner.clone(), self.budgets.clone());
-        Box::pin(async move {
-            let held = Held::new(&budgets.0, &budgets.1);
-            let checked = limit_body(checked, held).await?;
-            inner.oneshot(checked).await
-        })
+        let (checked, body) = checked.take_body();
+        let route = &checked.routed.route;
+        let limit = route.max_body;
+        let declared = declared_length(checked.routed.request.headers());
+        if declared.is_some_and(|len| len > limit) {
+            let rejection = checked.rejection(ProxyError::BodyTooLarge { limit, partly_sent: false });
+            return BodyFuture::Refused { rejection: Some(rejection) };
+        }
+        if checked.fence.is_none() || route.stream_body || body.is_end_stream() {
+            return BodyFuture::Passed {
+                inner: self.inner.call(checked.with_body(RequestBody::streaming(body, limit))),
+            };
+        }
+        // A declared length is taken from the budget up front: a client cannot
+        // start more such bodies than the budget holds.
+        let mut held = Held::new(&self.budgets.0, &self.budgets.1);
+        if let Some(len) = declared {
+            if let Err(e) = held.take(len) {
+                return BodyFuture::Refused { rejection: Some(checked.rejection(e)) };
+            }
+        }
+        // Bounded in time too (the route's timeout): a client that stalls
+        // mid-body must not hold its connection and the bytes buffered so far
+        // forever.
+        let timeout = route.timeout;
+        // The service driven to readiness goes with the request; a fresh
+        // clone stays behind.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        BodyFuture::Reading {
+            reading: Some(Reading { reader: Reader::new(body, limit, declared, held), checked, inner }),
+            deadline: tokio::time::sleep(timeout),
+            timeout,
+        }
     }
 }
 
-/// Applies the route's `max_body` to the request, reading a fenced body whole
-/// (see the [module docs](self)). A refusal names the fence key and token.
-async fn limit_body(checked: Checked<ClientBody>, mut held: Held) -> Result<Checked<RequestBody>, Rejection> {
-    let (checked, body) = checked.take_body();
-    let route = &checked.routed.route;
-    let limit = route.max_body;
-    let headers = checked.routed.request.headers();
-    let declared = declared_length(headers);
-    if declared.is_some_and(|len| len > limit) {
-        return Err(checked.rejection(ProxyError::BodyTooLarge { limit, partly_sent: false }));
+/// A fenced request whose body is being read, and the service it goes to next.
+#[derive(Debug)]
+pub(crate) struct Reading<S> {
+    reader: Reader,
+    checked: Checked<()>,
+    inner: S,
+}
+
+pin_project_lite::pin_project! {
+    /// [`Bodies`]' response future: the refusal, the body read whole within
+    /// the route's timeout, then the request passed on. Polled in place,
+    /// inside the request's own future: no allocation.
+    #[project = BodyFutureProj]
+    pub(crate) enum BodyFuture<S, F> {
+        Refused { rejection: Option<Rejection> },
+        Reading { reading: Option<Reading<S>>, #[pin] deadline: tokio::time::Sleep, timeout: Duration },
+        Passed { #[pin] inner: F },
     }
-    if checked.fence.is_none() || route.stream_body || body.is_end_stream() {
-        return Ok(checked.with_body(RequestBody::streaming(body, limit)));
+}
+
+impl<S> Future for BodyFuture<S, S::Future>
+where
+    S: Service<Checked<RequestBody>, Response = Response<ProxyBody>, Error = Rejection>,
+{
+    type Output = Result<Response<ProxyBody>, Rejection>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let next = match self.as_mut().project() {
+            BodyFutureProj::Refused { rejection } => {
+                return Poll::Ready(Err(rejection.take().expect("the body's future polled after it was done")))
+            }
+            BodyFutureProj::Passed { inner } => return inner.poll(cx),
+            BodyFutureProj::Reading { reading, deadline, timeout } => {
+                let read = reading.as_mut().expect("the body's future polled after it was done").reader.poll_read(cx);
+                let result = match read {
+                    Poll::Ready(result) => result,
+                    Poll::Pending => {
+                        ready!(deadline.poll(cx));
+                        Err(ProxyError::BodyTimeout(*timeout))
+                    }
+                };
+                let Reading { reader, checked, mut inner } = reading.take().expect("taken only here");
+                if let Err(e) = result {
+                    return Poll::Ready(Err(checked.rejection(e)));
+                }
+                inner.call(checked.with_body(reader.into_body()))
+            }
+        };
+        self.set(BodyFuture::Passed { inner: next });
+        self.project_passed().poll(cx)
     }
-    // A declared length is taken from the budget up front: a client cannot
-    // start more such bodies than the budget holds.
-    if let Some(len) = declared {
-        if let Err(e) = held.take(len) {
-            return Err(checked.rejection(e));
+}
+
+impl<S, F> BodyFuture<S, F> {
+    fn project_passed(self: Pin<&mut Self>) -> Pin<&mut F> {
+        match self.project() {
+            BodyFutureProj::Passed { inner } => inner,
+            _ => unreachable!("set to Passed just before"),
         }
-    }
-    // Bounded in time too (the route's timeout): a client that stalls mid-body
-    // must not hold its connection and the bytes buffered so far forever.
-    let timeout = route.timeout;
-    match tokio::time::timeout(timeout, read(body, limit, declared, &mut held)).await {
-        Ok(Ok(blocks)) => Ok(checked.with_body(RequestBody::Buffered { blocks, _held: Some(held) })),
-        Ok(Err(e)) => Err(checked.rejection(e)),
-        Err(_) => Err(checked.rejection(ProxyError::BodyTimeout(timeout))),
     }
 }
 
@@ -304,6 +366,7 @@ const MAX_BLOCK: u64 = 64 * 1024;
 const MAP_FROM: usize = 16 * 1024;
 
 /// Where a buffered body's bytes are written, `capacity` taken up front.
+#[derive(Debug)]
 enum Block {
     Heap(BytesMut),
     Mapped { map: MmapMut, len: usize },
@@ -358,40 +421,67 @@ impl Block {
     }
 }
 
-/// Reads `body` whole, up to `limit` bytes, into blocks whose capacity
+/// Reads a body whole, up to `limit` bytes, into blocks whose capacity
 /// `held` has taken from the budgets first: one of exactly the declared
 /// length, if there is one (already taken), else blocks that grow with the
 /// body, from [`MIN_BLOCK`] to [`MAX_BLOCK`].
-async fn read(mut body: ClientBody, limit: u64, declared: Option<u64>, held: &mut Held) -> Result<Blocks, ProxyError> {
-    let mut blocks = Blocks::default();
-    let mut block = Block::new(usize::try_from(declared.unwrap_or(0)).unwrap_or(0));
-    let mut seen = 0u64;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(ProxyError::ClientBody)?;
-        let Ok(mut data) = frame.into_data() else { continue };
-        seen += data.len() as u64;
-        if seen > limit {
+#[derive(Debug)]
+pub(crate) struct Reader {
+    body: ClientBody,
+    limit: u64,
+    held: Held,
+    blocks: Blocks,
+    block: Block,
+    seen: u64,
+}
+
+impl Reader {
+    fn new(body: ClientBody, limit: u64, declared: Option<u64>, held: Held) -> Reader {
+        let block = Block::new(usize::try_from(declared.unwrap_or(0)).unwrap_or(0));
+        Reader { body, limit, held, blocks: Blocks::default(), block, seen: 0 }
+    }
+
+    /// Reads on until the body ends (`Ok`) or fails its limits.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        while let Some(frame) = ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+            let frame = frame.map_err(ProxyError::ClientBody)?;
+            let Ok(data) = frame.into_data() else { continue };
+            self.push(data)?;
+        }
+        let last = std::mem::replace(&mut self.block, Block::Heap(BytesMut::new()));
+        if !last.is_empty() {
+            self.blocks.push(last.freeze());
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn push(&mut self, mut data: Bytes) -> Result<(), ProxyError> {
+        let limit = self.limit;
+        self.seen += data.len() as u64;
+        if self.seen > limit {
             return Err(ProxyError::BodyTooLarge { limit, partly_sent: false });
         }
         while !data.is_empty() {
-            if block.is_full() {
+            if self.block.is_full() {
                 // A new block, its whole capacity taken first, sized like
                 // what came so far but never past the limit.
-                let so_far = seen - data.len() as u64;
+                let so_far = self.seen - data.len() as u64;
                 let size = so_far.clamp(MIN_BLOCK, MAX_BLOCK).min(limit - so_far).max(1);
-                held.take(size)?;
-                let full = std::mem::replace(&mut block, Block::new(size as usize));
+                self.held.take(size)?;
+                let full = std::mem::replace(&mut self.block, Block::new(size as usize));
                 if !full.is_empty() {
-                    blocks.push(full.freeze());
+                    self.blocks.push(full.freeze());
                 }
             }
-            block.fill(&mut data);
+            self.block.fill(&mut data);
         }
+        Ok(())
     }
-    if !block.is_empty() {
-        blocks.push(block.freeze());
+
+    /// The body read whole, holding its share of the budgets.
+    fn into_body(self) -> RequestBody {
+        RequestBody::Buffered { blocks: self.blocks, _held: Some(self.held) }
     }
-    Ok(blocks)
 }
 
 #[cfg(test)]
