@@ -6,22 +6,39 @@ use std::task::{Context, Poll};
 
 use http::Response;
 
-use crate::error::{ProxyError, Rejection};
+use crate::error::Rejection;
 use crate::proxy::ProxyBody;
 use crate::proxy::SlotTaken;
 
 type BoxedDecision = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Rejection>> + Send>>;
 
-/// Response future of [`super::Fencing`]: resolves once the upstream's response
-/// head arrived (the key's turn has been passed on by then) or the request was
-/// refused.
+/// Response future of [`super::Fencing`]: resolves once the upstream's
+/// response head arrived (the key's turn has been passed on by then) or the
+/// request was refused.
+///
+/// A fenced forward runs to its end whatever its caller does. While the
+/// caller waits it is polled in place, on the request's own task: no task of
+/// its own to spawn, schedule and join for every request. Dropped before it
+/// is done (the client's connection closed, its HTTP/2 stream was reset)
+/// once the forward has its way to the upstream, it is handed to a task of
+/// its own that finishes it, so the keys' turns pass on only when the
+/// upstream has answered (or after the settle period), never while the write
+/// may still land. Dropped before that, nothing was sent: it is dropped too.
 pub struct ResponseFuture {
-    inner: BoxedDecision,
+    /// Taken out while polled: a future that panics is dropped where it
+    /// panicked (its turns then settle), never handed to a task to resume.
+    inner: Option<BoxedDecision>,
+    /// Marked by a fenced request's forward once it may send something;
+    /// `None` for a request that need not run to its end.
+    taken: Option<SlotTaken>,
 }
 
 impl ResponseFuture {
-    pub(super) fn new(inner: impl Future<Output = Result<Response<ProxyBody>, Rejection>> + Send + 'static) -> Self {
-        ResponseFuture { inner: Box::pin(inner) }
+    pub(super) fn new(
+        taken: Option<SlotTaken>,
+        inner: impl Future<Output = Result<Response<ProxyBody>, Rejection>> + Send + 'static,
+    ) -> Self {
+        ResponseFuture { inner: Some(Box::pin(inner)), taken }
     }
 }
 
@@ -29,48 +46,7 @@ impl Future for ResponseFuture {
     type Output = Result<Response<ProxyBody>, Rejection>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
-    }
-}
-
-impl std::fmt::Debug for ResponseFuture {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
-    }
-}
-
-type BoxedForward = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send>>;
-
-/// A forward that runs to its end whatever its caller does. While the caller
-/// waits it is polled in place, on the request's own task: no task of its
-/// own to spawn, schedule and join for every request. Dropped before it is
-/// done (the client's connection closed, its HTTP/2 stream was reset) once
-/// it has its way to the upstream, it is handed to a task of its own that
-/// finishes it, so the keys' turns pass on only when the upstream has
-/// answered (or after the settle period), never while the write may still
-/// land. Dropped before that, nothing was sent: it is dropped too.
-pub(super) struct Forwarding {
-    /// Taken out while polled: a forward that panics is dropped where it
-    /// panicked (its turns then settle), never handed to a task to resume.
-    inner: Option<BoxedForward>,
-    /// Marked by the forward once it may send something.
-    taken: SlotTaken,
-}
-
-impl Forwarding {
-    pub(super) fn new(
-        taken: SlotTaken,
-        inner: impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send + 'static,
-    ) -> Self {
-        Forwarding { inner: Some(Box::pin(inner)), taken }
-    }
-}
-
-impl Future for Forwarding {
-    type Output = Result<Response<ProxyBody>, ProxyError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut inner = self.inner.take().expect("Forwarding polled after it was done");
+        let mut inner = self.inner.take().expect("the fence's future polled after it was done");
         match inner.as_mut().poll(cx) {
             Poll::Ready(result) => Poll::Ready(result),
             Poll::Pending => {
@@ -81,11 +57,12 @@ impl Future for Forwarding {
     }
 }
 
-impl Drop for Forwarding {
+impl Drop for ResponseFuture {
     fn drop(&mut self) {
         let Some(unfinished) = self.inner.take() else { return };
-        if !self.taken.is_taken() {
-            // Still waiting for its way to the upstream: nothing was sent.
+        if !self.taken.as_ref().is_some_and(SlotTaken::is_taken) {
+            // Refused, waiting for its turn or its way to the upstream, or
+            // not fenced: nothing fenced was sent.
             return;
         }
         match tokio::runtime::Handle::try_current() {
@@ -98,5 +75,11 @@ impl Drop for Forwarding {
             // forward, and dropping it lets its keys' turns go.
             Err(_) => drop(unfinished),
         }
+    }
+}
+
+impl std::fmt::Debug for ResponseFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }

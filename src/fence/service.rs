@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::Response;
 use tower::{Service, ServiceExt};
 
-use super::future::{Forwarding, ResponseFuture};
+use super::future::ResponseFuture;
 use super::gate::{Ask, NoTurn, Turn};
 use super::head::check_mark;
 use super::store::{Advance, FenceStore};
@@ -69,7 +69,9 @@ where
         // Take the service that was driven to readiness; leave a fresh clone behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(take_turn_and_forward(inner, self.shared.clone(), req))
+        // Only a fenced forward must run to its end (future.rs).
+        let taken = req.fence.is_some().then(SlotTaken::default);
+        ResponseFuture::new(taken.clone(), take_turn_and_forward(inner, self.shared.clone(), req, taken))
     }
 }
 
@@ -77,6 +79,7 @@ async fn take_turn_and_forward<S, St, B>(
     inner: S,
     shared: Arc<(Arc<St>, Arc<KeyGate>)>,
     checked: Checked<B>,
+    taken: Option<SlotTaken>,
 ) -> Result<Response<ProxyBody>, Rejection>
 where
     S: Service<Routed<B>, Response = Response<ProxyBody>, Error = ProxyError> + Send + 'static,
@@ -89,6 +92,8 @@ where
     let Some(fence) = fence else {
         return forward_unfenced(inner, routed).await;
     };
+    // Given by `call` for every fenced request.
+    let taken = taken.unwrap_or_default();
     let route = routed.route.clone();
     let Fence { token, key, destination } = fence;
     let reject = |e: ProxyError, key: &Arc<str>| Rejection::new(e, Some(key.clone()), Some(token));
@@ -166,30 +171,26 @@ where
     turns.share();
 
     // The forward runs to its end whatever the client does: if the client
-    // goes away (its connection closes, its HTTP/2 stream is reset), the
-    // forward moves to a task of its own (future.rs), still runs to its end
+    // goes away (its connection closes, its HTTP/2 stream is reset), this
+    // future moves to a task of its own (future.rs), still runs to its end
     // at the upstream, and only then do the turns pass on. Were it dropped
     // half-way, the next holder's write could land before this one. Until
     // it has its way to the upstream nothing was sent: a forward whose client
     // left by then is dropped, and its turns pass on at once.
-    let taken = SlotTaken::default();
     routed.slot_taken = Some(taken.clone());
-    let settling = SettlingTurns { turns, settle, taken: taken.clone() };
-    let forward = Forwarding::new(taken, async move {
-        let result = inner.oneshot(routed).await;
-        let turns = settling.disarm();
-        match &result {
-            // The upstream may still apply this write. Keep the keys closed for
-            // the settle period, so a newer write cannot land and then be
-            // overwritten by this one (the idea of Chubby's lock-delay).
-            Err(e) if e.is_ambiguous() && !settle.is_zero() => hold_for(turns, settle),
-            // The response head arrived, nothing reached the upstream, or
-            // settling is off: the next fenced request for these keys may go.
-            _ => drop(turns),
-        }
-        result
-    });
-    match forward.await {
+    let settling = SettlingTurns { turns, settle, taken };
+    let result = inner.oneshot(routed).await;
+    let turns = settling.disarm();
+    match &result {
+        // The upstream may still apply this write. Keep the keys closed for
+        // the settle period, so a newer write cannot land and then be
+        // overwritten by this one (the idea of Chubby's lock-delay).
+        Err(e) if e.is_ambiguous() && !settle.is_zero() => hold_for(turns, settle),
+        // The response head arrived, nothing reached the upstream, or
+        // settling is off: the next fenced request for these keys may go.
+        _ => drop(turns),
+    }
+    match result {
         Ok(mut response) => {
             let decision = Decision {
                 outcome: Outcome::Forwarded,
@@ -361,7 +362,9 @@ mod tests {
         let request = req.body(Empty::<Bytes>::new()).unwrap();
         let req = Routed { route, request, fenced: true, destination: None, slot_taken: None };
         let decided = match super::super::head::check(&*store, req).await {
-            Ok(checked) => take_turn_and_forward(inner, Arc::new((store, Arc::new(KeyGate::default()))), checked).await,
+            Ok(checked) => {
+                take_turn_and_forward(inner, Arc::new((store, Arc::new(KeyGate::default()))), checked, None).await
+            }
             Err(rejection) => Err(rejection),
         };
         let status = match decided {
@@ -445,7 +448,8 @@ mod tests {
         });
         let gate = Arc::new(KeyGate::default());
         let store = Arc::new(WitnessStore::default());
-        let refused = take_turn_and_forward(timing_out, Arc::new((store, gate.clone())), checked).await.unwrap_err();
+        let refused =
+            take_turn_and_forward(timing_out, Arc::new((store, gate.clone())), checked, None).await.unwrap_err();
         assert_eq!(refused.settle, Some(Duration::from_secs(2)));
         let started = tokio::time::Instant::now();
         let b = |wait| gate.acquire("/objects/b", 5, Ask::Alone, wait);
