@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::Response;
-use tower::{Service, ServiceExt};
+use tower::Service;
 
 use super::future::ResponseFuture;
 use super::gate::{Ask, NoTurn, Turn};
@@ -19,7 +19,7 @@ use super::{Checked, Fence, KeyGate};
 use crate::error::{ProxyError, Rejection};
 use crate::outcome::{Decision, Outcome};
 use crate::proxy::SlotTaken;
-use crate::proxy::{decide, ProxyBody};
+use crate::proxy::{decide, ProxyBody, Upstream};
 use crate::route::Route;
 use crate::routing::Routed;
 
@@ -52,8 +52,7 @@ impl<S, St> Fencing<S, St> {
 
 impl<S, St, B> Service<Checked<B>> for Fencing<S, St>
 where
-    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = ProxyError> + Clone + Send + 'static,
-    S::Future: Send,
+    S: Upstream<B>,
     St: FenceStore,
     B: Send + 'static,
 {
@@ -61,14 +60,12 @@ where
     type Error = Rejection;
     type Future = ResponseFuture;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Rejection::from)
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Checked<B>) -> Self::Future {
-        // Take the service that was driven to readiness; leave a fresh clone behind.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let inner = self.inner.clone();
         // Only a fenced forward must run to its end (future.rs).
         let taken = req.fence.is_some().then(SlotTaken::default);
         ResponseFuture::new(taken.clone(), take_turn_and_forward(inner, self.shared.clone(), req, taken))
@@ -82,8 +79,7 @@ async fn take_turn_and_forward<S, St, B>(
     taken: Option<SlotTaken>,
 ) -> Result<Response<ProxyBody>, Rejection>
 where
-    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = ProxyError> + Send + 'static,
-    S::Future: Send,
+    S: Upstream<B>,
     St: FenceStore,
     B: Send + 'static,
 {
@@ -179,7 +175,7 @@ where
     // left by then is dropped, and its turns pass on at once.
     routed.slot_taken = Some(taken.clone());
     let settling = SettlingTurns { turns, settle, taken };
-    let result = inner.oneshot(routed).await;
+    let result = inner.send(routed).await;
     let turns = settling.disarm();
     match &result {
         // The upstream may still apply this write. Keep the keys closed for
@@ -274,9 +270,9 @@ impl Drop for SettlingTurns {
 
 async fn forward_unfenced<S, B>(inner: S, req: Routed<B>) -> Result<Response<ProxyBody>, Rejection>
 where
-    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = ProxyError>,
+    S: Upstream<B>,
 {
-    let mut response = inner.oneshot(req).await?;
+    let mut response = inner.send(req).await?;
     let decision = Decision { outcome: Outcome::Unfenced, key: None, token: None, settled: false, route: None };
     decide(&mut response, decision);
     Ok(response)

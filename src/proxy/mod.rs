@@ -170,17 +170,32 @@ impl Forward {
     }
 }
 
-impl Service<Routed<RequestBody>> for Forward {
-    type Response = Response<ProxyBody>;
-    type Error = ProxyError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send>>;
+/// Where the fence sends the requests it lets through: [`Forward`], or any
+/// tower service (tests). A trait of its own rather than `tower::Service`, so
+/// the forward's future needs no name: it rides inside the fence's one boxed
+/// future, not in a box of its own.
+pub trait Upstream<B>: Clone + Send + 'static {
+    /// Sends `request` upstream; resolves with the response head.
+    fn send(self, request: Routed<B>) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send;
+}
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
-        Poll::Ready(Ok(()))
+impl Upstream<RequestBody> for Forward {
+    fn send(
+        self,
+        request: Routed<RequestBody>,
+    ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send {
+        forward(self, request)
     }
+}
 
-    fn call(&mut self, req: Routed<RequestBody>) -> Self::Future {
-        Box::pin(forward(self.clone(), req))
+impl<S, B> Upstream<B> for S
+where
+    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = ProxyError> + Clone + Send + 'static,
+    S::Future: Send,
+    B: Send + 'static,
+{
+    fn send(self, request: Routed<B>) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send {
+        tower::ServiceExt::oneshot(self, request)
     }
 }
 
