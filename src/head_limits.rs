@@ -22,10 +22,11 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use http::{Request, Response};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tower::{Layer, Service};
 
 use crate::error::{ProxyError, Rejection};
@@ -33,11 +34,11 @@ use crate::proxy::ProxyBody;
 use crate::routing::Routed;
 
 pin_project_lite::pin_project! {
-    /// The response future of a layer that either refuses a request at once
-    /// or passes it on: no box, no allocation.
+    /// The response future of a layer that either refuses a request or passes
+    /// it on: no box, no allocation (but for a refusal held back a while).
     #[project = RefusedOrProj]
     pub enum RefusedOr<F> {
-        Refused { rejection: Option<Rejection> },
+        Refused { rejection: Option<Rejection>, after: Option<Pin<Box<Sleep>>> },
         Passed { #[pin] inner: F },
     }
 }
@@ -50,7 +51,10 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         match self.project() {
-            RefusedOrProj::Refused { rejection } => {
+            RefusedOrProj::Refused { rejection, after } => {
+                if let Some(after) = after {
+                    ready!(after.as_mut().poll(cx));
+                }
                 Poll::Ready(Err(rejection.take().expect("RefusedOr polled after it was done")))
             }
             RefusedOrProj::Passed { inner } => inner.poll(cx),
@@ -60,7 +64,12 @@ where
 
 impl<F> RefusedOr<F> {
     fn refused(error: ProxyError) -> Self {
-        RefusedOr::Refused { rejection: Some(error.into()) }
+        RefusedOr::Refused { rejection: Some(error.into()), after: None }
+    }
+
+    /// Refused once `wait` has passed.
+    fn refused_after(error: ProxyError, wait: Duration) -> Self {
+        RefusedOr::Refused { rejection: Some(error.into()), after: Some(Box::pin(tokio::time::sleep(wait))) }
     }
 }
 
@@ -125,17 +134,19 @@ impl Bucket {
         Bucket { rate, tokens: start.min(rate) as f64, at: Instant::now() }
     }
 
-    /// Spends `bytes` if the bucket holds them.
-    fn spend(&mut self, bytes: u64) -> bool {
+    /// Spends `bytes` if the bucket holds them; if not, says how long until
+    /// it would (a second at most: it never holds more).
+    fn spend(&mut self, bytes: u64) -> Result<(), Duration> {
         let now = Instant::now();
         let refill = now.duration_since(self.at).as_secs_f64() * self.rate as f64;
         self.tokens = (self.tokens + refill).min(self.rate as f64);
         self.at = now;
-        if self.tokens < bytes as f64 {
-            return false;
+        let missing = bytes as f64 - self.tokens;
+        if missing > 0.0 {
+            return Err(Duration::from_secs_f64((missing / self.rate as f64).min(1.0)));
         }
         self.tokens -= bytes as f64;
-        true
+        Ok(())
     }
 }
 
@@ -189,8 +200,13 @@ where
         // A poisoned lock still holds a usable bucket: a panic elsewhere must
         // not open the limit or refuse every request.
         let mut bucket = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
-        if !bucket.spend(cost) {
-            return RefusedOr::refused(ProxyError::HeaderRate(bucket.rate));
+        if let Err(wait) = bucket.spend(cost) {
+            // Answered when the bucket would have held the head: a client
+            // sending past the rate is slowed to it (one refused head at a
+            // time on HTTP/1.1, `max_concurrent_streams` over HTTP/2), so
+            // the heads fencegate reads and refuses are bounded too, not only
+            // the ones it forwards. The head itself is dropped now.
+            return RefusedOr::refused_after(ProxyError::HeaderRate(bucket.rate), wait);
         }
         drop(bucket);
         RefusedOr::Passed { inner: self.inner.call(routed) }
@@ -209,7 +225,7 @@ fn head_bytes<B>(request: &Request<B>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use tower::ServiceExt;
 
     #[test]
     fn a_head_costs_its_request_line_and_fields() {
@@ -221,32 +237,66 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_bucket_starts_with_one_head_and_the_burst_accrues() {
         let mut bucket = Bucket::new(1000, 100);
-        assert!(!bucket.spend(101), "a new bucket holds only its start");
-        assert!(bucket.spend(100));
-        assert!(!bucket.spend(1));
+        assert!(bucket.spend(101).is_err(), "a new bucket holds only its start");
+        assert!(bucket.spend(100).is_ok());
+        assert!(bucket.spend(1).is_err());
         // The rest of the second's burst comes with time.
         tokio::time::advance(Duration::from_millis(900)).await;
-        assert!(bucket.spend(900));
-        assert!(!bucket.spend(1));
+        assert!(bucket.spend(900).is_ok());
+        assert!(bucket.spend(1).is_err());
         // A start above the rate is held to one second.
         let mut bucket = Bucket::new(1000, 5000);
-        assert!(bucket.spend(1000));
-        assert!(!bucket.spend(1));
+        assert!(bucket.spend(1000).is_ok());
+        assert!(bucket.spend(1).is_err());
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_bucket_holds_one_second_and_refills_at_the_rate() {
         let mut bucket = Bucket::new(1000, 0);
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(bucket.spend(600));
-        assert!(!bucket.spend(600), "only 400 left");
-        assert!(bucket.spend(400));
+        assert!(bucket.spend(600).is_ok());
+        assert!(bucket.spend(600).is_err(), "only 400 left");
+        assert!(bucket.spend(400).is_ok());
         tokio::time::advance(Duration::from_millis(500)).await;
-        assert!(bucket.spend(500));
-        assert!(!bucket.spend(1));
+        assert!(bucket.spend(500).is_ok());
+        assert!(bucket.spend(1).is_err());
         // Idle for long: never more than one second saved up.
         tokio::time::advance(Duration::from_secs(60)).await;
-        assert!(bucket.spend(1000));
-        assert!(!bucket.spend(1));
+        assert!(bucket.spend(1000).is_ok());
+        assert!(bucket.spend(1).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_says_when_the_bucket_would_hold_the_head() {
+        let mut bucket = Bucket::new(1000, 0);
+        assert_eq!(bucket.spend(250), Err(Duration::from_millis(250)));
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(bucket.spend(250), Err(Duration::from_millis(150)));
+        // A head larger than a second's worth never fits: a second at most.
+        assert_eq!(bucket.spend(5000), Err(Duration::from_secs(1)));
+    }
+
+    /// A head past the rate is refused only once the bucket would have held
+    /// it, and nothing of it reaches the layers below.
+    #[tokio::test(start_paused = true)]
+    async fn a_head_past_the_rate_is_refused_when_the_bucket_would_hold_it() {
+        let below =
+            tower::service_fn(|_: Routed<()>| async { Ok::<_, Rejection>(Response::new(ProxyBody::default())) });
+        let routed = || {
+            let request = Request::put("/objects/a").header("x-fencing-token", "7").body(()).unwrap();
+            let route = Arc::new(crate::route::test_route("objects", "/objects/"));
+            Routed { route, request, fenced: true, destination: None, slot_taken: None }
+        };
+        let cost = head_bytes(&routed().request);
+        // One head a second, and a bucket that starts empty.
+        let layer = HeaderRateLayer::new(cost, 0);
+        let started = Instant::now();
+        let refused = layer.layer(below).oneshot(routed()).await.unwrap_err();
+        assert!(matches!(refused.error, ProxyError::HeaderRate(rate) if rate == cost));
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+        // The bucket filled while the refusal waited: the next head passes at once.
+        let started = Instant::now();
+        assert!(layer.layer(below).oneshot(routed()).await.is_ok());
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 }
