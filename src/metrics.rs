@@ -45,6 +45,21 @@ pub struct Metrics {
     cached_keys: Gauge<i64, AtomicI64>,
     buffered_bytes: Gauge<i64, AtomicI64>,
     resting: Gauge<i64, AtomicI64>,
+    held_back: HeldBack,
+}
+
+/// `fencegate_abuse_total{what}`: connections closed for abuse (`strike`),
+/// and new connections of the addresses struck held back before they were
+/// served (`held`; server/penalty.rs).
+#[derive(Clone, Debug)]
+pub struct HeldBack {
+    pub held: Counter,
+    pub strikes: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WhatLabel {
+    what: String,
 }
 
 /// `fencegate_log_dropped_total`, read from the log writer at each scrape.
@@ -141,6 +156,19 @@ impl Metrics {
             "Bytes of fenced request bodies held in memory now, over every connection (server.max_buffered_bytes bounds it)",
             buffered_bytes.clone(),
         );
+        let held_back = Family::<WhatLabel, Counter>::default();
+        registry.register(
+            "fencegate_abuse",
+            "Connections closed for abuse (what=strike: a run of refusals, or HTTP/2 GOAWAY for resets or refused streams), and new connections of the addresses struck, held back before being served (what=held)",
+            held_back.clone(),
+        );
+        // One statement each: the guard get_or_create returns lives to the
+        // end of its statement, and a second call in the same one would wait
+        // for it forever.
+        let counter = |what: &str| held_back.get_or_create(&WhatLabel { what: what.into() }).clone();
+        let held = counter("held");
+        let strikes = counter("strike");
+        let held_back = HeldBack { held, strikes };
         let resting = Gauge::<i64, AtomicI64>::default();
         registry.register(
             "fencegate_resting_connections",
@@ -187,7 +215,17 @@ impl Metrics {
                 stats.disk_bytes.clone(),
             );
         }
-        Metrics { registry, routes, tracked_keys, active_keys, waiting, cached_keys, buffered_bytes, resting }
+        Metrics {
+            registry,
+            routes,
+            tracked_keys,
+            active_keys,
+            waiting,
+            cached_keys,
+            buffered_bytes,
+            resting,
+            held_back,
+        }
     }
 
     /// Records one finished request. `route` is the route index, or `None`;
@@ -201,6 +239,11 @@ impl Metrics {
         if settled {
             m.settles.inc();
         }
+    }
+
+    /// `fencegate_abuse_total`, kept by the proxy listener.
+    pub fn held_back(&self) -> HeldBack {
+        self.held_back.clone()
     }
 
     /// `fencegate_resting_connections`, kept by the connections themselves.

@@ -57,8 +57,21 @@ impl std::fmt::Display for Seen {
     }
 }
 
+/// A connection to `addr` from an address of the attacker's own: on the
+/// loopback, 127.0.0.2 (every 127/8 address is local on Linux), so the proxy
+/// tells the attacker from the clients beside it by address, as it would
+/// machines of their own.
+pub async fn attacker_connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
+    if !addr.ip().is_loopback() || !addr.is_ipv4() {
+        return TcpStream::connect(addr).await;
+    }
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from(([127, 0, 0, 2], 0)))?;
+    socket.connect(addr).await
+}
+
 async fn h2_connect(addr: SocketAddr, builder: &h2::client::Builder) -> Result<h2::client::SendRequest<Bytes>, String> {
-    let tcp = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+    let tcp = attacker_connect(addr).await.map_err(|e| format!("connect: {e}"))?;
     let (send, conn) = builder.handshake::<_, Bytes>(tcp).await.map_err(|e| format!("handshake: {e}"))?;
     tokio::spawn(async move {
         let _ = conn.await;
@@ -173,7 +186,7 @@ async fn http1_loop(addr: SocketAddr, deadline: Instant, mut next: impl FnMut() 
     let mut stream: Option<TcpStream> = None;
     while Instant::now() < deadline {
         if stream.is_none() {
-            stream = TcpStream::connect(addr).await.ok();
+            stream = attacker_connect(addr).await.ok();
             seen.connections += 1;
         }
         let Some(conn) = stream.as_mut() else { continue };
@@ -232,7 +245,7 @@ pub async fn idle_connections(addr: SocketAddr, count: usize, deadline: Instant)
     let mut seen = Seen::default();
     let mut held = Vec::new();
     for _ in 0..count {
-        match timeout_at(deadline, TcpStream::connect(addr)).await {
+        match timeout_at(deadline, attacker_connect(addr)).await {
             Ok(Ok(s)) => {
                 seen.connections += 1;
                 held.push(s);

@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 
 use bytes::{BufMut, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
 
 use super::{join, Seen};
@@ -47,7 +46,7 @@ async fn hpack_connection(
     deadline: Instant,
     seen: &mut Seen,
 ) {
-    let Ok(Ok(stream)) = timeout_at(deadline, TcpStream::connect(addr)).await else {
+    let Ok(Ok(stream)) = timeout_at(deadline, super::attacker_connect(addr)).await else {
         seen.count("connect failed");
         return;
     };

@@ -45,6 +45,9 @@ pub(super) const MAX_HEADERS: u64 = 10_000;
 /// Default `[server] max_upstream_header_rate`, bytes of request heads per
 /// second per client connection: 32k requests a second with 1 KiB heads.
 pub(super) const DEFAULT_MAX_UPSTREAM_HEADER_RATE: u64 = 32 * 1024 * 1024;
+/// Default `[server] abuse_penalty`: the longest a struck address's next
+/// connection waits (server/penalty.rs).
+pub(super) const DEFAULT_ABUSE_PENALTY: Duration = Duration::from_secs(2);
 
 /// Default `[fences] path`, relative to the working directory.
 pub const DEFAULT_FENCES_PATH: &str = "data/fences";

@@ -41,6 +41,7 @@ pub struct ServerSection {
     pub max_concurrent_streams: Option<u64>,
     pub max_headers: Option<u64>,
     pub max_upstream_header_rate: Option<Size>,
+    pub abuse_penalty: Option<String>,
 }
 
 /// `[admin]`: health, readiness, metrics.

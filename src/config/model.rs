@@ -51,6 +51,9 @@ pub struct ServerConfig {
     /// Bytes of request heads one client connection may send upstream per
     /// second, with one second of burst (429 past it).
     pub max_upstream_header_rate: u64,
+    /// The longest an address whose connection was closed for abuse waits
+    /// before its next connection is served; zero: never.
+    pub abuse_penalty: Duration,
 }
 
 /// The admin listener.

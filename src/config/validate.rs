@@ -110,6 +110,7 @@ fn server(s: &ServerSection, p: &mut Problems) -> ServerConfig {
             s.max_upstream_header_rate.as_ref(),
             DEFAULT_MAX_UPSTREAM_HEADER_RATE,
         ),
+        abuse_penalty: p.duration_from("server.abuse_penalty", s.abuse_penalty.as_deref(), DEFAULT_ABUSE_PENALTY, true),
     }
 }
 

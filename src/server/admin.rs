@@ -157,6 +157,12 @@ async fn accept(
             TokioIo::new(ActivityIo::new(stream, activity.clone())),
             TowerToHyperService::new(service),
         );
-        connections.spawn(connection::serve(connection::Graceful::new(conn), activity, admission, peer), None);
+        let serving = connection::serve(connection::Graceful::new(conn), activity, admission, peer);
+        connections.spawn(
+            async move {
+                serving.await;
+            },
+            None,
+        );
     }
 }

@@ -10,6 +10,7 @@ mod admin;
 pub(crate) mod connection;
 mod descriptors;
 mod guard;
+mod penalty;
 mod proxy;
 mod workers;
 

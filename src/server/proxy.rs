@@ -12,8 +12,11 @@ use hyper_util::service::TowerToHyperService;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::connection::{self, Activity, ActivityIo, Protocols, ProxyConnection, REFUSALS_IN_A_ROW};
+use tracing::debug;
+
+use super::connection::{self, Activity, ActivityIo, Ended, Protocols, ProxyConnection, REFUSALS_IN_A_ROW};
 use super::guard::{Admission, Connections};
+use super::penalty::Penalties;
 use super::workers::Workers;
 use crate::config::ServerConfig;
 use crate::proxy::Forward;
@@ -29,13 +32,31 @@ pub(super) async fn accept(
     server: &ServerConfig,
 ) -> Infallible {
     let protocols = Arc::new(protocols(server, shared.metrics.resting_connections()));
+    let penalties = Penalties::new(server.abuse_penalty);
+    let counts = shared.metrics.held_back();
     loop {
         let (stream, peer, admission) = connections.accept(listener).await;
-        let (shared, protocols) = (shared.clone(), protocols.clone());
+        // An address whose connections were closed for abuse waits before
+        // its next one is served (penalty.rs).
+        let hold = penalties.wait(peer.ip());
+        if hold.is_some() {
+            counts.held.inc();
+            debug!(%peer, "holding a connection back: its address was struck for abuse");
+        }
+        let (shared, protocols, penalties, counts) =
+            (shared.clone(), protocols.clone(), penalties.clone(), counts.clone());
         let (header_read_timeout, idle_timeout) = (server.header_read_timeout, server.idle_timeout);
         workers.serve(stream, peer, connections, move |stream| async move {
+            if let Some(until) = hold {
+                // Unread: its client's bytes wait in the socket, and its
+                // guards start when it is served.
+                tokio::time::sleep_until(until).await;
+            }
             let activity = Activity::new(header_read_timeout, idle_timeout);
-            serve(stream, peer, admission, activity, &shared, protocols).await;
+            if serve(stream, peer, admission, activity, &shared, protocols).await == Ended::Abused {
+                counts.strikes.inc();
+                penalties.strike(peer.ip());
+            }
         });
     }
 }
@@ -48,12 +69,12 @@ async fn serve(
     activity: Arc<Activity>,
     shared: &Arc<Shared>,
     protocols: Arc<Protocols>,
-) {
+) -> Ended {
     let _ = stream.set_nodelay(true);
     let io = ActivityIo::new(stream, activity.clone());
     let service = TowerToHyperService::new(proxy_service(shared, &Forward::new(peer), activity.clone()));
     let conn = ProxyConnection::new(io, service, protocols, activity.clone());
-    connection::serve(conn, activity, admission, peer).await;
+    connection::serve(conn, activity, admission, peer).await
 }
 
 /// The HTTP/2 flow-control windows we grant a client: what it may send that

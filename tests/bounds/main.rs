@@ -6,9 +6,14 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+// The attacks of the hostile benchmark, run here in miniature.
+#[path = "../../benches/hostile/attacks.rs"]
+mod attacks;
+
 mod admin;
 mod descriptors;
 mod fences;
 mod headers;
 mod logs;
 mod memory;
+mod penalty;

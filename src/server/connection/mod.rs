@@ -100,6 +100,12 @@ pub(crate) trait ClientConnection: Future<Output = Result<(), Self::Error>> {
     /// Close once the requests in flight are done.
     fn graceful_shutdown(self: Pin<&mut Self>);
 
+    /// Whether the connection ended with `error` because the client abused
+    /// it (HTTP/2's GOAWAY for too many resets or refused streams).
+    fn abused(_error: &Self::Error) -> bool {
+        false
+    }
+
     /// The connection has been idle for [`REST_AFTER`](activity::REST_AFTER):
     /// give back what it holds between requests, if it can (see
     /// [Resting](self#resting)).
@@ -147,14 +153,15 @@ where
 /// answers the closing PING) becomes an abrupt one once the connection has no
 /// request in flight and its close grace has passed; requests in flight are
 /// cut only when the shutdown grace runs out. The connection's slot is given
-/// back when this returns.
-pub(crate) async fn serve<C>(conn: C, activity: Arc<Activity>, admission: Admission, peer: SocketAddr)
+/// back when this returns, with how it ended.
+pub(crate) async fn serve<C>(conn: C, activity: Arc<Activity>, admission: Admission, peer: SocketAddr) -> Ended
 where
     C: ClientConnection,
 {
     tokio::pin!(conn);
     // When the graceful close began.
     let mut closing: Option<Instant> = None;
+    let mut ended = Ended::Closed;
     loop {
         tokio::select! {
             // The connection first: it is what wakes this task on every request.
@@ -162,6 +169,9 @@ where
             result = conn.as_mut() => {
                 if let Err(e) = result {
                     debug!(%peer, error = %e, "client connection ended with an error");
+                    if C::abused(&e) {
+                        ended = Ended::Abused;
+                    }
                 }
                 break;
             }
@@ -180,6 +190,7 @@ where
             // nothing it sends is worth reading (see Activity::answered).
             () = activity.refusing() => {
                 debug!(%peer, "closing a connection whose requests keep being refused");
+                ended = Ended::Abused;
                 break;
             }
             () = admission.closing(), if closing.is_none() => {
@@ -202,4 +213,15 @@ where
     // What the connection held is freed now: have it returned to the system
     // (after an HTTP/2 flood, tens of MiB), as a rest's is.
     resting::give_back_soon();
+    ended
+}
+
+/// How a client connection ended, as far as its address's record cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// Closed by either side, for any reason but abuse.
+    Closed,
+    /// Closed because its requests kept being refused, or by HTTP/2 for
+    /// too many resets or refused streams.
+    Abused,
 }

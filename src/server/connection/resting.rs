@@ -211,6 +211,20 @@ where
 {
     type Error = BoxError;
 
+    fn abused(error: &BoxError) -> bool {
+        // h2 ends a connection with GOAWAY(ENHANCE_YOUR_CALM) when its client
+        // resets or earns refusals for too many streams (rapid reset, a
+        // pipelined flood past the stream limit).
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&**error);
+        while let Some(e) = source {
+            if let Some(h2) = e.downcast_ref::<h2::Error>() {
+                return h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM);
+            }
+            source = e.source();
+        }
+        false
+    }
+
     fn graceful_shutdown(self: Pin<&mut Self>) {
         let this = self.get_mut();
         match &mut this.state {

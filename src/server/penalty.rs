@@ -1,0 +1,164 @@
+//! Addresses whose connections were closed for abuse wait before their next
+//! connection is served.
+//!
+//! A flood that gets its connection closed (a run of refusals, or HTTP/2's
+//! GOAWAY for too many resets or refused streams) reconnects at once, and a
+//! new connection costs a handshake and a few dozen decoded heads before the
+//! guards close it again: ~30,000 connections in 8 s in the hostile
+//! benchmark's `reset` attack, a core of the proxy's time taken from the
+//! clients beside it. So each such close strikes the client's address, and
+//! the address's next connections wait unread, the first strike for
+//! [`FIRST_WAIT`], each further one twice as long, up to
+//! `[server] abuse_penalty`. A connection that waited is then served like
+//! any other: a client that shares its address with an abuser (behind a NAT
+//! or a proxy) is slowed, not refused. Waiting connections hold their slot
+//! of `max_connections`, as a connection whose head has not arrived does
+//! (for `header_read_timeout`): closing them at once instead was measured to
+//! turn a flood into a loop of connects and closes, which cost the clients
+//! beside it more than the flood had. Strikes are forgotten once an address
+//! has gone [`FORGET_AFTER_PENALTIES`] penalties without a new one.
+//!
+//! At most [`MAX_ADDRESSES`] addresses are remembered: past that an
+//! address's strike is not recorded (the map never grows without bound).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How long the next connection of an address waits after its first strike.
+pub const FIRST_WAIT: Duration = Duration::from_millis(250);
+/// Addresses remembered at once.
+pub const MAX_ADDRESSES: usize = 4096;
+/// Strikes are forgotten after this many of the longest penalty without one.
+pub const FORGET_AFTER_PENALTIES: u32 = 4;
+
+/// What one address has earned.
+#[derive(Debug)]
+struct Record {
+    strikes: u32,
+    /// Its next connections wait until then.
+    until: Instant,
+}
+
+/// The addresses struck, shared by the proxy listener's connections.
+#[derive(Debug)]
+pub struct Penalties {
+    longest: Duration,
+    records: dashmap::DashMap<IpAddr, Record, ahash::RandomState>,
+}
+
+impl Penalties {
+    /// Penalties up to `longest`; zero turns them off.
+    pub fn new(longest: Duration) -> Arc<Penalties> {
+        Arc::new(Penalties { longest, records: Default::default() })
+    }
+
+    /// A connection of `address`'s was closed for abuse.
+    pub fn strike(&self, address: IpAddr) {
+        if self.longest.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        if self.records.len() >= MAX_ADDRESSES && !self.records.contains_key(&address) {
+            self.forget_old(now);
+            if self.records.len() >= MAX_ADDRESSES {
+                crate::telemetry::warn_limited!(
+                    addresses = MAX_ADDRESSES,
+                    "too many addresses struck for abuse at once: this one is not held back"
+                );
+                return;
+            }
+        }
+        let mut record = self.records.entry(address).or_insert(Record { strikes: 0, until: now });
+        if now.saturating_duration_since(record.until) > self.longest * FORGET_AFTER_PENALTIES {
+            record.strikes = 0;
+        }
+        record.strikes = record.strikes.saturating_add(1);
+        let wait = FIRST_WAIT.saturating_mul(1 << (record.strikes - 1).min(16)).min(self.longest);
+        record.until = now + wait;
+    }
+
+    /// Until when a new connection from `address` waits before it is
+    /// served; `None`: not at all.
+    pub fn wait(&self, address: IpAddr) -> Option<Instant> {
+        if self.longest.is_zero() {
+            return None;
+        }
+        let until = self.records.get(&address)?.until;
+        (until > Instant::now()).then_some(until)
+    }
+
+    /// Drops the records whose strikes would be forgotten anyway.
+    fn forget_old(&self, now: Instant) {
+        let forget = self.longest * FORGET_AFTER_PENALTIES;
+        self.records.retain(|_, r| now.saturating_duration_since(r.until) <= forget);
+    }
+
+    /// Addresses remembered now (for tests).
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        self.records.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn ip(n: u32) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n))
+    }
+
+    fn wait(until: Option<Instant>) -> Option<Duration> {
+        until.map(|until| until - Instant::now())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_strike_doubles_the_wait_up_to_the_longest_and_others_are_untouched() {
+        let p = Penalties::new(Duration::from_secs(2));
+        assert!(wait(p.wait(ip(1))).is_none());
+        let mut expected = FIRST_WAIT;
+        for _ in 0..6 {
+            p.strike(ip(1));
+            assert_eq!(wait(p.wait(ip(1))), Some(expected));
+            expected = (expected * 2).min(Duration::from_secs(2));
+        }
+        assert!(wait(p.wait(ip(2))).is_none(), "another address waits for nothing");
+        // Once its penalty has passed, the address is served at once again.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(wait(p.wait(ip(1))).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn strikes_are_forgotten_after_quiet_penalties() {
+        let p = Penalties::new(Duration::from_secs(1));
+        for _ in 0..3 {
+            p.strike(ip(1));
+        }
+        tokio::time::advance(Duration::from_secs(1) * (FORGET_AFTER_PENALTIES + 1) + FIRST_WAIT * 4).await;
+        p.strike(ip(1));
+        assert_eq!(wait(p.wait(ip(1))), Some(FIRST_WAIT));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn off_at_zero_and_the_map_is_bounded() {
+        let off = Penalties::new(Duration::ZERO);
+        off.strike(ip(1));
+        assert!(wait(off.wait(ip(1))).is_none());
+        assert_eq!(off.remembered(), 0);
+
+        let p = Penalties::new(Duration::from_secs(1));
+        for n in 0..MAX_ADDRESSES as u32 + 10 {
+            p.strike(ip(n));
+        }
+        assert_eq!(p.remembered(), MAX_ADDRESSES);
+        // Old records make room for new ones.
+        tokio::time::advance(Duration::from_secs(1) * (FORGET_AFTER_PENALTIES + 1)).await;
+        p.strike(ip(1_000_000));
+        assert_eq!(p.remembered(), 1);
+        assert!(wait(p.wait(ip(1_000_000))).is_some());
+    }
+}
