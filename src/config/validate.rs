@@ -343,6 +343,16 @@ mod tests {
     }
 
     #[test]
+    fn the_abuse_penalty_has_a_default_may_be_off_and_a_bad_one_names_its_field() {
+        let c = Config::from_toml_str(MINIMAL).unwrap();
+        assert_eq!(c.server.abuse_penalty, crate::config::defaults::DEFAULT_ABUSE_PENALTY);
+        let set = |v: &str| format!("[server]\nabuse_penalty = {v}\n{MINIMAL}");
+        assert_eq!(Config::from_toml_str(&set("\"0s\"")).unwrap().server.abuse_penalty, Duration::ZERO);
+        assert_eq!(Config::from_toml_str(&set("\"30s\"")).unwrap().server.abuse_penalty, Duration::from_secs(30));
+        assert_eq!(fields(&set("\"soon\"")), ["server.abuse_penalty"]);
+    }
+
+    #[test]
     fn key_and_cache_byte_bounds_are_read_and_checked() {
         use crate::config::defaults::DEFAULT_MAX_KEY_BYTES;
         let c = Config::from_toml_str(MINIMAL).unwrap();
