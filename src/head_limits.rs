@@ -19,59 +19,18 @@
 //! whenever it is refused gets that one head per handshake, plus the rate
 //! for as long as each connection lasts, never a fresh second of burst.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tower::{Layer, Service};
 
 use crate::error::{ProxyError, Rejection};
 use crate::proxy::ProxyBody;
+use crate::refused::RefusedOr;
 use crate::routing::Routed;
-
-pin_project_lite::pin_project! {
-    /// The response future of a layer that either refuses a request or passes
-    /// it on: no box, no allocation (but for a refusal held back a while).
-    #[project = RefusedOrProj]
-    pub enum RefusedOr<F> {
-        Refused { rejection: Option<Rejection>, after: Option<Pin<Box<Sleep>>> },
-        Passed { #[pin] inner: F },
-    }
-}
-
-impl<F> Future for RefusedOr<F>
-where
-    F: Future<Output = Result<Response<ProxyBody>, Rejection>>,
-{
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        match self.project() {
-            RefusedOrProj::Refused { rejection, after } => {
-                if let Some(after) = after {
-                    ready!(after.as_mut().poll(cx));
-                }
-                Poll::Ready(Err(rejection.take().expect("RefusedOr polled after it was done")))
-            }
-            RefusedOrProj::Passed { inner } => inner.poll(cx),
-        }
-    }
-}
-
-impl<F> RefusedOr<F> {
-    fn refused(error: ProxyError) -> Self {
-        RefusedOr::Refused { rejection: Some(error.into()), after: None }
-    }
-
-    /// Refused once `wait` has passed.
-    fn refused_after(error: ProxyError, wait: Duration) -> Self {
-        RefusedOr::Refused { rejection: Some(error.into()), after: Some(Box::pin(tokio::time::sleep(wait))) }
-    }
-}
 
 /// Refuses a request with more than `max` header fields (431); see the
 /// [module docs](self).

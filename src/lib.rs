@@ -51,6 +51,7 @@ mod metrics;
 mod outcome;
 mod problem;
 mod proxy;
+mod refused;
 mod rescue;
 pub mod route;
 mod routing;

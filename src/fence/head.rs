@@ -1,7 +1,5 @@
 //! The head checks: everything the fence can decide before a body byte is read.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -16,6 +14,7 @@ use super::token::token_from_headers;
 use super::{Checked, Fence};
 use crate::error::{ProxyError, Rejection};
 use crate::proxy::ProxyBody;
+use crate::refused::RefusedOr;
 use crate::route::Route;
 use crate::routing::Routed;
 
@@ -79,7 +78,7 @@ where
 {
     type Response = Response<ProxyBody>;
     type Error = Rejection;
-    type Future = CheckedFuture<S::Future>;
+    type Future = RefusedOr<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
         self.inner.poll_ready(cx)
@@ -88,53 +87,22 @@ where
     fn call(&mut self, routed: Routed<B>) -> Self::Future {
         let checked = match check_head(routed) {
             Ok(checked) => checked,
-            Err(rejection) => return CheckedFuture::Refused { rejection: Some(rejection) },
+            Err(rejection) => return RefusedOr::refused(rejection),
         };
         match marks_at_hand(&*self.store.0, checked.fence.as_ref(), &checked.routed.route) {
-            Some(Ok(())) => CheckedFuture::Passed { inner: self.inner.call(checked) },
-            Some(Err(rejection)) => CheckedFuture::Refused { rejection: Some(rejection) },
+            Some(Ok(())) => RefusedOr::Passed { inner: self.inner.call(checked) },
+            Some(Err(rejection)) => RefusedOr::refused(rejection),
             // A mark the store must read first (the file store's cache did
             // not hold it): the rest waits for it, on a future of its own.
             None => {
                 let (inner, store) = (self.inner.clone(), self.store.clone());
-                CheckedFuture::Reading {
+                RefusedOr::Boxed {
                     inner: Box::pin(async move {
                         check_marks(&*store.0, checked.fence.as_ref(), &checked.routed.route).await?;
                         inner.oneshot(checked).await
                     }),
                 }
             }
-        }
-    }
-}
-
-type Boxed = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Rejection>> + Send>>;
-
-pin_project_lite::pin_project! {
-    /// [`HeadChecks`]' response future: the refusal, or the request passed
-    /// on, polled in place (no allocation) when the store had every mark at
-    /// hand.
-    #[project = CheckedFutureProj]
-    pub(crate) enum CheckedFuture<F> {
-        Refused { rejection: Option<Rejection> },
-        Passed { #[pin] inner: F },
-        Reading { inner: Boxed },
-    }
-}
-
-impl<F> Future for CheckedFuture<F>
-where
-    F: Future<Output = Result<Response<ProxyBody>, Rejection>>,
-{
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        match self.project() {
-            CheckedFutureProj::Refused { rejection } => {
-                Poll::Ready(Err(rejection.take().expect("the head checks' future polled after it was done")))
-            }
-            CheckedFutureProj::Passed { inner } => inner.poll(cx),
-            CheckedFutureProj::Reading { inner } => inner.as_mut().poll(cx),
         }
     }
 }

@@ -7,10 +7,11 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower::Service;
 
-use super::future::ResponseFuture;
+use super::future::Tagged;
 use super::{route_request, Routed};
 use crate::error::Rejection;
 use crate::proxy::ProxyBody;
+use crate::refused::RefusedOr;
 use crate::route::RouteTable;
 
 /// Canonicalizes a request's target and finds its route; see the [module docs](super).
@@ -33,7 +34,7 @@ where
 {
     type Response = Response<ProxyBody>;
     type Error = Rejection;
-    type Future = ResponseFuture<S::Future>;
+    type Future = RefusedOr<Tagged<S::Future>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
         self.inner.poll_ready(cx)
@@ -41,11 +42,11 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         match route_request(&self.routes, request) {
-            Ok((routed, tag)) => ResponseFuture::Routed { inner: self.inner.call(routed), tag: Some(tag) },
+            Ok((routed, tag)) => RefusedOr::Passed { inner: Tagged::new(self.inner.call(routed), tag) },
             Err((error, tag)) => {
                 let mut rejection = Rejection::from(error);
                 rejection.route = tag;
-                ResponseFuture::Refused { rejection: Some(rejection) }
+                RefusedOr::refused(rejection)
             }
         }
     }
