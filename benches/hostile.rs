@@ -244,6 +244,9 @@ fn main() {
         // Phases: 0 baseline, odd = attack, even = settling (not reported).
         phase.store(2 * i + 1, Ordering::Relaxed);
         let deadline = Instant::now() + Duration::from_secs(seconds);
+        // Each attack from an address of its own (127.0.0.2, .3, ...): the
+        // reconnects fencegate holds back after one must not slow the next.
+        attacks::ATTACKER_HOST.store(2 + i as u8, Ordering::Relaxed);
         let seen = runtime.block_on(attack(name, &fg, deadline, key_bytes, idle));
         phase.store(2 * i + 2, Ordering::Relaxed);
         let peak = sampler.take();

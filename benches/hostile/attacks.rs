@@ -57,16 +57,22 @@ impl std::fmt::Display for Seen {
     }
 }
 
+/// The last byte of the attacker's loopback address, 127.0.0.N (2 unless
+/// set): the hostile benchmark gives each attack an address of its own, so
+/// what one attack earned from the proxy does not carry into the next.
+pub static ATTACKER_HOST: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(2);
+
 /// A connection to `addr` from an address of the attacker's own: on the
-/// loopback, 127.0.0.2 (every 127/8 address is local on Linux), so the proxy
-/// tells the attacker from the clients beside it by address, as it would
-/// machines of their own.
+/// loopback, 127.0.0.[`ATTACKER_HOST`] (on Linux every 127/8 address is
+/// local), so the proxy tells the attacker from the clients beside it (on
+/// 127.0.0.1) by address, as it would machines of their own.
 pub async fn attacker_connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
     if !addr.ip().is_loopback() || !addr.is_ipv4() {
         return TcpStream::connect(addr).await;
     }
     let socket = tokio::net::TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::from(([127, 0, 0, 2], 0)))?;
+    let host = ATTACKER_HOST.load(std::sync::atomic::Ordering::Relaxed);
+    socket.bind(SocketAddr::from(([127, 0, 0, host], 0)))?;
     socket.connect(addr).await
 }
 

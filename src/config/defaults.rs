@@ -48,6 +48,9 @@ pub(super) const DEFAULT_MAX_UPSTREAM_HEADER_RATE: u64 = 32 * 1024 * 1024;
 /// Default `[server] abuse_penalty`: the longest a struck address's next
 /// connection waits (server/penalty.rs).
 pub(super) const DEFAULT_ABUSE_PENALTY: Duration = Duration::from_secs(2);
+/// The most `[server] abuse_penalty` may be: longer, a client behind a shared
+/// address could wait past any client timeout.
+pub(super) const MAX_ABUSE_PENALTY: Duration = Duration::from_secs(60);
 
 /// Default `[fences] path`, relative to the working directory.
 pub const DEFAULT_FENCES_PATH: &str = "data/fences";

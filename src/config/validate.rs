@@ -110,7 +110,21 @@ fn server(s: &ServerSection, p: &mut Problems) -> ServerConfig {
             s.max_upstream_header_rate.as_ref(),
             DEFAULT_MAX_UPSTREAM_HEADER_RATE,
         ),
-        abuse_penalty: p.duration_from("server.abuse_penalty", s.abuse_penalty.as_deref(), DEFAULT_ABUSE_PENALTY, true),
+        abuse_penalty: match p.duration_from(
+            "server.abuse_penalty",
+            s.abuse_penalty.as_deref(),
+            DEFAULT_ABUSE_PENALTY,
+            true,
+        ) {
+            d if d > MAX_ABUSE_PENALTY => {
+                p.add(
+                    "server.abuse_penalty",
+                    format!("must be at most {}", humantime::format_duration(MAX_ABUSE_PENALTY)),
+                );
+                DEFAULT_ABUSE_PENALTY
+            }
+            d => d,
+        },
     }
 }
 
@@ -350,6 +364,7 @@ mod tests {
         assert_eq!(Config::from_toml_str(&set("\"0s\"")).unwrap().server.abuse_penalty, Duration::ZERO);
         assert_eq!(Config::from_toml_str(&set("\"30s\"")).unwrap().server.abuse_penalty, Duration::from_secs(30));
         assert_eq!(fields(&set("\"soon\"")), ["server.abuse_penalty"]);
+        assert_eq!(fields(&set("\"61s\"")), ["server.abuse_penalty"]);
     }
 
     #[test]

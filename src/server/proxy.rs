@@ -49,13 +49,17 @@ pub(super) async fn accept(
         workers.serve(stream, peer, connections, move |stream| async move {
             if let Some(until) = hold {
                 // Unread: its client's bytes wait in the socket, and its
-                // guards start when it is served.
-                tokio::time::sleep_until(until).await;
+                // guards start when it is served. Shutdown does not wait
+                // for it: nothing was read, so nothing is lost.
+                tokio::select! {
+                    () = tokio::time::sleep_until(until) => {}
+                    () = admission.closing() => return,
+                }
             }
             let activity = Activity::new(header_read_timeout, idle_timeout);
-            if serve(stream, peer, admission, activity, &shared, protocols).await == Ended::Abused {
+            let ended = serve(stream, peer, admission, activity, &shared, protocols).await;
+            if penalties.ended(peer.ip(), ended) {
                 counts.strikes.inc();
-                penalties.strike(peer.ip());
             }
         });
     }

@@ -79,26 +79,51 @@ async fn an_address_struck_for_abuse_waits_before_its_next_connection_and_no_oth
     let proxy = start("30s", &up).await;
     assert_eq!(abuse(&proxy, "strike").await, 0);
 
-    // Three runs of refusals, each closing its connection: 250 ms, 500 ms,
-    // then 1 s of wait for the address's next connection. The second and
-    // third connections were held themselves.
-    for strike in 1..=3 {
+    // Four runs of refusals, each closing its connection: 250 ms, 500 ms,
+    // 1 s, then 2 s of wait for the address's next connection. The second
+    // to fourth connections were held themselves.
+    for strike in 1..=4 {
         // The close may overtake the last answer.
         let answered = refused_run(proxy.addr).await;
         assert!((RUN - 1..=RUN).contains(&answered), "run {strike}: {answered} refusals answered");
         counted(&proxy, "strike", strike).await;
     }
-    assert_eq!(abuse(&proxy, "held").await, 2);
+    assert_eq!(abuse(&proxy, "held").await, 3);
 
     // Held, then served as any other (the upstream's 404 for a GET).
     let held = tokio::spawn(attacker_get(proxy.addr));
-    counted(&proxy, "held", 3).await;
+    counted(&proxy, "held", 4).await;
     // The normal client, on its own address, is served while it waits.
     assert_eq!(put(&proxy.url("/objects/normal"), 1, "x").await.status, 200);
     assert_eq!(get(&proxy.url("/objects/normal")).await.status, 200);
     assert!(!held.is_finished(), "the struck address's connection was served before its wait was over");
     assert_eq!(held.await.unwrap(), "404");
-    assert_eq!(abuse(&proxy, "strike").await, 3, "a served connection is no strike");
+    assert_eq!(abuse(&proxy, "strike").await, 4, "a served connection is no strike");
+}
+
+/// A client that closes each connection itself just short of the run is
+/// struck once its refusals add up to one.
+#[tokio::test]
+async fn refusals_spread_over_connections_the_client_closes_add_up_to_a_strike() {
+    let up = RecordingUpstream::start().await;
+    let proxy = start("30s", &up).await;
+    let bad = RawRequest::new("PUT", "/objects/k").header("x-fencing-token", "not-a-number").body("x").keep_alive();
+    for _ in 0..2 {
+        let mut conn = attacks::attacker_connect(proxy.addr).await.unwrap();
+        let mut answers = Vec::new();
+        for sent in 1..=RUN / 2 {
+            conn.write_all(&bad.bytes()).await.unwrap();
+            while String::from_utf8_lossy(&answers).matches("HTTP/1.1 400").count() < sent {
+                let mut chunk = [0u8; 4096];
+                let n = conn.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "closed after {sent} requests");
+                answers.extend_from_slice(&chunk[..n]);
+            }
+        }
+        // Closed by the client, one run short of fencegate's close.
+        drop(conn);
+    }
+    counted(&proxy, "strike", 1).await;
 }
 
 /// With `abuse_penalty = "0s"` a close for abuse is counted, and nothing

@@ -146,6 +146,12 @@ impl Activity {
         }
     }
 
+    /// How many answers in a row have refused this connection's requests
+    /// since its last other answer.
+    pub(crate) fn refusal_run(&self) -> u32 {
+        self.refusals.load(Ordering::Relaxed)
+    }
+
     /// Resolves once [`REFUSALS_IN_A_ROW`] answers in a row have refused this
     /// connection's requests (see [`answered`](Activity::answered)).
     pub(crate) async fn refusing(&self) {

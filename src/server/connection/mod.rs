@@ -161,7 +161,7 @@ where
     tokio::pin!(conn);
     // When the graceful close began.
     let mut closing: Option<Instant> = None;
-    let mut ended = Ended::Closed;
+    let mut ended = None;
     loop {
         tokio::select! {
             // The connection first: it is what wakes this task on every request.
@@ -170,7 +170,7 @@ where
                 if let Err(e) = result {
                     debug!(%peer, error = %e, "client connection ended with an error");
                     if C::abused(&e) {
-                        ended = Ended::Abused;
+                        ended = Some(Ended::Abused);
                     }
                 }
                 break;
@@ -190,7 +190,7 @@ where
             // nothing it sends is worth reading (see Activity::answered).
             () = activity.refusing() => {
                 debug!(%peer, "closing a connection whose requests keep being refused");
-                ended = Ended::Abused;
+                ended = Some(Ended::Abused);
                 break;
             }
             () = admission.closing(), if closing.is_none() => {
@@ -213,14 +213,16 @@ where
     // What the connection held is freed now: have it returned to the system
     // (after an HTTP/2 flood, tens of MiB), as a rest's is.
     resting::give_back_soon();
-    ended
+    ended.unwrap_or(Ended::Closed { refusals: activity.refusal_run() })
 }
 
 /// How a client connection ended, as far as its address's record cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ended {
-    /// Closed by either side, for any reason but abuse.
-    Closed,
+    /// Closed by either side for any reason but abuse, its last `refusals`
+    /// answers refusing its requests (a client that closes just short of
+    /// [`REFUSALS_IN_A_ROW`] is counted across its connections).
+    Closed { refusals: u32 },
     /// Closed because its requests kept being refused, or by HTTP/2 for
     /// too many resets or refused streams.
     Abused,
