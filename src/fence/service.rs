@@ -67,7 +67,7 @@ where
     fn call(&mut self, req: Checked<B>) -> Self::Future {
         let inner = self.inner.clone();
         // Only a fenced forward must run to its end (future.rs).
-        let taken = req.fence.is_some().then(SlotTaken::default);
+        let taken = req.fence.is_some().then(|| inner.slot_flag(req.routed.request.version()));
         ResponseFuture::new(taken.clone(), take_turn_and_forward(inner, self.shared.clone(), req, taken))
     }
 }

@@ -147,6 +147,12 @@ impl SlotTaken {
     pub fn is_taken(&self) -> bool {
         self.0.load(Ordering::Acquire)
     }
+
+    /// This flag, cleared for a new request.
+    fn renewed(&self) -> SlotTaken {
+        self.0.store(false, Ordering::Release);
+        self.clone()
+    }
 }
 
 /// The innermost service: sends a request to its route's upstream, on an
@@ -161,12 +167,19 @@ pub struct Forward(Arc<ClientSide>);
 struct ClientSide {
     upstreams: upstream::Upstreams,
     client: ClientAddr,
+    /// The flag of this connection's fenced requests over HTTP/1.1, one at a
+    /// time (see [`Upstream::slot_flag`]).
+    slot_taken: SlotTaken,
 }
 
 impl Forward {
     /// The forwarder of the client connection from `client`.
     pub fn new(client: SocketAddr) -> Forward {
-        Forward(Arc::new(ClientSide { upstreams: upstream::Upstreams::default(), client: ClientAddr::new(client) }))
+        Forward(Arc::new(ClientSide {
+            upstreams: upstream::Upstreams::default(),
+            client: ClientAddr::new(client),
+            slot_taken: SlotTaken::default(),
+        }))
     }
 }
 
@@ -177,6 +190,12 @@ impl Forward {
 pub trait Upstream<B>: Clone + Send + 'static {
     /// Sends `request` upstream; resolves with the response head.
     fn send(self, request: Routed<B>) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send;
+
+    /// A cleared flag for a fenced request of `version` to be sent (its
+    /// [`Routed::slot_taken`]).
+    fn slot_flag(&self, _version: http::Version) -> SlotTaken {
+        SlotTaken::default()
+    }
 }
 
 impl Upstream<RequestBody> for Forward {
@@ -185,6 +204,19 @@ impl Upstream<RequestBody> for Forward {
         request: Routed<RequestBody>,
     ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send {
         forward(self, request)
+    }
+
+    /// An HTTP/1.1 connection has one request at a time in the fence: the
+    /// next is not read before the last one's response head has come, and
+    /// only a connection its client closed has a forward left running. So
+    /// its requests share one flag, the connection's (no allocation per
+    /// request); an HTTP/2 connection's streams each get their own.
+    fn slot_flag(&self, version: http::Version) -> SlotTaken {
+        if version == http::Version::HTTP_2 {
+            SlotTaken::default()
+        } else {
+            self.0.slot_taken.renewed()
+        }
     }
 }
 
