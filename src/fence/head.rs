@@ -265,9 +265,82 @@ mod tests {
     use http_body_util::Empty;
 
     use super::*;
-    use crate::fence::store::MemoryStore;
+    use crate::fence::store::{Advance, Deleted, MemoryStore, Selection};
     use crate::route::test_route;
     use crate::routing::Destination;
+    use tower::ServiceExt;
+
+    /// The memory store, as a store that never has a mark at hand: every
+    /// head check then reads the mark the slow way (a file store's cold key).
+    #[derive(Default)]
+    struct Cold(MemoryStore);
+
+    impl FenceStore for Cold {
+        async fn get(&self, key: &str) -> Result<Option<u64>, crate::fence::store::StoreError> {
+            self.0.get(key).await
+        }
+        async fn advance(&self, key: &str, token: u64) -> Result<Advance, crate::fence::store::StoreError> {
+            self.0.advance(key, token).await
+        }
+        async fn list(
+            &self,
+            prefix: &str,
+            after: Option<&str>,
+            limit: usize,
+        ) -> Result<Vec<(String, u64)>, crate::fence::store::StoreError> {
+            self.0.list(prefix, after, limit).await
+        }
+        async fn delete(&self, which: &Selection) -> Result<Deleted, crate::fence::store::StoreError> {
+            self.0.delete(which).await
+        }
+        fn tracked_keys(&self) -> usize {
+            self.0.tracked_keys()
+        }
+        fn cached_keys(&self) -> usize {
+            self.0.cached_keys()
+        }
+    }
+
+    /// One `PUT /objects/a` with `token` through the head checks over `store`:
+    /// its status (200 passed on) and whether it reached the layer below.
+    async fn put_through<St: FenceStore>(store: Arc<St>, token: u64) -> (u16, bool) {
+        let reached = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let below = {
+            let reached = reached.clone();
+            tower::service_fn(move |_: Checked<Empty<bytes::Bytes>>| {
+                reached.store(true, std::sync::atomic::Ordering::SeqCst);
+                async { Ok::<_, Rejection>(Response::new(ProxyBody::default())) }
+            })
+        };
+        let request = http::Request::put("/objects/a")
+            .header("x-fencing-token", token.to_string())
+            .body(Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let route = Arc::new(test_route("objects", "/objects/"));
+        let routed = Routed { route, request, fenced: true, destination: None, slot_taken: None };
+        let status = match HeadChecksLayer::new(store).layer(below).oneshot(routed).await {
+            Ok(response) => response.status().as_u16(),
+            Err(rejection) => rejection.into_response().status().as_u16(),
+        };
+        (status, reached.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// A stale token is refused by the head checks (409, nothing below sees
+    /// it) and a current one passed on, whether the store has the mark at
+    /// hand (decided in `call`) or must read it (a boxed future).
+    #[tokio::test]
+    async fn a_stale_token_is_refused_from_the_head_whether_the_mark_is_at_hand_or_read() {
+        let hot = Arc::new(MemoryStore::default());
+        let cold = Arc::new(Cold::default());
+        hot.advance("/objects/a", 7).await.unwrap();
+        cold.advance("/objects/a", 7).await.unwrap();
+        assert_eq!(hot.peek("/objects/a"), Some(Some(7)));
+        assert_eq!(cold.peek("/objects/a"), None);
+        assert_eq!(put_through(hot.clone(), 6).await, (409, false));
+        assert_eq!(put_through(cold.clone(), 6).await, (409, false));
+        assert_eq!(put_through(hot, 7).await, (200, true));
+        assert_eq!(put_through(cold, 8).await, (200, true));
+    }
 
     /// A tokenless COPY from a route that allows missing tokens into one that
     /// does not is refused: the destination is written too.
