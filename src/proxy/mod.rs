@@ -331,3 +331,25 @@ async fn splice(client: OnUpgrade, upstream: OnUpgrade) {
         tracing::debug!(error = %e, "upgraded connection ended with an error");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An HTTP/1.1 connection's fenced requests share its flag, cleared for
+    /// each (a flag left set would make the next request's forward outlive
+    /// a client that left before anything was sent); HTTP/2 streams each
+    /// get one of their own.
+    #[test]
+    fn http1_requests_share_a_cleared_flag_and_http2_streams_get_their_own() {
+        let forward = Forward::new(SocketAddr::from(([127, 0, 0, 1], 1)));
+        let first = forward.slot_flag(http::Version::HTTP_11);
+        first.mark();
+        assert!(first.is_taken());
+        let second = forward.slot_flag(http::Version::HTTP_11);
+        assert!(!second.is_taken() && !first.is_taken(), "the connection's flag, cleared");
+        let stream = forward.slot_flag(http::Version::HTTP_2);
+        second.mark();
+        assert!(!stream.is_taken(), "a stream's flag is its own");
+    }
+}
