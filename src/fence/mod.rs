@@ -70,7 +70,7 @@ impl<B> Checked<B> {
     /// A refusal of this request, naming its key and token when it has them.
     pub fn rejection(&self, error: ProxyError) -> Rejection {
         match &self.fence {
-            Some(fence) => Rejection::new(error, Some(fence.key.clone()), Some(fence.token)),
+            Some(fence) => fence.rejection(error, &fence.key),
             None => Rejection::from(error),
         }
     }
