@@ -112,12 +112,14 @@ fn contended(store: &Arc<MemoryStore>, threads: u64, iters: u64) -> Duration {
 fn gate_turn(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
     let gate = Arc::new(KeyGate::default());
+    // A request's key, made once (by the head checks) and shared by its turn.
+    let (key, shared): (Arc<str>, Arc<str>) = ("/objects/a".into(), "/objects/shared".into());
     let mut g = c.benchmark_group("key_gate");
     g.throughput(Throughput::Elements(1));
     g.bench_function("acquire_release_uncontended", |b| {
         b.iter(|| {
             rt.block_on(async {
-                let mut turn = gate.acquire(black_box("/objects/a"), 7, Ask::Share, Duration::from_secs(1)).await;
+                let mut turn = gate.acquire(black_box(&key), 7, Ask::Share, Duration::from_secs(1)).await;
                 if let Ok(turn) = &mut turn {
                     turn.share();
                 }
@@ -126,13 +128,11 @@ fn gate_turn(c: &mut Criterion) {
         })
     });
     // The holder's writes sharing a key held by another of them: no wait, no decision.
-    let mut holder = rt.block_on(gate.acquire("/objects/shared", 7, Ask::Share, Duration::from_secs(1))).unwrap();
+    let mut holder = rt.block_on(gate.acquire(&shared, 7, Ask::Share, Duration::from_secs(1))).unwrap();
     holder.share();
     g.bench_function("acquire_release_shared", |b| {
         b.iter(|| {
-            rt.block_on(async {
-                drop(gate.acquire(black_box("/objects/shared"), 7, Ask::Share, Duration::from_secs(1)).await)
-            })
+            rt.block_on(async { drop(gate.acquire(black_box(&shared), 7, Ask::Share, Duration::from_secs(1)).await) })
         })
     });
     drop(holder);

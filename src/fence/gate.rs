@@ -34,41 +34,6 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-/// A key as [`KeyGate::acquire`] takes it: a request's key, shared with
-/// the turns it opens, so a key without turns yet is not copied again; or
-/// plain text, copied when it opens.
-pub trait GateKey {
-    fn text(&self) -> &str;
-    fn shared(&self) -> Arc<str>;
-}
-
-impl GateKey for &Arc<str> {
-    fn text(&self) -> &str {
-        self
-    }
-    fn shared(&self) -> Arc<str> {
-        Arc::clone(self)
-    }
-}
-
-impl GateKey for &str {
-    fn text(&self) -> &str {
-        self
-    }
-    fn shared(&self) -> Arc<str> {
-        Arc::from(*self)
-    }
-}
-
-impl GateKey for &String {
-    fn text(&self) -> &str {
-        self
-    }
-    fn shared(&self) -> Arc<str> {
-        Arc::from(self.as_str())
-    }
-}
-
 /// The per-key turns. Cheap to share: clone the `Arc`.
 #[derive(Debug, Default)]
 pub struct KeyGate {
@@ -244,16 +209,16 @@ impl KeyGate {
     /// queue as if this caller never came.
     pub async fn acquire(
         self: &Arc<Self>,
-        key: impl GateKey,
+        key: &Arc<str>,
         token: u64,
         ask: Ask,
         timeout: Duration,
     ) -> Result<Turn, NoTurn> {
-        let key_text = key.text();
         let (id, woken) = {
-            let mut turns = match self.keys.get_mut(key_text) {
+            // A key without turns yet shares the request's key, not a copy.
+            let mut turns = match self.keys.get_mut(&**key) {
                 Some(turns) => turns,
-                None => self.keys.entry(key.shared()).or_default(),
+                None => self.keys.entry(key.clone()).or_default(),
             };
             if let Some(held) = turns.arrive(token, ask)? {
                 return Ok(Turn { gate: self.clone(), key: turns.key().clone(), token, held });
@@ -263,7 +228,7 @@ impl KeyGate {
             turns.queue.push_back(Waiter { id, token, ask, wake });
             (id, woken)
         };
-        let mut queued = Queued { gate: self, key: key_text, id, waiting: true };
+        let mut queued = Queued { gate: self, key, id, waiting: true };
         let _waiting = WaitingGuard::new(&self.waiting);
         match tokio::time::timeout(timeout, woken).await {
             Ok(Ok(turn)) => {
@@ -364,14 +329,17 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn one_turn_per_key_and_keys_are_independent() {
         let gate = Arc::new(KeyGate::default());
-        let a = gate.acquire("a", 1, Ask::Alone, LONG).await.unwrap();
+        let a = gate.acquire(&"a".into(), 1, Ask::Alone, LONG).await.unwrap();
         // Another key is not held up by "a".
-        let b = gate.acquire("b", 1, Ask::Alone, LONG).await.unwrap();
+        let b = gate.acquire(&"b".into(), 1, Ask::Alone, LONG).await.unwrap();
         // A second turn for "a" waits until the first is dropped.
-        assert_eq!(gate.acquire("a", 1, Ask::Alone, Duration::from_millis(50)).await.unwrap_err(), NoTurn::Timeout);
+        assert_eq!(
+            gate.acquire(&"a".into(), 1, Ask::Alone, Duration::from_millis(50)).await.unwrap_err(),
+            NoTurn::Timeout
+        );
         let waiter = tokio::spawn({
             let gate = gate.clone();
-            async move { gate.acquire("a", 1, Ask::Alone, LONG).await.map(|_| ()) }
+            async move { gate.acquire(&"a".into(), 1, Ask::Alone, LONG).await.map(|_| ()) }
         });
         tokio::task::yield_now().await;
         assert_eq!(gate.waiting(), 1);
@@ -403,13 +371,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn waiters_get_the_turn_in_arrival_order() {
         let gate = Arc::new(KeyGate::default());
-        let first = gate.acquire("k", 1, Ask::Alone, LONG).await.unwrap();
+        let first = gate.acquire(&"k".into(), 1, Ask::Alone, LONG).await.unwrap();
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for i in 0..5 {
             let (gate, order) = (gate.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let _turn = gate.acquire("k", 1, Ask::Alone, LONG).await.unwrap();
+                let _turn = gate.acquire(&"k".into(), 1, Ask::Alone, LONG).await.unwrap();
                 order.lock().unwrap().push(i);
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }));
@@ -429,15 +397,15 @@ mod tests {
         let gate = Arc::new(KeyGate::default());
         // A million keys written once leave no queue behind.
         for i in 0..1_000_000 {
-            let turn = gate.acquire(&format!("key-{i}"), 1, Ask::Alone, LONG).await.unwrap();
+            let turn = gate.acquire(&format!("key-{i}").into(), 1, Ask::Alone, LONG).await.unwrap();
             drop(turn);
         }
         // Timed-out and cancelled waiters clean up too.
-        let held = gate.acquire("held", 1, Ask::Alone, LONG).await.unwrap();
-        assert!(gate.acquire("held", 1, Ask::Alone, Duration::from_millis(1)).await.is_err());
+        let held = gate.acquire(&"held".into(), 1, Ask::Alone, LONG).await.unwrap();
+        assert!(gate.acquire(&"held".into(), 1, Ask::Alone, Duration::from_millis(1)).await.is_err());
         let cancelled = tokio::spawn({
             let gate = gate.clone();
-            async move { gate.acquire("held", 1, Ask::Alone, LONG).await.map(|_| ()) }
+            async move { gate.acquire(&"held".into(), 1, Ask::Alone, LONG).await.map(|_| ()) }
         });
         tokio::task::yield_now().await;
         cancelled.abort();
@@ -458,7 +426,7 @@ mod tests {
         let (release, released) = tokio::sync::oneshot::channel::<()>();
         let gate = gate.clone();
         let task = tokio::spawn(async move {
-            let mut turn = gate.acquire(key, token, ask, LONG).await?;
+            let mut turn = gate.acquire(&key.into(), token, ask, LONG).await?;
             turn.share();
             let _ = released.await;
             Ok(())
@@ -476,7 +444,7 @@ mod tests {
     async fn the_holders_writes_share_the_key_once_its_mark_is_settled() {
         let gate = Arc::new(KeyGate::default());
         // The first request holds the key alone until it has raised the mark.
-        let mut first = gate.acquire("k", 5, Ask::Share, LONG).await.unwrap();
+        let mut first = gate.acquire(&"k".into(), 5, Ask::Share, LONG).await.unwrap();
         let (second, release_second) = waiter(&gate, "k", 5, Ask::Share);
         settle().await;
         assert!(!second.is_finished());
@@ -486,9 +454,9 @@ mod tests {
         first.share();
         settle().await;
         assert_eq!(gate.waiting(), 0);
-        let third = gate.acquire("k", 5, Ask::Share, Duration::ZERO).await.unwrap();
+        let third = gate.acquire(&"k".into(), 5, Ask::Share, Duration::ZERO).await.unwrap();
         // Below the mark: refused at once, not queued.
-        assert_eq!(gate.acquire("k", 4, Ask::Share, LONG).await.unwrap_err(), NoTurn::Stale { current: 5 });
+        assert_eq!(gate.acquire(&"k".into(), 4, Ask::Share, LONG).await.unwrap_err(), NoTurn::Stale { current: 5 });
         drop((first, third));
         release_second.send(()).unwrap();
         assert_eq!(second.await.unwrap(), Ok(()));
@@ -498,15 +466,18 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_higher_token_waits_for_every_holder_and_is_not_starved() {
         let gate = Arc::new(KeyGate::default());
-        let mut first = gate.acquire("k", 5, Ask::Share, LONG).await.unwrap();
+        let mut first = gate.acquire(&"k".into(), 5, Ask::Share, LONG).await.unwrap();
         first.share();
-        let second = gate.acquire("k", 5, Ask::Share, LONG).await.unwrap();
+        let second = gate.acquire(&"k".into(), 5, Ask::Share, LONG).await.unwrap();
         // The new holder waits for both.
         let (raise, release_raise) = waiter(&gate, "k", 6, Ask::Share);
         settle().await;
         assert!(!raise.is_finished());
         // The old holder's writes that come now would be stale by their turn.
-        assert_eq!(gate.acquire("k", 5, Ask::Share, LONG).await.unwrap_err(), NoTurn::Superseded { waiting: 6 });
+        assert_eq!(
+            gate.acquire(&"k".into(), 5, Ask::Share, LONG).await.unwrap_err(),
+            NoTurn::Superseded { waiting: 6 }
+        );
         // The new holder's other writes queue behind it and share after it.
         let (with_raise, release_with_raise) = waiter(&gate, "k", 6, Ask::Share);
         drop(first);
@@ -535,23 +506,35 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn requests_that_ask_to_be_alone_never_share() {
         let gate = Arc::new(KeyGate::default());
-        let mut first = gate.acquire("k", 5, Ask::Alone, LONG).await.unwrap();
+        let mut first = gate.acquire(&"k".into(), 5, Ask::Alone, LONG).await.unwrap();
         // `share` does nothing for a turn held alone.
         first.share();
-        assert_eq!(gate.acquire("k", 5, Ask::Share, Duration::from_millis(10)).await.unwrap_err(), NoTurn::Timeout);
-        assert_eq!(gate.acquire("k", 5, Ask::Alone, Duration::from_millis(10)).await.unwrap_err(), NoTurn::Timeout);
+        assert_eq!(
+            gate.acquire(&"k".into(), 5, Ask::Share, Duration::from_millis(10)).await.unwrap_err(),
+            NoTurn::Timeout
+        );
+        assert_eq!(
+            gate.acquire(&"k".into(), 5, Ask::Alone, Duration::from_millis(10)).await.unwrap_err(),
+            NoTurn::Timeout
+        );
         drop(first);
         // And one waiting to be alone is not joined by sharers.
-        let mut sharing = gate.acquire("k", 5, Ask::Share, LONG).await.unwrap();
+        let mut sharing = gate.acquire(&"k".into(), 5, Ask::Share, LONG).await.unwrap();
         sharing.share();
         let (alone, release_alone) = waiter(&gate, "k", 5, Ask::Alone);
         settle().await;
         assert!(!alone.is_finished());
-        assert_eq!(gate.acquire("k", 5, Ask::Share, Duration::from_millis(10)).await.unwrap_err(), NoTurn::Timeout);
+        assert_eq!(
+            gate.acquire(&"k".into(), 5, Ask::Share, Duration::from_millis(10)).await.unwrap_err(),
+            NoTurn::Timeout
+        );
         drop(sharing);
         settle().await;
         assert_eq!(gate.waiting(), 0);
-        assert_eq!(gate.acquire("k", 5, Ask::Share, Duration::from_millis(10)).await.unwrap_err(), NoTurn::Timeout);
+        assert_eq!(
+            gate.acquire(&"k".into(), 5, Ask::Share, Duration::from_millis(10)).await.unwrap_err(),
+            NoTurn::Timeout
+        );
         release_alone.send(()).unwrap();
         assert_eq!(alone.await.unwrap(), Ok(()));
         assert_eq!(gate.active_keys(), 0);
@@ -562,11 +545,11 @@ mod tests {
         let gate = Arc::new(KeyGate::default());
         let arrive = |token| {
             let gate = gate.clone();
-            tokio::spawn(async move { gate.acquire("k", token, Ask::Share, LONG).await })
+            tokio::spawn(async move { gate.acquire(&"k".into(), token, Ask::Share, LONG).await })
         };
         // The first to arrive decides; its check refuses it (the fence API
         // raised the mark meanwhile): it drops its turn without sharing.
-        let deciding = gate.acquire("k", 5, Ask::Share, LONG).await.unwrap();
+        let deciding = gate.acquire(&"k".into(), 5, Ask::Share, LONG).await.unwrap();
         let (second, third) = (arrive(5), arrive(5));
         settle().await;
         assert_eq!(gate.waiting(), 2);
@@ -589,18 +572,21 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_waiter_that_gives_up_lets_the_key_go_on() {
         let gate = Arc::new(KeyGate::default());
-        let mut holder = gate.acquire("k", 5, Ask::Share, LONG).await.unwrap();
+        let mut holder = gate.acquire(&"k".into(), 5, Ask::Share, LONG).await.unwrap();
         holder.share();
         // A higher token gives up waiting; the holder's writes share again.
-        assert_eq!(gate.acquire("k", 6, Ask::Share, Duration::from_millis(10)).await.unwrap_err(), NoTurn::Timeout);
-        let joined = gate.acquire("k", 5, Ask::Share, Duration::ZERO).await.unwrap();
+        assert_eq!(
+            gate.acquire(&"k".into(), 6, Ask::Share, Duration::from_millis(10)).await.unwrap_err(),
+            NoTurn::Timeout
+        );
+        let joined = gate.acquire(&"k".into(), 5, Ask::Share, Duration::ZERO).await.unwrap();
         // A waiter cancelled while it waits leaves the queue too.
         let (raise, _release) = waiter(&gate, "k", 6, Ask::Share);
         settle().await;
         raise.abort();
         let _ = raise.await;
         assert_eq!(gate.waiting(), 0);
-        let again = gate.acquire("k", 5, Ask::Share, Duration::ZERO).await.unwrap();
+        let again = gate.acquire(&"k".into(), 5, Ask::Share, Duration::ZERO).await.unwrap();
         drop((holder, joined, again));
         assert_eq!(gate.active_keys(), 0);
     }

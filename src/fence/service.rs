@@ -126,7 +126,7 @@ where
     for (k, r) in keys {
         let ask = if keys.len() > 1 || r.strict { Ask::Alone } else { Ask::Share };
         let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match gate.acquire(*k, token, ask, wait).await {
+        match gate.acquire(k, token, ask, wait).await {
             Ok(turn) => turns.push(turn),
             Err(NoTurn::Timeout) => return Err(reject(ProxyError::QueueTimeout(route.queue_timeout), &key)),
             Err(NoTurn::Stale { current }) => return Err(reject(ProxyError::StaleToken { token, current }, k)),
@@ -448,7 +448,8 @@ mod tests {
             take_turn_and_forward(timing_out, Arc::new((store, gate.clone())), checked, None).await.unwrap_err();
         assert_eq!(refused.settle, Some(Duration::from_secs(2)));
         let started = tokio::time::Instant::now();
-        let b = |wait| gate.acquire("/objects/b", 5, Ask::Alone, wait);
+        let b_key: Arc<str> = "/objects/b".into();
+        let b = |wait| gate.acquire(&b_key, 5, Ask::Alone, wait);
         assert!(b(Duration::from_millis(1500)).await.is_err(), "the key settled too soon");
         assert!(b(Duration::from_secs(1)).await.is_ok());
         assert_eq!(started.elapsed(), Duration::from_secs(2), "paused time: the settle period exactly");
