@@ -66,17 +66,26 @@ where
 
     fn call(&mut self, req: Checked<B>) -> Self::Future {
         let inner = self.inner.clone();
-        // Only a fenced forward must run to its end (future.rs).
-        let taken = req.fence.is_some().then(|| inner.slot_flag(req.routed.request.version()));
-        ResponseFuture::new(taken.clone(), take_turn_and_forward(inner, self.shared.clone(), req, taken))
+        let Checked { routed, fence } = req;
+        // Only a fenced forward must run to its end (future.rs). The two are
+        // futures of their own: the larger one would size the other's box.
+        let Some(fence) = fence else {
+            return ResponseFuture::new(None, forward_unfenced(inner, routed));
+        };
+        let taken = inner.slot_flag(routed.request.version());
+        ResponseFuture::new(
+            Some(taken.clone()),
+            take_turn_and_forward(inner, self.shared.clone(), routed, fence, taken),
+        )
     }
 }
 
 async fn take_turn_and_forward<S, St, B>(
     inner: S,
     shared: Arc<(Arc<St>, Arc<KeyGate>)>,
-    checked: Checked<B>,
-    taken: Option<SlotTaken>,
+    mut routed: Routed<B>,
+    fence: Fence,
+    taken: SlotTaken,
 ) -> Result<Response<ProxyBody>, Rejection>
 where
     S: Upstream<B>,
@@ -84,12 +93,6 @@ where
     B: Send + 'static,
 {
     let (store, gate) = (&*shared.0, &shared.1);
-    let Checked { mut routed, fence } = checked;
-    let Some(fence) = fence else {
-        return forward_unfenced(inner, routed).await;
-    };
-    // Given by `call` for every fenced request.
-    let taken = taken.unwrap_or_default();
     let route = routed.route.clone();
     let Fence { token, key, destination } = fence;
     let reject = |e: ProxyError, key: &Arc<str>| Rejection::new(e, Some(key.clone()), Some(token));
@@ -358,9 +361,7 @@ mod tests {
         let request = req.body(Empty::<Bytes>::new()).unwrap();
         let req = Routed { route, request, fenced: true, destination: None, slot_taken: None };
         let decided = match super::super::head::check(&*store, req).await {
-            Ok(checked) => {
-                take_turn_and_forward(inner, Arc::new((store, Arc::new(KeyGate::default()))), checked, None).await
-            }
+            Ok(checked) => Fencing::new(inner, store, Arc::new(KeyGate::default())).call(checked).await,
             Err(rejection) => Err(rejection),
         };
         let status = match decided {
@@ -444,8 +445,7 @@ mod tests {
         });
         let gate = Arc::new(KeyGate::default());
         let store = Arc::new(WitnessStore::default());
-        let refused =
-            take_turn_and_forward(timing_out, Arc::new((store, gate.clone())), checked, None).await.unwrap_err();
+        let refused = Fencing::new(timing_out, store, gate.clone()).call(checked).await.unwrap_err();
         assert_eq!(refused.settle, Some(Duration::from_secs(2)));
         let started = tokio::time::Instant::now();
         let b_key: Arc<str> = "/objects/b".into();

@@ -231,8 +231,69 @@ where
     }
 }
 
-async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Response<ProxyBody>, ProxyError> {
-    let Routed { route, request: req, fenced, destination, slot_taken } = req;
+/// Sends a routed request to its route's upstream. The head is rewritten
+/// before the first await, so the future keeps only what it still needs (it
+/// rides in every fenced request's box, and every move of it copies it all).
+fn forward(
+    connection: Forward,
+    req: Routed<RequestBody>,
+) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send {
+    let slot_taken = req.slot_taken.clone();
+    let route = req.route.clone();
+    let prepared = prepare(&connection, req);
+    async move {
+        let (request, upgrade) = prepared?;
+        // A way to the upstream first, outside the timeout: at the route's cap
+        // the wait for a slot is bounded by `queue_timeout` and ends, if no slot
+        // frees, in a refusal with nothing sent, never in an unknown outcome.
+        let upstreams = &connection.0.upstreams;
+        let (authority, slots) = (&route.upstream.authority, &route.upstream_slots);
+        let checkout = upstreams.checkout(authority, slots, route.queue_timeout, upgrade.parking).await?;
+        if let Some(taken) = slot_taken {
+            taken.mark();
+        }
+        // The timeout covers connecting, retries and backoff included.
+        let mut response =
+            match tokio::time::timeout(route.timeout, upstreams.send(authority, slots, checkout, request)).await {
+                Ok(Ok(response)) => response,
+                Ok(Err(e)) => {
+                    // A streamed body that overran the route's limit (an unfenced one,
+                    // or a fenced one on a `stream_body` route): the client's fault,
+                    // but part of it reached the upstream, so a fenced write settles.
+                    if crate::body::overran_limit(&e) {
+                        return Err(ProxyError::BodyTooLarge { limit: route.max_body, partly_sent: true });
+                    }
+                    return Err(e.into());
+                }
+                Err(_) => return Err(ProxyError::UpstreamTimeout(route.timeout)),
+            };
+
+        let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if switching {
+            if let Some(client_upgrade) = upgrade.client {
+                let upstream_upgrade = hyper::upgrade::on(&mut response);
+                tokio::spawn(splice(client_upgrade, upstream_upgrade));
+            }
+        }
+        strip_hop_by_hop(response.headers_mut(), switching && upgrade.asked, |_| false);
+        Ok(response.map(ProxyBody::upstream))
+    }
+}
+
+/// What the forward keeps of the client's request besides the request itself.
+struct Upgrade {
+    /// The request asks to switch protocols, and may (it is not fenced).
+    asked: bool,
+    /// The client's side of the switch, when asked.
+    client: Option<OnUpgrade>,
+    /// Where the upstream connection comes from and goes back to.
+    parking: Parking,
+}
+
+/// The request as the upstream gets it: origin form, hop-by-hop headers
+/// removed, `X-Forwarded-*`, `Host` and `Destination` on the upstream's terms.
+fn prepare(connection: &Forward, req: Routed<RequestBody>) -> Result<(Request<RequestBody>, Upgrade), ProxyError> {
+    let Routed { route, request: req, fenced, destination, slot_taken: _ } = req;
     let (mut parts, body) = req.into_parts();
     // HTTP/1.1 clients share their worker's upstream connections; an HTTP/2
     // client's streams stay on its own (upstream.rs says why).
@@ -240,8 +301,8 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
 
     // Only requests the fence does not cover may switch protocols: a fenced
     // write must end with its response head, or the key's turn would never pass on.
-    let upgrade = wants_upgrade(&parts.headers) && !fenced;
-    let client_upgrade = if upgrade { parts.extensions.remove::<OnUpgrade>() } else { None };
+    let asked = wants_upgrade(&parts.headers) && !fenced;
+    let client = if asked { parts.extensions.remove::<OnUpgrade>() } else { None };
 
     // The host the client asked for, made canonical by routing (no copy).
     let original_host = parts.headers.get(HOST).cloned();
@@ -252,7 +313,7 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
     // What the fence read must reach the upstream as it was read: a
     // `Connection` that names the token or a header the key is made from
     // would otherwise forward the write under another key than the one fenced.
-    strip_hop_by_hop(&mut parts.headers, upgrade, |name| {
+    strip_hop_by_hop(&mut parts.headers, asked, |name| {
         route.reads_header(name) || destination.as_ref().is_some_and(|d| d.route.reads_header(name))
     });
     add_forwarded(&mut parts.headers, &connection.0.client, original_host.clone());
@@ -280,40 +341,7 @@ async fn forward(connection: Forward, req: Routed<RequestBody>) -> Result<Respon
     *request.method_mut() = parts.method;
     *request.uri_mut() = parts.uri;
     *request.headers_mut() = parts.headers;
-    // A way to the upstream first, outside the timeout: at the route's cap
-    // the wait for a slot is bounded by `queue_timeout` and ends, if no slot
-    // frees, in a refusal with nothing sent, never in an unknown outcome.
-    let authority = &route.upstream.authority;
-    let slots = &route.upstream_slots;
-    let checkout = connection.0.upstreams.checkout(authority, slots, route.queue_timeout, parking).await?;
-    if let Some(taken) = slot_taken {
-        taken.mark();
-    }
-    let send = connection.0.upstreams.send(authority, slots, checkout, request);
-    // The timeout covers connecting, retries and backoff included.
-    let mut response = match tokio::time::timeout(route.timeout, send).await {
-        Ok(Ok(response)) => response,
-        Ok(Err(e)) => {
-            // A streamed body that overran the route's limit (an unfenced one,
-            // or a fenced one on a `stream_body` route): the client's fault,
-            // but part of it reached the upstream, so a fenced write settles.
-            if crate::body::overran_limit(&e) {
-                return Err(ProxyError::BodyTooLarge { limit: route.max_body, partly_sent: true });
-            }
-            return Err(e.into());
-        }
-        Err(_) => return Err(ProxyError::UpstreamTimeout(route.timeout)),
-    };
-
-    let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-    if switching {
-        if let Some(client_upgrade) = client_upgrade {
-            let upstream_upgrade = hyper::upgrade::on(&mut response);
-            tokio::spawn(splice(client_upgrade, upstream_upgrade));
-        }
-    }
-    strip_hop_by_hop(response.headers_mut(), switching && upgrade, |_| false);
-    Ok(response.map(ProxyBody::upstream))
+    Ok((request, Upgrade { asked, client, parking }))
 }
 
 /// Copies bytes both ways between an upgraded client and upstream connection.

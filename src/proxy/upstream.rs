@@ -42,10 +42,10 @@
 //!   fenced or not.
 
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::task::Poll;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use http::uri::Authority;
@@ -259,6 +259,77 @@ enum Way {
     Slot(Slot),
 }
 
+type RareSend<'a> = Pin<Box<dyn Future<Output = Result<Response<Incoming>, UpstreamError>> + Send + 'a>>;
+
+/// Where a request goes and its connection is parked after.
+#[derive(Clone, Copy)]
+struct Destined<'a> {
+    upstreams: &'a Upstreams,
+    authority: &'a Authority,
+    slots: &'a UpstreamSlots,
+    parking: Parking,
+}
+
+pin_project_lite::pin_project! {
+    /// [`Upstreams::send`]'s future.
+    #[project = SendingProj]
+    enum Sending<'a, F> {
+        /// On a kept connection, which is parked again when the head comes.
+        Kept { #[pin] exchange: F, kept: Option<(Arc<Parked>, Sender)>, to: Destined<'a> },
+        /// On a new connection.
+        Rare { future: RareSend<'a> },
+    }
+}
+
+impl<'a, F> Future for Sending<'a, F>
+where
+    F: Future<Output = Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<RequestBody>>>>,
+{
+    type Output = Result<Response<Incoming>, UpstreamError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let (unsent, to) = match self.as_mut().project() {
+            SendingProj::Rare { future } => return future.as_mut().poll(cx),
+            SendingProj::Kept { exchange, kept, to } => match ready!(exchange.poll(cx)) {
+                Ok(response) => {
+                    let (parked, sender) = kept.take().expect("a kept connection's exchange polled after it was done");
+                    to.upstreams.put_back(to.authority, parked, sender, to.parking);
+                    return Poll::Ready(Ok(response));
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) => {
+                        tracing::debug!(error = %e.error(), "kept upstream connection was closed; reconnecting");
+                        kept.take();
+                        (unsent, *to)
+                    }
+                    None => return Poll::Ready(Err(UpstreamError::exchange(e.into_error()))),
+                },
+            },
+        };
+        // Handed back before a byte was written: the upstream had closed the
+        // idle connection. Safe to send on a fresh one, if a slot is free
+        // now: this request holds a key's turn and its timeout is running,
+        // so it does not wait.
+        let Destined { upstreams, authority, slots, parking } = to;
+        let future = Box::pin(async move {
+            tokio::task::yield_now().await;
+            let slot = upstreams.slot(slots, Instant::now(), parking).await?;
+            upstreams.send_on_new(authority, slot, unsent, parking).await
+        });
+        self.set(Sending::Rare { future });
+        self.poll_rare(cx)
+    }
+}
+
+impl<F> Sending<'_, F> {
+    fn poll_rare(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Response<Incoming>, UpstreamError>> {
+        match self.project() {
+            SendingProj::Rare { future } => future.as_mut().poll(cx),
+            SendingProj::Kept { .. } => unreachable!("set to the rare path just before"),
+        }
+    }
+}
+
 /// The client connection's idle upstream connections, and its share of each
 /// route's slots.
 #[derive(Clone, Default)]
@@ -339,40 +410,25 @@ impl Upstreams {
         share
     }
 
-    /// Sends `req` to `authority` the way `checkout` gives.
-    pub async fn send(
-        &self,
-        authority: &Authority,
-        slots: &UpstreamSlots,
+    /// Sends `req` to `authority` the way `checkout` gives. The exchange on a
+    /// kept connection is polled in place; a new connection, and sending again
+    /// a request a kept connection handed back unsent, are the rare paths,
+    /// boxed: inline, the connect and the handshake would make every request's
+    /// future several times larger (and every move of it longer).
+    pub fn send<'a>(
+        &'a self,
+        authority: &'a Authority,
+        slots: &'a UpstreamSlots,
         checkout: Checkout,
         req: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> impl Future<Output = Result<Response<Incoming>, UpstreamError>> + Send + 'a {
         let Checkout(way, parking) = checkout;
-        let (parked, mut sender) = match way {
-            Way::Slot(slot) => return Box::pin(self.send_on_new(authority, slot, req, parking)).await,
-            Way::Kept(parked, sender) => (parked, sender),
-        };
-        match sender.try_send_request(req).await {
-            Ok(response) => {
-                self.put_back(authority, parked, sender, parking);
-                Ok(response)
-            }
-            Err(mut e) => match e.take_message() {
-                // Handed back before a byte was written: the upstream had
-                // closed the idle connection. Safe to send on a fresh one,
-                // if a slot is free now: this request holds a key's turn
-                // and its timeout is running, so it does not wait.
-                Some(unsent) => {
-                    tracing::debug!(error = %e.error(), "kept upstream connection was closed; reconnecting");
-                    drop(sender);
-                    Box::pin(async move {
-                        tokio::task::yield_now().await;
-                        let slot = self.slot(slots, Instant::now(), parking).await?;
-                        self.send_on_new(authority, slot, unsent, parking).await
-                    })
-                    .await
-                }
-                None => Err(UpstreamError::exchange(e.into_error())),
+        match way {
+            Way::Slot(slot) => Sending::Rare { future: Box::pin(self.send_on_new(authority, slot, req, parking)) },
+            Way::Kept(parked, mut sender) => Sending::Kept {
+                exchange: sender.try_send_request(req),
+                kept: Some((parked, sender)),
+                to: Destined { upstreams: self, authority, slots, parking },
             },
         }
     }
