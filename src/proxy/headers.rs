@@ -43,16 +43,13 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, keep: impl 
     if present == 0 && !keep_upgrade {
         return;
     }
-    // Headers that `Connection` names, other than the hop-by-hop ones (removed below).
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|name| !name.is_empty() && !hops.iter().any(|hop| hop.as_str().eq_ignore_ascii_case(name)))
-        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
-        .collect();
+    // Headers that `Connection` names, other than the hop-by-hop ones (removed
+    // below). Most name none: `keep-alive` or `close`, alone.
+    let only_hops = headers.get_all(header::CONNECTION).iter().all(|v| {
+        let v = v.as_bytes();
+        v.eq_ignore_ascii_case(b"keep-alive") || v.eq_ignore_ascii_case(b"close")
+    });
+    let named: Vec<HeaderName> = if only_hops { Vec::new() } else { connection_named(headers, &hops) };
     for name in named {
         if !keep(&name) {
             headers.remove(&name);
@@ -66,6 +63,19 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, keep: impl 
     if keep_upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
+}
+
+/// The names a `Connection` header lists, other than the hop-by-hop ones.
+fn connection_named(headers: &HeaderMap, hops: &[&'static HeaderName]) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|name| !name.is_empty() && !hops.iter().any(|hop| hop.as_str().eq_ignore_ascii_case(name)))
+        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
+        .collect()
 }
 
 /// Whether a request asks to switch protocols (e.g. a websocket handshake).
@@ -135,6 +145,22 @@ mod tests {
         let mut left: Vec<_> = h.keys().map(|k| k.as_str().to_string()).collect();
         left.sort();
         assert_eq!(left, ["content-type", "x-fencing-token"]);
+    }
+
+    /// The common `Connection` values name nothing else: only the
+    /// hop-by-hop headers go, whatever their case.
+    #[test]
+    fn keep_alive_or_close_alone_remove_only_the_hop_by_hop_headers() {
+        for value in ["keep-alive", "Keep-Alive", "close", "CLOSE"] {
+            let mut h = map(&[("connection", value), ("keep-alive", "timeout=5"), ("content-type", "text/plain")]);
+            strip_hop_by_hop(&mut h, false, |_| false);
+            let left: Vec<_> = h.keys().map(|k| k.as_str().to_string()).collect();
+            assert_eq!(left, ["content-type"], "Connection: {value}");
+        }
+        // Two lines, one of them naming a header: that one goes too.
+        let mut h = map(&[("connection", "close"), ("connection", "x-session"), ("x-session", "1"), ("te", "x")]);
+        strip_hop_by_hop(&mut h, false, |_| false);
+        assert!(h.is_empty(), "{h:?}");
     }
 
     #[test]

@@ -127,8 +127,9 @@ fn find_route(routes: &RouteTable, raw: &str) -> Result<(usize, Arc<Route>, Opti
     let own = route.path_options;
     // The route's own rules, where they differ from routing's: it refuses
     // escaped slashes (the default), or keeps repeated ones.
-    let refuses_escaped_slash =
-        own.escaped_slashes == EscapedSlashes::Reject && (path.contains("%2F") || path.contains("%5C"));
+    let refuses_escaped_slash = own.escaped_slashes == EscapedSlashes::Reject
+        && path.contains('%')
+        && (path.contains("%2F") || path.contains("%5C"));
     if !refuses_escaped_slash && own.merge_slashes {
         let changed = (path != raw).then(|| path.into_owned());
         return Ok((index, route, changed));
