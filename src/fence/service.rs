@@ -4,6 +4,7 @@
 //! passing the turns on when the upstream answers, or after the settle period
 //! when the outcome is unknown.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -80,132 +81,139 @@ where
     }
 }
 
-async fn take_turn_and_forward<S, St, B>(
+/// A fenced request's way through: its keys' turns, its marks raised, its
+/// forward run to its end. (An `async` block, not an `async fn`: a function's
+/// future would keep its arguments twice, as given and as moved into locals.)
+fn take_turn_and_forward<S, St, B>(
     inner: S,
     shared: Arc<(Arc<St>, Arc<KeyGate>)>,
     mut routed: Routed<B>,
     fence: Fence,
     taken: SlotTaken,
-) -> Result<Response<ProxyBody>, Rejection>
+) -> impl Future<Output = Result<Response<ProxyBody>, Rejection>> + Send
 where
     S: Upstream<B>,
     St: FenceStore,
     B: Send + 'static,
 {
-    let (store, gate) = (&*shared.0, &shared.1);
-    let route = routed.route.clone();
-    let Fence { token, key, destination } = fence;
-    let reject = |e: ProxyError, key: &Arc<str>| Rejection::new(e, Some(key.clone()), Some(token));
-    // Each key settles as long as its own route asks: a COPY into a route
-    // that settles for 2s holds that key 2s, whatever its source route says.
-    let settle = destination.as_ref().map_or(route.settle, |(_, to)| route.settle.max(to.settle));
+    async move {
+        let (store, gate) = (&*shared.0, &shared.1);
+        let route = routed.route.clone();
+        let Fence { token, key, destination } = fence;
+        let reject = |e: ProxyError, key: &Arc<str>| Rejection::new(e, Some(key.clone()), Some(token));
+        // Each key settles as long as its own route asks: a COPY into a route
+        // that settles for 2s holds that key 2s, whatever its source route says.
+        let settle = destination.as_ref().map_or(route.settle, |(_, to)| route.settle.max(to.settle));
 
-    // After a restart on a store a previous process wrote to, that process may
-    // have died with writes in flight: keys start closed for the settle period.
-    if !gate.wait_reopened(settle, route.queue_timeout).await {
-        return Err(reject(ProxyError::QueueTimeout(route.queue_timeout), &key));
-    }
-    // Every key the request writes, each with the route whose limits apply to
-    // it, turns taken in key order: two requests that write the same two keys
-    // (a COPY each way) then never hold one each and wait for the other.
-    let (one, mut two);
-    let keys: &[(&Arc<str>, &Route)] = match &destination {
-        Some((dest_key, dest_route)) if *dest_key != key => {
-            two = [(&key, &*route), (dest_key, &**dest_route)];
-            two.sort_by(|a, b| a.0.cmp(b.0));
-            &two
+        // After a restart on a store a previous process wrote to, that process may
+        // have died with writes in flight: keys start closed for the settle period.
+        if !gate.wait_reopened(settle, route.queue_timeout).await {
+            return Err(reject(ProxyError::QueueTimeout(route.queue_timeout), &key));
         }
-        _ => {
-            one = [(&key, &*route)];
-            &one
-        }
-    };
-    // One deadline for all of them: `queue_timeout` bounds the whole wait.
-    // A request that writes two keys, or a key of a strict route, holds its
-    // keys alone; any other shares its key with the requests carrying the
-    // key's mark (gate.rs).
-    let deadline = tokio::time::Instant::now() + route.queue_timeout;
-    let mut turns = Turns::default();
-    for (k, r) in keys {
-        let ask = if keys.len() > 1 || r.strict { Ask::Alone } else { Ask::Share };
-        let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match gate.acquire(k, token, ask, wait).await {
-            Ok(turn) => turns.push(turn),
-            Err(NoTurn::Timeout) => return Err(reject(ProxyError::QueueTimeout(route.queue_timeout), &key)),
-            Err(NoTurn::Stale { current }) => return Err(reject(ProxyError::StaleToken { token, current }, k)),
-            Err(NoTurn::Superseded { waiting }) => return Err(reject(ProxyError::Superseded { token, waiting }, k)),
-        }
-    }
-    // The checks that count happen with the turns held: a newer token may have
-    // won while this request waited. Every mark is read first, so a request
-    // refused on one key raises none. The jump is measured against the mark
-    // as it is now; between this read and the advance only the fence API can
-    // move a mark (fenced requests for these keys wait for the turn), and
-    // raising it only makes the jump smaller.
-    // One key of a route without a jump limit or strictness: its advance
-    // refuses exactly what the read would (a token below the mark), so the
-    // read is skipped.
-    let advance_decides = matches!(keys, [(_, r)] if r.max_token_jump.is_none() && !r.strict);
-    if !advance_decides {
-        for (k, r) in keys {
-            check_mark(store, r, k, token).await.map_err(|e| reject(e, k))?;
-        }
-    }
-    for (k, r) in keys {
-        match store.advance(k, token).await {
-            // A strict route takes one write per token, and the advance is
-            // where that is decided for good: the fence API may have raised
-            // the mark to this very token since it was read. An equal
-            // advance changed nothing.
-            Ok(Advance::Accepted { previous: Some(current) }) if r.strict && current == token => {
-                return Err(reject(ProxyError::StaleToken { token, current }, k))
+        // Every key the request writes, each with the route whose limits apply to
+        // it, turns taken in key order: two requests that write the same two keys
+        // (a COPY each way) then never hold one each and wait for the other.
+        let (one, mut two);
+        let keys: &[(&Arc<str>, &Route)] = match &destination {
+            Some((dest_key, dest_route)) if *dest_key != key => {
+                two = [(&key, &*route), (dest_key, &**dest_route)];
+                two.sort_by(|a, b| a.0.cmp(b.0));
+                &two
             }
-            Ok(Advance::Accepted { .. }) => {}
-            Ok(Advance::Stale { current }) => return Err(reject(ProxyError::StaleToken { token, current }, k)),
-            Err(e) => return Err(reject(e.into(), k)),
+            _ => {
+                one = [(&key, &*route)];
+                &one
+            }
+        };
+        // One deadline for all of them: `queue_timeout` bounds the whole wait.
+        // A request that writes two keys, or a key of a strict route, holds its
+        // keys alone; any other shares its key with the requests carrying the
+        // key's mark (gate.rs).
+        let deadline = tokio::time::Instant::now() + route.queue_timeout;
+        let mut turns = Turns::default();
+        for (k, r) in keys {
+            let ask = if keys.len() > 1 || r.strict { Ask::Alone } else { Ask::Share };
+            let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match gate.acquire(k, token, ask, wait).await {
+                Ok(turn) => turns.push(turn),
+                Err(NoTurn::Timeout) => return Err(reject(ProxyError::QueueTimeout(route.queue_timeout), &key)),
+                Err(NoTurn::Stale { current }) => return Err(reject(ProxyError::StaleToken { token, current }, k)),
+                Err(NoTurn::Superseded { waiting }) => {
+                    return Err(reject(ProxyError::Superseded { token, waiting }, k))
+                }
+            }
         }
-    }
-    // Every mark is this token now: the key's other requests carrying it may
-    // go too (a no-op for turns held alone).
-    turns.share();
+        // The checks that count happen with the turns held: a newer token may have
+        // won while this request waited. Every mark is read first, so a request
+        // refused on one key raises none. The jump is measured against the mark
+        // as it is now; between this read and the advance only the fence API can
+        // move a mark (fenced requests for these keys wait for the turn), and
+        // raising it only makes the jump smaller.
+        // One key of a route without a jump limit or strictness: its advance
+        // refuses exactly what the read would (a token below the mark), so the
+        // read is skipped.
+        let advance_decides = matches!(keys, [(_, r)] if r.max_token_jump.is_none() && !r.strict);
+        if !advance_decides {
+            for (k, r) in keys {
+                check_mark(store, r, k, token).await.map_err(|e| reject(e, k))?;
+            }
+        }
+        for (k, r) in keys {
+            match store.advance(k, token).await {
+                // A strict route takes one write per token, and the advance is
+                // where that is decided for good: the fence API may have raised
+                // the mark to this very token since it was read. An equal
+                // advance changed nothing.
+                Ok(Advance::Accepted { previous: Some(current) }) if r.strict && current == token => {
+                    return Err(reject(ProxyError::StaleToken { token, current }, k))
+                }
+                Ok(Advance::Accepted { .. }) => {}
+                Ok(Advance::Stale { current }) => return Err(reject(ProxyError::StaleToken { token, current }, k)),
+                Err(e) => return Err(reject(e.into(), k)),
+            }
+        }
+        // Every mark is this token now: the key's other requests carrying it may
+        // go too (a no-op for turns held alone).
+        turns.share();
 
-    // The forward runs to its end whatever the client does: if the client
-    // goes away (its connection closes, its HTTP/2 stream is reset), this
-    // future moves to a task of its own (future.rs), still runs to its end
-    // at the upstream, and only then do the turns pass on. Were it dropped
-    // half-way, the next holder's write could land before this one. Until
-    // it has its way to the upstream nothing was sent: a forward whose client
-    // left by then is dropped, and its turns pass on at once.
-    routed.slot_taken = Some(taken.clone());
-    let settling = SettlingTurns { turns, settle, taken };
-    let result = inner.send(routed).await;
-    let turns = settling.disarm();
-    match &result {
-        // The upstream may still apply this write. Keep the keys closed for
-        // the settle period, so a newer write cannot land and then be
-        // overwritten by this one (the idea of Chubby's lock-delay).
-        Err(e) if e.is_ambiguous() && !settle.is_zero() => hold_for(turns, settle),
-        // The response head arrived, nothing reached the upstream, or
-        // settling is off: the next fenced request for these keys may go.
-        _ => drop(turns),
-    }
-    match result {
-        Ok(mut response) => {
-            let decision = Decision {
-                outcome: Outcome::Forwarded,
-                key: Some(key),
-                token: Some(token),
-                settled: false,
-                route: None,
-            };
-            decide(&mut response, decision);
-            Ok(response)
+        // The forward runs to its end whatever the client does: if the client
+        // goes away (its connection closes, its HTTP/2 stream is reset), this
+        // future moves to a task of its own (future.rs), still runs to its end
+        // at the upstream, and only then do the turns pass on. Were it dropped
+        // half-way, the next holder's write could land before this one. Until
+        // it has its way to the upstream nothing was sent: a forward whose client
+        // left by then is dropped, and its turns pass on at once.
+        routed.slot_taken = Some(taken.clone());
+        let settling = SettlingTurns { turns, settle, taken };
+        let result = inner.send(routed).await;
+        let turns = settling.disarm();
+        match &result {
+            // The upstream may still apply this write. Keep the keys closed for
+            // the settle period, so a newer write cannot land and then be
+            // overwritten by this one (the idea of Chubby's lock-delay).
+            Err(e) if e.is_ambiguous() && !settle.is_zero() => hold_for(turns, settle),
+            // The response head arrived, nothing reached the upstream, or
+            // settling is off: the next fenced request for these keys may go.
+            _ => drop(turns),
         }
-        Err(e) => {
-            let settled = e.is_ambiguous() && !settle.is_zero();
-            let mut rejection = reject(e, &key);
-            rejection.settle = settled.then_some(settle);
-            Err(rejection)
+        match result {
+            Ok(mut response) => {
+                let decision = Decision {
+                    outcome: Outcome::Forwarded,
+                    key: Some(key),
+                    token: Some(token),
+                    settled: false,
+                    route: None,
+                };
+                decide(&mut response, decision);
+                Ok(response)
+            }
+            Err(e) => {
+                let settled = e.is_ambiguous() && !settle.is_zero();
+                let mut rejection = reject(e, &key);
+                rejection.settle = settled.then_some(settle);
+                Err(rejection)
+            }
         }
     }
 }
