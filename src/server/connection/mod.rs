@@ -72,6 +72,7 @@ mod requests;
 mod resting;
 #[cfg(test)]
 mod testing;
+mod watch;
 
 use std::fmt::Display;
 use std::future::Future;
@@ -90,6 +91,7 @@ pub(crate) use io::ActivityIo;
 pub(crate) use requests::{ClientBody, TrackRequestsLayer};
 pub use resting::give_back_memory_with;
 pub(crate) use resting::{Protocols, ProxyConnection};
+use watch::WokenOnly;
 
 use super::guard::Admission;
 
@@ -163,7 +165,23 @@ where
     let mut closing: Option<Instant> = None;
     let mut ended = None;
     loop {
-        tokio::select! {
+        // What the connection's guards and shutdown say, looked at only when
+        // one of them woke the task (watch.rs): the connection wakes it
+        // several times a request.
+        let watchers = WokenOnly::new(async {
+            tokio::select! {
+                expiry = activity.expired(), if closing.is_none() => Watched::Expired(expiry),
+                // Refused again and again: whatever the connection is doing,
+                // nothing it sends is worth reading (see Activity::answered).
+                () = activity.refusing() => Watched::Refusing,
+                () = admission.closing(), if closing.is_none() => Watched::Closing,
+                // Shutdown always asks for a graceful close first, so only a
+                // closing connection needs to listen for the cut.
+                () = admission.cut(), if closing.is_some() => Watched::Cut,
+                () = activity.overstayed(closing.unwrap_or_else(Instant::now)), if closing.is_some() => Watched::Overstayed,
+            }
+        });
+        let watched = tokio::select! {
             // The connection first: it is what wakes this task on every request.
             biased;
             result = conn.as_mut() => {
@@ -175,35 +193,28 @@ where
                 }
                 break;
             }
-            expiry = activity.expired(), if closing.is_none() => match expiry {
-                Expiry::SlowHead => {
-                    debug!(%peer, "closing a connection whose request head did not arrive in time");
-                    break;
-                }
-                Expiry::Idle => {
-                    conn.as_mut().graceful_shutdown();
-                    closing = Some(Instant::now());
-                }
-                Expiry::Rest => conn.as_mut().rest(),
-            },
-            // Refused again and again: whatever the connection is doing,
-            // nothing it sends is worth reading (see Activity::answered).
-            () = activity.refusing() => {
+            watched = watchers => watched,
+        };
+        match watched {
+            Watched::Expired(Expiry::SlowHead) => {
+                debug!(%peer, "closing a connection whose request head did not arrive in time");
+                break;
+            }
+            Watched::Expired(Expiry::Idle) | Watched::Closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = Some(Instant::now());
+            }
+            Watched::Expired(Expiry::Rest) => conn.as_mut().rest(),
+            Watched::Refusing => {
                 debug!(%peer, "closing a connection whose requests keep being refused");
                 ended = Some(Ended::Abused);
                 break;
             }
-            () = admission.closing(), if closing.is_none() => {
-                conn.as_mut().graceful_shutdown();
-                closing = Some(Instant::now());
-            }
-            // Shutdown always asks for a graceful close first, so only a
-            // closing connection needs to listen for the cut.
-            () = admission.cut(), if closing.is_some() => {
+            Watched::Cut => {
                 debug!(%peer, "closing a connection still busy when the shutdown grace ran out");
                 break;
             }
-            () = activity.overstayed(closing.unwrap_or_else(Instant::now)), if closing.is_some() => {
+            Watched::Overstayed => {
                 debug!(%peer, "closing a connection whose client did not let it close gracefully");
                 break;
             }
@@ -214,6 +225,15 @@ where
     // (after an HTTP/2 flood, tens of MiB), as a rest's is.
     resting::give_back_soon();
     ended.unwrap_or(Ended::Closed { refusals: activity.refusal_run() })
+}
+
+/// What woke [`serve`] besides its connection.
+enum Watched {
+    Expired(Expiry),
+    Refusing,
+    Closing,
+    Cut,
+    Overstayed,
 }
 
 /// How a client connection ended, as far as its address's record cares.
