@@ -84,6 +84,7 @@ where
 /// A fenced request's way through: its keys' turns, its marks raised, its
 /// forward run to its end. (An `async` block, not an `async fn`: a function's
 /// future would keep its arguments twice, as given and as moved into locals.)
+#[allow(clippy::manual_async_fn)]
 fn take_turn_and_forward<S, St, B>(
     inner: S,
     shared: Arc<(Arc<St>, Arc<KeyGate>)>,
