@@ -59,6 +59,7 @@ use tokio::time::Instant;
 
 use super::error::{BoxError, UpstreamError};
 use crate::body::RequestBody;
+use crate::server::connection::WokenOnly;
 
 /// Connection attempts after the first.
 pub const MAX_RETRIES: u32 = 3;
@@ -602,6 +603,19 @@ async fn drive(conn: Connection, slot: Slot, parked: Weak<Parked>) {
                 None => std::future::pending().await,
             }
         });
+        // The timer and the two signals are looked at only when one of them
+        // woke the task, not on each of the connection's wakes (watch.rs).
+        let mut watchers = pin!(WokenOnly::new(std::future::poll_fn(|cx| {
+            if idle_check.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woken::IdleCheck);
+            }
+            let asked = route_asks.as_mut().poll(cx).is_ready() | share_asks.as_mut().poll(cx).is_ready();
+            if asked {
+                Poll::Ready(Woken::Asked)
+            } else {
+                Poll::Pending
+            }
+        })));
         let woken = std::future::poll_fn(|cx| {
             if let Poll::Ready(ended) = conn.as_mut().poll(cx) {
                 if let Err(e) = ended {
@@ -614,15 +628,7 @@ async fn drive(conn: Connection, slot: Slot, parked: Weak<Parked>) {
             if slot.wanted() && parked.upgrade().and_then(|p| p.take_if_idle()).is_some() {
                 return Poll::Ready(Woken::Shed);
             }
-            if idle_check.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Woken::IdleCheck);
-            }
-            let asked = route_asks.as_mut().poll(cx).is_ready() | share_asks.as_mut().poll(cx).is_ready();
-            if asked {
-                Poll::Ready(Woken::Asked)
-            } else {
-                Poll::Pending
-            }
+            watchers.as_mut().poll(cx)
         })
         .await;
         match woken {

@@ -91,7 +91,7 @@ pub(crate) use io::ActivityIo;
 pub(crate) use requests::{ClientBody, TrackRequestsLayer};
 pub use resting::give_back_memory_with;
 pub(crate) use resting::{Protocols, ProxyConnection};
-use watch::WokenOnly;
+pub(crate) use watch::WokenOnly;
 
 use super::guard::Admission;
 
