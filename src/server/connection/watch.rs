@@ -23,6 +23,8 @@ pin_project_lite::pin_project! {
         inner: F,
         flag: Arc<Flag>,
         waker: Waker,
+        // The task's waker last handed to `flag`, to compare without its lock.
+        task: Option<Waker>,
     }
 }
 
@@ -51,7 +53,7 @@ impl<F> WokenOnly<F> {
     pub(crate) fn new(inner: F) -> Self {
         let flag = Arc::new(Flag { woken: AtomicBool::new(true), task: Mutex::default() });
         let waker = Waker::from(flag.clone());
-        WokenOnly { inner, flag, waker }
+        WokenOnly { inner, flag, waker, task: None }
     }
 }
 
@@ -60,12 +62,10 @@ impl<F: Future> Future for WokenOnly<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        {
-            // Wakes go to the task polling now (a task's waker rarely changes).
-            let mut task = this.flag.task.lock().unwrap_or_else(PoisonError::into_inner);
-            if !task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
-                *task = Some(cx.waker().clone());
-            }
+        // Wakes go to the task polling now (a task's waker rarely changes).
+        if !this.task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
+            *this.task = Some(cx.waker().clone());
+            *this.flag.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(cx.waker().clone());
         }
         // Cleared before polling: a wake during the poll makes the next poll count.
         if !this.flag.woken.swap(false, Ordering::AcqRel) {
