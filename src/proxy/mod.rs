@@ -30,7 +30,8 @@ pub use upstream::{Parking, UpstreamSlots};
 use crate::body::RequestBody;
 use crate::error::ProxyError;
 use crate::outcome::{Decision, Outcome};
-use crate::routing::Routed;
+use crate::route::Route;
+use crate::routing::{Destination, Routed};
 
 pin_project_lite::pin_project! {
     /// The body of every response fencegate sends: streamed from the upstream,
@@ -238,9 +239,8 @@ fn forward(
     connection: Forward,
     req: Routed<RequestBody>,
 ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send {
-    let slot_taken = req.slot_taken.clone();
-    let route = req.route.clone();
-    let prepared = prepare(&connection, req);
+    let Routed { route, request, fenced, destination, slot_taken } = req;
+    let prepared = prepare(&connection, &route, request, fenced, destination);
     async move {
         let (request, upgrade) = prepared?;
         // A way to the upstream first, outside the timeout: at the route's cap
@@ -292,8 +292,13 @@ struct Upgrade {
 
 /// The request as the upstream gets it: origin form, hop-by-hop headers
 /// removed, `X-Forwarded-*`, `Host` and `Destination` on the upstream's terms.
-fn prepare(connection: &Forward, req: Routed<RequestBody>) -> Result<(Request<RequestBody>, Upgrade), ProxyError> {
-    let Routed { route, request: req, fenced, destination, slot_taken: _ } = req;
+fn prepare(
+    connection: &Forward,
+    route: &Route,
+    req: Request<RequestBody>,
+    fenced: bool,
+    destination: Option<Destination>,
+) -> Result<(Request<RequestBody>, Upgrade), ProxyError> {
     let (mut parts, body) = req.into_parts();
     // HTTP/1.1 clients share their worker's upstream connections; an HTTP/2
     // client's streams stay on its own (upstream.rs says why).
