@@ -44,11 +44,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, keep: impl 
         return;
     }
     // Headers that `Connection` names, other than the hop-by-hop ones (removed
-    // below). Most name none: `keep-alive` or `close`, alone.
-    let only_hops = headers.get_all(header::CONNECTION).iter().all(|v| {
-        let v = v.as_bytes();
-        v.eq_ignore_ascii_case(b"keep-alive") || v.eq_ignore_ascii_case(b"close")
-    });
+    // below). Most name none: a lone `keep-alive` (every kept-alive upstream
+    // answer has one). `close` is not one of them: a field named `Close`
+    // goes too.
+    let only_hops =
+        headers.get_all(header::CONNECTION).iter().all(|v| v.as_bytes().eq_ignore_ascii_case(b"keep-alive"));
     let named: Vec<HeaderName> = if only_hops { Vec::new() } else { connection_named(headers, &hops) };
     for name in named {
         if !keep(&name) {
@@ -147,15 +147,23 @@ mod tests {
         assert_eq!(left, ["content-type", "x-fencing-token"]);
     }
 
-    /// The common `Connection` values name nothing else: only the
-    /// hop-by-hop headers go, whatever their case.
+    /// The common `Connection` values: `keep-alive` names nothing else,
+    /// whatever its case; `close` names a field `Close`, which goes too.
     #[test]
-    fn keep_alive_or_close_alone_remove_only_the_hop_by_hop_headers() {
+    fn keep_alive_or_close_alone_remove_the_hop_by_hop_headers_and_what_they_name() {
         for value in ["keep-alive", "Keep-Alive", "close", "CLOSE"] {
-            let mut h = map(&[("connection", value), ("keep-alive", "timeout=5"), ("content-type", "text/plain")]);
+            let mut h = map(&[
+                ("connection", value),
+                ("keep-alive", "timeout=5"),
+                ("close", "named"),
+                ("content-type", "text/plain"),
+            ]);
             strip_hop_by_hop(&mut h, false, |_| false);
-            let left: Vec<_> = h.keys().map(|k| k.as_str().to_string()).collect();
-            assert_eq!(left, ["content-type"], "Connection: {value}");
+            let mut left: Vec<_> = h.keys().map(|k| k.as_str().to_string()).collect();
+            left.sort();
+            let expected: &[&str] =
+                if value.eq_ignore_ascii_case("close") { &["content-type"] } else { &["close", "content-type"] };
+            assert_eq!(left, expected, "Connection: {value}");
         }
         // Two lines, one of them naming a header: that one goes too.
         let mut h = map(&[("connection", "close"), ("connection", "x-session"), ("x-session", "1"), ("te", "x")]);
