@@ -170,6 +170,8 @@ where
         // several times a request.
         let watchers = WokenOnly::new(async {
             tokio::select! {
+                // In this order when several are ready at once, as before.
+                biased;
                 expiry = activity.expired(), if closing.is_none() => Watched::Expired(expiry),
                 // Refused again and again: whatever the connection is doing,
                 // nothing it sends is worth reading (see Activity::answered).
