@@ -312,22 +312,16 @@ where
         // now: this request holds a key's turn and its timeout is running,
         // so it does not wait.
         let Destined { upstreams, authority, slots, parking } = to;
-        let future = Box::pin(async move {
+        let mut future: RareSend<'a> = Box::pin(async move {
             tokio::task::yield_now().await;
             let slot = upstreams.slot(slots, Instant::now(), parking).await?;
             upstreams.send_on_new(authority, slot, unsent, parking).await
         });
-        self.set(Sending::Rare { future });
-        self.poll_rare(cx)
-    }
-}
-
-impl<F> Sending<'_, F> {
-    fn poll_rare(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Response<Incoming>, UpstreamError>> {
-        match self.project() {
-            SendingProj::Rare { future } => future.as_mut().poll(cx),
-            SendingProj::Kept { .. } => unreachable!("set to the rare path just before"),
+        let polled = future.as_mut().poll(cx);
+        if polled.is_pending() {
+            self.set(Sending::Rare { future });
         }
+        polled
     }
 }
 
