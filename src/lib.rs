@@ -58,6 +58,8 @@ mod routing;
 mod server;
 mod stack;
 pub mod telemetry;
+pub mod tls;
+mod watch;
 
 pub use config::Config;
 pub use server::{give_back_memory_with, run, Fencegate, StartError, MAX_BLOCKING_THREADS};

@@ -134,6 +134,14 @@ fn main() -> ExitCode {
         Some(Command::Sign { .. }) | None => {}
     }
     if cli.check {
+        // The TLS files are read as at start: a certificate that does not
+        // load fails the check.
+        if let Some(files) = &config.server.tls {
+            if let Err(e) = fencegate::tls::ServerTls::load(files) {
+                eprintln!("{}: {e}", cli.config.display());
+                return ExitCode::from(2);
+            }
+        }
         println!(
             "{}: OK ({} route{})",
             cli.config.display(),

@@ -46,6 +46,7 @@ pub struct Metrics {
     buffered_bytes: Gauge<i64, AtomicI64>,
     resting: Gauge<i64, AtomicI64>,
     held_back: HeldBack,
+    tls_handshake_failures: Counter,
 }
 
 /// `fencegate_abuse_total{what}`: connections closed for abuse (`strike`),
@@ -175,6 +176,13 @@ impl Metrics {
             "Idle HTTP/1.1 client connections resting: holding their socket and no buffers",
             resting.clone(),
         );
+        let tls_handshake_failures = Counter::default();
+        registry.register(
+            "fencegate_tls_handshake_failures",
+            "TLS client connections closed before serving: the handshake failed (no or a refused client \
+             certificate, no shared protocol version or cipher) or did not end within header_read_timeout",
+            tls_handshake_failures.clone(),
+        );
         registry.register(
             "fencegate_log_dropped",
             "Log lines dropped because the log writer's queue was full (stdout slower than the lines; process-wide)",
@@ -225,6 +233,7 @@ impl Metrics {
             buffered_bytes,
             resting,
             held_back,
+            tls_handshake_failures,
         }
     }
 
@@ -244,6 +253,11 @@ impl Metrics {
     /// `fencegate_abuse_total`, kept by the proxy listener.
     pub fn held_back(&self) -> HeldBack {
         self.held_back.clone()
+    }
+
+    /// One more `fencegate_tls_handshake_failures_total`.
+    pub fn tls_handshake_failed(&self) {
+        self.tls_handshake_failures.inc();
     }
 
     /// `fencegate_resting_connections`, kept by the connections themselves.

@@ -42,6 +42,16 @@ pub struct ServerSection {
     pub max_headers: Option<u64>,
     pub max_upstream_header_rate: Option<Size>,
     pub abuse_penalty: Option<String>,
+    pub tls: Option<TlsSection>,
+}
+
+/// `[server.tls]`: TLS for client connections.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    pub cert: Option<String>,
+    pub key: Option<String>,
+    pub client_ca: Option<String>,
 }
 
 /// `[admin]`: health, readiness, metrics.

@@ -54,6 +54,20 @@ pub struct ServerConfig {
     /// The longest an address whose connection was closed for abuse waits
     /// before its next connection is served; zero: never.
     pub abuse_penalty: Duration,
+    /// TLS for client connections; `None`: plain HTTP.
+    pub tls: Option<TlsFiles>,
+}
+
+/// `[server.tls]`: the PEM files TLS is served from, read at start and again
+/// whenever their directory changes (`crate::tls`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// The leaf's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// CAs that sign client certificates: set, every client must present one.
+    pub client_ca: Option<PathBuf>,
 }
 
 /// The admin listener.

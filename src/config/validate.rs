@@ -9,8 +9,8 @@
 use std::path::PathBuf;
 
 use super::defaults::*;
-use super::file::{AdminSection, FencesSection, FileConfig, LogSection, ServerSection};
-use super::model::{AdminConfig, Config, FencesConfig, LogConfig, LogFormat, ServerConfig, StoreKind};
+use super::file::{AdminSection, FencesSection, FileConfig, LogSection, ServerSection, TlsSection};
+use super::model::{AdminConfig, Config, FencesConfig, LogConfig, LogFormat, ServerConfig, StoreKind, TlsFiles};
 use super::problems::{ConfigProblem, Problems};
 use super::route::validate_route;
 use crate::route::Route;
@@ -125,7 +125,30 @@ fn server(s: &ServerSection, p: &mut Problems) -> ServerConfig {
             }
             d => d,
         },
+        tls: s.tls.as_ref().and_then(|t| tls(t, p)),
     }
+}
+
+/// `[server.tls]`: both files named, none empty. They are read when fencegate
+/// starts (and by `--check`), not here.
+fn tls(t: &TlsSection, p: &mut Problems) -> Option<TlsFiles> {
+    let mut path = |field: &str, value: &Option<String>, required: bool| match value.as_deref() {
+        Some("") => {
+            p.add(format!("server.tls.{field}"), "must not be empty");
+            None
+        }
+        Some(path) => Some(PathBuf::from(path)),
+        None => {
+            if required {
+                p.add(format!("server.tls.{field}"), "is required when [server.tls] is set (a PEM file)");
+            }
+            None
+        }
+    };
+    let cert = path("cert", &t.cert, true);
+    let key = path("key", &t.key, true);
+    let client_ca = path("client_ca", &t.client_ca, false);
+    Some(TlsFiles { cert: cert?, key: key?, client_ca })
 }
 
 /// `[server] max_connection_buffered_bytes`: at least the largest body a
@@ -354,6 +377,25 @@ mod tests {
             fields(&text),
             ["server.max_concurrent_streams", "server.max_headers", "server.max_upstream_header_rate"]
         );
+    }
+
+    #[test]
+    fn server_tls_names_both_files_and_a_missing_or_empty_one_names_its_field() {
+        assert_eq!(Config::from_toml_str(MINIMAL).unwrap().server.tls, None);
+        let set = |tls: &str| format!("[server.tls]\n{tls}\n{MINIMAL}");
+        let c = Config::from_toml_str(&set("cert = 'c.pem'\nkey = 'k.pem'\nclient_ca = 'ca.pem'")).unwrap();
+        assert_eq!(
+            c.server.tls,
+            Some(crate::config::TlsFiles {
+                cert: "c.pem".into(),
+                key: "k.pem".into(),
+                client_ca: Some("ca.pem".into())
+            })
+        );
+        assert_eq!(fields(&set("cert = 'c.pem'")), ["server.tls.key"]);
+        assert_eq!(fields(&set("key = 'k.pem'\nclient_ca = ''")), ["server.tls.cert", "server.tls.client_ca"]);
+        let typo = problems(&set("cert = 'c.pem'\nkey = 'k.pem'\nca = 'x'"))[0].message.clone();
+        assert!(typo.contains("unknown field `ca`"), "{typo}");
     }
 
     #[test]

@@ -111,7 +111,7 @@ pub fn add_forwarded(headers: &mut HeaderMap, client: &ClientAddr, original_host
             headers.insert(&X_FORWARDED_FOR, value);
         }
     }
-    headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    headers.insert(&X_FORWARDED_PROTO, client.proto.clone());
     if let Some(host) = original_host {
         headers.insert(&X_FORWARDED_HOST, host);
     }
@@ -201,6 +201,8 @@ mod tests {
         assert_eq!(h["x-forwarded-for"], "192.0.2.1, 192.0.2.9, 10.1.2.3");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "store.example");
+        add_forwarded(&mut h, &ClientAddr::new(client).over_tls(), None);
+        assert_eq!(h["x-forwarded-proto"], "https", "a client over TLS");
 
         // The first hop: just the client.
         let v6: SocketAddr = "[2001:db8::7]:443".parse().unwrap();

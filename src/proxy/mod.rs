@@ -120,12 +120,20 @@ pub struct UpstreamAnswer;
 pub struct ClientAddr {
     /// The IP as a header value, formatted once per connection.
     ip: HeaderValue,
+    /// `X-Forwarded-Proto`: `http`, or `https` over TLS.
+    proto: HeaderValue,
 }
 
 impl ClientAddr {
+    /// A client over plain HTTP.
     pub fn new(addr: SocketAddr) -> ClientAddr {
         let ip = HeaderValue::try_from(addr.ip().to_string()).expect("an IP address is a valid header value");
-        ClientAddr { ip }
+        ClientAddr { ip, proto: HeaderValue::from_static("http") }
+    }
+
+    /// The same client, over TLS.
+    pub fn over_tls(self) -> ClientAddr {
+        ClientAddr { proto: HeaderValue::from_static("https"), ..self }
     }
 }
 
@@ -174,11 +182,11 @@ struct ClientSide {
 }
 
 impl Forward {
-    /// The forwarder of the client connection from `client`.
-    pub fn new(client: SocketAddr) -> Forward {
+    /// The forwarder of the client connection `client`.
+    pub fn of(client: ClientAddr) -> Forward {
         Forward(Arc::new(ClientSide {
             upstreams: upstream::Upstreams::default(),
-            client: ClientAddr::new(client),
+            client,
             slot_taken: SlotTaken::default(),
         }))
     }
@@ -375,7 +383,7 @@ mod tests {
     /// get one of their own.
     #[test]
     fn http1_requests_share_a_cleared_flag_and_http2_streams_get_their_own() {
-        let forward = Forward::new(SocketAddr::from(([127, 0, 0, 1], 1)));
+        let forward = Forward::of(ClientAddr::new(SocketAddr::from(([127, 0, 0, 1], 1))));
         let first = forward.slot_flag(http::Version::HTTP_11);
         first.mark();
         assert!(first.is_taken());

@@ -34,6 +34,9 @@ const FIXED_RESERVE: u64 = 16;
 /// Each event loop (the main one, the admin listener's, each worker's) holds
 /// a poller and a waker.
 const PER_EVENT_LOOP: u64 = 2;
+/// A directory watch (the TLS files'): its inotify instance, the poller
+/// and waker of its thread, and a file it reads again.
+const PER_WATCH: u64 = 4;
 
 /// Every descriptor fencegate may hold at once under `config`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +49,8 @@ pub(crate) struct Account {
     pub upstream: u64,
     /// The fence store's files.
     pub files: u64,
-    /// The runtime's own: see [`FIXED_RESERVE`] and [`PER_EVENT_LOOP`].
+    /// The runtime's own and the watches': see [`FIXED_RESERVE`],
+    /// [`PER_EVENT_LOOP`] and [`PER_WATCH`].
     pub reserve: u64,
 }
 
@@ -61,7 +65,9 @@ impl Account {
                 StoreKind::File { .. } => FILE_STORE_DESCRIPTORS,
                 StoreKind::Memory => 0,
             },
-            reserve: FIXED_RESERVE + PER_EVENT_LOOP * (count(config.server.workers) + 2),
+            reserve: FIXED_RESERVE
+                + PER_EVENT_LOOP * (count(config.server.workers) + 2)
+                + PER_WATCH * u64::from(config.server.tls.is_some()),
         }
     }
 

@@ -32,6 +32,7 @@ use crate::fence::KeyGate;
 use crate::metrics::Metrics;
 use crate::route::{Route, RouteTable};
 use crate::stack::{ConnectionLimits, Shared};
+use crate::tls::{ServerTls, TlsError};
 use admin::AdminListener;
 use descriptors::{Account, Spare};
 use guard::Connections;
@@ -49,6 +50,8 @@ pub enum StartError {
     Store(#[from] OpenError),
     #[error("route '{0}' names a signing key file that was never read: load the config with its secrets")]
     UnreadSigningKey(String),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 /// A bound, not yet running fencegate. Binding first lets callers (tests,
@@ -58,6 +61,7 @@ pub struct Fencegate {
     proxy: TcpListener,
     admin: TcpListener,
     state: Arc<AdminState>,
+    tls: Option<Arc<ServerTls>>,
 }
 
 impl Fencegate {
@@ -67,6 +71,9 @@ impl Fencegate {
         {
             return Err(StartError::UnreadSigningKey(route.name.to_string()));
         }
+        // Read before anything is opened: a certificate that does not load
+        // stops fencegate here, naming its field.
+        let tls = config.server.tls.as_ref().map(ServerTls::load).transpose()?.map(Arc::new);
         // Before anything is opened: the limit may need raising first.
         descriptors::check(Account::of(&config));
         // Listeners first: a port already in use must not leave a store
@@ -116,7 +123,7 @@ impl Fencegate {
             auth_token: config.admin.auth_token.clone(),
             max_key_bytes: config.fences.max_key_bytes,
         });
-        Ok(Fencegate { config, proxy, admin, state })
+        Ok(Fencegate { config, proxy, admin, state, tls })
     }
 
     /// The proxy listener's address.
@@ -134,12 +141,20 @@ impl Fencegate {
     /// to finish; the admin listener answers until the proxy has drained, and
     /// is then drained within the same grace.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
-        let Fencegate { config, proxy, admin, state } = self;
+        let Fencegate { config, proxy, admin, state, tls } = self;
         let server = &config.server;
         info!(proxy = %proxy.local_addr().map(|a| a.to_string()).unwrap_or_default(),
               admin = %admin.local_addr().map(|a| a.to_string()).unwrap_or_default(),
               routes = config.routes.len(), "fencegate listening");
 
+        // A rotated certificate is picked up while this watch lives.
+        let _tls_watch = tls.as_ref().and_then(|tls| match tls.watch() {
+            Ok(watch) => Some(watch),
+            Err(e) => {
+                warn!(error = %e, "cannot watch the TLS files: a rotated certificate needs a restart");
+                None
+            }
+        });
         let mut workers = Workers::start_or_inline(server.workers);
         info!(workers = workers.len(), "serving client connections");
         // Each listener has a limit of its own: a full proxy listener leaves
@@ -154,7 +169,7 @@ impl Fencegate {
         // says 503 once draining).
         let admin = AdminListener::start(admin, admin_connections, state.clone(), server.clone());
         tokio::select! {
-            never = proxy::accept(&proxy, &proxy_connections, &mut workers, &state.shared, server) => match never {},
+            never = proxy::accept(&proxy, &proxy_connections, &mut workers, &state.shared, server, tls) => match never {},
             () = shutdown => {}
         }
         // 1. Not ready: load balancers stop sending.

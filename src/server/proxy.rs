@@ -1,5 +1,6 @@
 //! The proxy listener: accept a client connection within the limit, deal it to
-//! a worker, and serve it there through the proxy stack, HTTP/1.1 or h2c.
+//! a worker, shake hands there if it speaks TLS, and serve it through the
+//! proxy stack, HTTP/1.1 or HTTP/2 (h2c, or h2 over TLS).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -11,16 +12,19 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::{TcpListener, TcpStream};
-
+use tokio::time::Duration;
 use tracing::debug;
 
-use super::connection::{self, Activity, ActivityIo, Ended, Protocols, ProxyConnection, REFUSALS_IN_A_ROW};
+use super::connection::{
+    self, Activity, ActivityIo, ClientStream, Ended, Protocols, ProxyConnection, REFUSALS_IN_A_ROW,
+};
 use super::guard::{Admission, Connections};
 use super::penalty::Penalties;
 use super::workers::Workers;
 use crate::config::ServerConfig;
-use crate::proxy::Forward;
+use crate::proxy::{ClientAddr, Forward};
 use crate::stack::{proxy_service, Shared};
+use crate::tls::ServerTls;
 
 /// Accepts and serves proxy connections until the future is dropped:
 /// it never ends on its own.
@@ -30,6 +34,7 @@ pub(super) async fn accept(
     workers: &mut Workers,
     shared: &Arc<Shared>,
     server: &ServerConfig,
+    tls: Option<Arc<ServerTls>>,
 ) -> Infallible {
     let protocols = Arc::new(protocols(server, shared.metrics.resting_connections()));
     let penalties = Penalties::new(server.abuse_penalty);
@@ -43,8 +48,8 @@ pub(super) async fn accept(
             counts.held.inc();
             debug!(%peer, "holding a connection back: its address was struck for abuse");
         }
-        let (shared, protocols, penalties, counts) =
-            (shared.clone(), protocols.clone(), penalties.clone(), counts.clone());
+        let (shared, protocols, penalties, counts, tls) =
+            (shared.clone(), protocols.clone(), penalties.clone(), counts.clone(), tls.clone());
         let (header_read_timeout, idle_timeout) = (server.header_read_timeout, server.idle_timeout);
         workers.serve(stream, peer, connections, move |stream| async move {
             if let Some(until) = hold {
@@ -56,6 +61,23 @@ pub(super) async fn accept(
                     () = admission.closing() => return,
                 }
             }
+            let _ = stream.set_nodelay(true);
+            let stream = match tls {
+                None => ClientStream::Plain(stream),
+                Some(tls) => {
+                    let shaken = tokio::select! {
+                        shaken = handshake(&tls, stream, peer, header_read_timeout) => shaken,
+                        () = admission.closing() => return,
+                    };
+                    match shaken {
+                        Some(stream) => stream,
+                        None => {
+                            shared.metrics.tls_handshake_failed();
+                            return;
+                        }
+                    }
+                }
+            };
             let activity = Activity::new(header_read_timeout, idle_timeout);
             let ended = serve(stream, peer, admission, activity, &shared, protocols).await;
             if penalties.ended(peer.ip(), ended) {
@@ -65,18 +87,39 @@ pub(super) async fn accept(
     }
 }
 
+/// The TLS handshake of a client connection, which must end within
+/// `header_read_timeout` as a request head must arrive (a client that
+/// trickles its handshake holds a slot as a slow head would). `None`: it
+/// failed (logged).
+async fn handshake(tls: &ServerTls, stream: TcpStream, peer: SocketAddr, timeout: Duration) -> Option<ClientStream> {
+    match tokio::time::timeout(timeout, tls.acceptor().accept(stream)).await {
+        Ok(Ok(stream)) => Some(ClientStream::Tls(Box::new(stream))),
+        Ok(Err(e)) => {
+            debug!(%peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            debug!(%peer, "TLS handshake did not end within header_read_timeout");
+            None
+        }
+    }
+}
+
 /// Serves one proxy connection on the worker it was dealt to.
 async fn serve(
-    stream: TcpStream,
+    stream: ClientStream,
     peer: SocketAddr,
     admission: Admission,
     activity: Arc<Activity>,
     shared: &Arc<Shared>,
     protocols: Arc<Protocols>,
 ) -> Ended {
-    let _ = stream.set_nodelay(true);
+    let client = match stream {
+        ClientStream::Plain(_) => ClientAddr::new(peer),
+        ClientStream::Tls(_) => ClientAddr::new(peer).over_tls(),
+    };
     let io = ActivityIo::new(stream, activity.clone());
-    let service = TowerToHyperService::new(proxy_service(shared, &Forward::new(peer), activity.clone()));
+    let service = TowerToHyperService::new(proxy_service(shared, &Forward::of(client), activity.clone()));
     let conn = ProxyConnection::new(io, service, protocols, activity.clone());
     connection::serve(conn, activity, admission, peer).await
 }

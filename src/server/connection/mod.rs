@@ -61,8 +61,10 @@
 //! to its end (a body hyper still reads or discards would otherwise be read
 //! as a new request), every response byte flushed (a client that does not
 //! read its response keeps hyper's state), no head arriving. Bytes hyper had
-//! read and not parsed are read again first. HTTP/2 connections and the admin
-//! listener's do not rest. A resting connection is still timed by
+//! read and not parsed are read again first. HTTP/2 connections, TLS
+//! connections (rustls keeps its state, and may hold decrypted bytes a wait
+//! on the bare socket would miss) and the admin listener's do not rest. A
+//! resting connection is still timed by
 //! `idle_timeout` and closed at its end.
 
 mod activity;
@@ -70,6 +72,7 @@ mod frames;
 mod io;
 mod requests;
 mod resting;
+mod stream;
 #[cfg(test)]
 mod testing;
 mod watch;
@@ -91,6 +94,7 @@ pub(crate) use io::ActivityIo;
 pub(crate) use requests::{ClientBody, TrackRequestsLayer};
 pub use resting::give_back_memory_with;
 pub(crate) use resting::{Protocols, ProxyConnection};
+pub(crate) use stream::ClientStream;
 pub(crate) use watch::WokenOnly;
 
 use super::guard::Admission;

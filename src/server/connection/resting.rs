@@ -18,10 +18,10 @@ use hyper::service::HttpService;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio::net::TcpStream;
 
 use super::activity::Activity;
 use super::io::{ActivityIo, Protocol};
+use super::stream::ClientStream;
 use super::ClientConnection;
 use crate::proxy::BoxError;
 
@@ -87,7 +87,7 @@ impl Drop for Counted {
     }
 }
 
-type Io = ActivityIo<TcpStream>;
+type Io = ActivityIo<ClientStream>;
 
 /// One client connection of the proxy listener, from its first byte to its
 /// close.
@@ -95,13 +95,15 @@ pub(crate) struct ProxyConnection<S: HttpService<Incoming>> {
     state: State<S>,
     protocols: Arc<Protocols>,
     activity: Arc<Activity>,
+    /// Whether it may rest at all ([`ClientStream::can_rest`]).
+    rests: bool,
 }
 
 enum State<S: HttpService<Incoming>> {
     /// Reading the first bytes, which tell the protocol (at most the 24 of
     /// the HTTP/2 preface).
     Opening {
-        io: ActivityIo<TcpStream>,
+        io: Io,
         service: S,
         first: [u8; 24],
         len: usize,
@@ -127,14 +129,10 @@ where
     B: Body + 'static,
     B::Error: Into<BoxError>,
 {
-    pub(crate) fn new(
-        io: ActivityIo<TcpStream>,
-        service: S,
-        protocols: Arc<Protocols>,
-        activity: Arc<Activity>,
-    ) -> ProxyConnection<S> {
+    pub(crate) fn new(io: Io, service: S, protocols: Arc<Protocols>, activity: Arc<Activity>) -> ProxyConnection<S> {
+        let rests = io.get_ref().can_rest();
         let state = State::Opening { io, service, first: [0; 24], len: 0 };
-        ProxyConnection { state, protocols, activity }
+        ProxyConnection { state, protocols, activity, rests }
     }
 
     fn http1(&self, io: Io, service: S) -> State<S> {
@@ -242,7 +240,7 @@ where
     /// first by the connection that follows.
     fn rest(self: Pin<&mut Self>) {
         let this = self.get_mut();
-        if !matches!(this.state, State::Http1(_)) || !this.activity.between_requests() {
+        if !this.rests || !matches!(this.state, State::Http1(_)) || !this.activity.between_requests() {
             return;
         }
         let State::Http1(conn) = std::mem::replace(&mut this.state, State::Closed) else {

@@ -1,0 +1,249 @@
+//! TLS for client connections (`[server.tls]`), with rustls.
+//!
+//! The certificate chain, its key and the optional client CA bundle are PEM
+//! files, read at start (a problem there stops fencegate, naming the field)
+//! and read again whenever their directory changes ([`crate::watch`]): a
+//! rotated certificate serves the next handshake, connections already open
+//! keep the one they shook hands with, and a new set that does not load (a
+//! key that does not match its certificate, a file half-written) is logged
+//! and the last good one keeps serving.
+//!
+//! ALPN offers `h2` and `http/1.1`; which one a connection speaks is then
+//! told from its first bytes, as for plain connections. With `client_ca`,
+//! every client must present a certificate that CA signed: one without, or
+//! signed by another, is refused in the handshake.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::TlsAcceptor;
+use tracing::{info, warn};
+
+use crate::config::TlsFiles;
+use crate::watch::{watch_dirs_of, DirWatch};
+
+/// Why the TLS files could not be used, naming the field whose file it is.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct TlsError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl TlsError {
+    fn new(field: &'static str, message: impl Into<String>) -> TlsError {
+        TlsError { field, message: message.into() }
+    }
+}
+
+/// The contents of the TLS files, as last read.
+#[derive(Debug, PartialEq, Eq)]
+struct Material {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    client_ca: Option<Vec<u8>>,
+}
+
+/// What a look at the files did.
+#[derive(Debug)]
+pub enum Reloaded {
+    /// New files, loaded: the next handshake uses them.
+    Applied,
+    /// The files hold what is already served.
+    Unchanged,
+    /// New files that do not load: the last good ones keep serving.
+    Refused(TlsError),
+}
+
+/// The server side of TLS: what the next handshake uses.
+#[derive(Debug)]
+pub struct ServerTls {
+    files: TlsFiles,
+    current: RwLock<Arc<ServerConfig>>,
+    /// What `current` was built from (a change event that leaves the files
+    /// as they were changes nothing), or the last refused set (not logged
+    /// again until it changes).
+    seen: Mutex<Material>,
+}
+
+impl ServerTls {
+    /// Reads and checks the files named in `[server.tls]`.
+    pub fn load(files: &TlsFiles) -> Result<ServerTls, TlsError> {
+        let material = read(files)?;
+        let config = build(&material)?;
+        Ok(ServerTls { files: files.clone(), current: RwLock::new(Arc::new(config)), seen: Mutex::new(material) })
+    }
+
+    /// The acceptor for the next connection.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(self.current.read().unwrap_or_else(PoisonError::into_inner).clone())
+    }
+
+    /// Reads the files again and serves them from the next handshake on if
+    /// they changed and load.
+    pub fn reload(&self) -> Reloaded {
+        let material = match read(&self.files) {
+            Ok(material) => material,
+            Err(e) => return Reloaded::Refused(e),
+        };
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        if *seen == material {
+            return Reloaded::Unchanged;
+        }
+        let built = build(&material);
+        *seen = material;
+        match built {
+            Ok(config) => {
+                *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(config);
+                Reloaded::Applied
+            }
+            Err(e) => Reloaded::Refused(e),
+        }
+    }
+
+    /// Reloads (and logs it) whenever the files' directories change, until
+    /// the watch is dropped.
+    pub fn watch(self: &Arc<Self>) -> notify::Result<DirWatch> {
+        let files = [Some(&self.files.cert), Some(&self.files.key), self.files.client_ca.as_ref()];
+        let tls = Arc::downgrade(self);
+        watch_dirs_of(files.into_iter().flatten().map(|p| p.as_path()), move || {
+            let Some(tls) = tls.upgrade() else { return };
+            match tls.reload() {
+                Reloaded::Applied => info!("TLS certificate reloaded: new connections use it"),
+                Reloaded::Unchanged => {}
+                Reloaded::Refused(e) => {
+                    warn!(error = %e, "TLS files changed but do not load; the last good certificate keeps serving")
+                }
+            }
+        })
+    }
+}
+
+fn read(files: &TlsFiles) -> Result<Material, TlsError> {
+    let file = |field, path: &Path| {
+        std::fs::read(path).map_err(|e| TlsError::new(field, format!("cannot read '{}': {e}", path.display())))
+    };
+    Ok(Material {
+        cert: file("server.tls.cert", &files.cert)?,
+        key: file("server.tls.key", &files.key)?,
+        client_ca: files.client_ca.as_deref().map(|path| file("server.tls.client_ca", path)).transpose()?,
+    })
+}
+
+fn build(material: &Material) -> Result<ServerConfig, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = certificates("server.tls.cert", &material.cert)?;
+    let key = PrivateKeyDer::from_pem_slice(&material.key)
+        .map_err(|e| TlsError::new("server.tls.key", format!("no usable PEM private key: {e}")))?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::new("server.tls", e.to_string()))?;
+    let builder = match &material.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(pem) => {
+            let mut roots = RootCertStore::empty();
+            for ca in certificates("server.tls.client_ca", pem)? {
+                roots
+                    .add(ca)
+                    .map_err(|e| TlsError::new("server.tls.client_ca", format!("not a usable CA certificate: {e}")))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| TlsError::new("server.tls.client_ca", e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| TlsError::new("server.tls.key", format!("does not go with the certificate: {e}")))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+fn certificates(field: &'static str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::new(field, format!("not a PEM certificate file: {e}")))?;
+    if certs.is_empty() {
+        return Err(TlsError::new(field, "holds no PEM certificate"));
+    }
+    Ok(certs)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use rcgen::{CertificateParams, KeyPair};
+
+    use super::*;
+
+    /// A self-signed certificate for localhost and its key, as PEM.
+    fn pair() -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["localhost".to_string()]).unwrap().self_signed(&key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    fn files(dir: &Path, cert: &str, key: &str, client_ca: Option<&str>) -> TlsFiles {
+        let write = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        TlsFiles {
+            cert: write("tls.crt", cert),
+            key: write("tls.key", key),
+            client_ca: client_ca.map(|text| write("ca.crt", text)),
+        }
+    }
+
+    fn field_of(result: Result<ServerTls, TlsError>) -> &'static str {
+        result.expect_err("does not load").field
+    }
+
+    #[test]
+    fn each_bad_file_is_named_by_its_field() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (cert, key) = pair();
+        let (other_cert, other_key) = pair();
+        assert!(ServerTls::load(&files(tmp.path(), &cert, &key, None)).is_ok());
+        assert!(ServerTls::load(&files(tmp.path(), &cert, &key, Some(&other_cert))).is_ok());
+
+        let mut missing = files(tmp.path(), &cert, &key, None);
+        missing.cert = PathBuf::from("/nonexistent/tls.crt");
+        assert_eq!(field_of(ServerTls::load(&missing)), "server.tls.cert");
+        assert_eq!(field_of(ServerTls::load(&files(tmp.path(), "not PEM", &key, None))), "server.tls.cert");
+        assert_eq!(field_of(ServerTls::load(&files(tmp.path(), &key, &key, None))), "server.tls.cert");
+        assert_eq!(field_of(ServerTls::load(&files(tmp.path(), &cert, &cert, None))), "server.tls.key");
+        assert_eq!(field_of(ServerTls::load(&files(tmp.path(), &cert, &other_key, None))), "server.tls.key");
+        assert_eq!(field_of(ServerTls::load(&files(tmp.path(), &cert, &key, Some("")))), "server.tls.client_ca");
+        let e = ServerTls::load(&files(tmp.path(), &cert, &other_key, None)).unwrap_err();
+        assert!(e.to_string().starts_with("server.tls.key: does not go with the certificate"), "{e}");
+    }
+
+    #[test]
+    fn a_reload_applies_new_files_ignores_the_same_ones_and_keeps_serving_on_a_bad_set() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (cert, key) = pair();
+        let tls = ServerTls::load(&files(tmp.path(), &cert, &key, None)).unwrap();
+        let serving = |tls: &ServerTls| Arc::as_ptr(&tls.current.read().unwrap());
+        let first = serving(&tls);
+        assert!(matches!(tls.reload(), Reloaded::Unchanged));
+        assert_eq!(serving(&tls), first);
+
+        let (cert2, key2) = pair();
+        files(tmp.path(), &cert2, &key, None);
+        assert!(matches!(tls.reload(), Reloaded::Refused(TlsError { field: "server.tls.key", .. })));
+        assert_eq!(serving(&tls), first, "a pair that does not match is not served");
+        assert!(matches!(tls.reload(), Reloaded::Unchanged), "and not tried again until it changes");
+
+        files(tmp.path(), &cert2, &key2, None);
+        assert!(matches!(tls.reload(), Reloaded::Applied));
+        assert_ne!(serving(&tls), first);
+    }
+}

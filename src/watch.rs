@@ -1,0 +1,129 @@
+//! Watching the directories of files fencegate reads again when they change
+//! (the TLS certificate and key).
+//!
+//! Directories, not files: Kubernetes updates a mounted Secret or ConfigMap
+//! by writing a new hidden directory and swapping the `..data` symlink the
+//! visible names point through, so the file's own inode never changes and a
+//! watch on it would never fire. An editor that saves by renaming over the
+//! file does the same. A change anywhere in the directory is followed,
+//! once the directory has been quiet for [`QUIET`], by one call of the
+//! reader, which compares what it reads with what it has.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use notify::{EventKind, RecursiveMode, Watcher};
+
+/// How long a directory must stay quiet after a change before the files are
+/// read again: a rotation writes several files, and a reader that looked
+/// between them would see a certificate without its key.
+pub const QUIET: Duration = Duration::from_millis(250);
+
+/// Watches until dropped.
+pub struct DirWatch {
+    _watcher: notify::RecommendedWatcher,
+}
+
+impl std::fmt::Debug for DirWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirWatch").finish_non_exhaustive()
+    }
+}
+
+/// Calls `changed`, on a thread of its own, after each burst of changes in the
+/// directories that hold `files`, once they have been quiet for [`QUIET`].
+pub fn watch_dirs_of<'a>(
+    files: impl IntoIterator<Item = &'a Path>,
+    mut changed: impl FnMut() + Send + 'static,
+) -> notify::Result<DirWatch> {
+    let (tx, rx) = mpsc::channel::<()>();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        // Reads (ours among them) change nothing; an error may have lost a
+        // change, so it counts as one.
+        if !matches!(event, Ok(notify::Event { kind: EventKind::Access(_), .. })) {
+            let _ = tx.send(());
+        }
+    })?;
+    let dirs: BTreeSet<PathBuf> = files.into_iter().map(dir_of).collect();
+    for dir in &dirs {
+        watcher.watch(dir, RecursiveMode::NonRecursive)?;
+    }
+    std::thread::Builder::new()
+        .name("fencegate-watch".into())
+        .spawn(move || {
+            // Ends when the watcher (and with it the sender) is dropped.
+            while rx.recv().is_ok() {
+                loop {
+                    match rx.recv_timeout(QUIET) {
+                        Ok(()) => continue,
+                        Err(mpsc::RecvTimeoutError::Timeout) => break,
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+                changed();
+            }
+        })
+        .map_err(notify::Error::io)?;
+    Ok(DirWatch { _watcher: watcher })
+}
+
+/// The directory `file` is listed in (`.` for a bare name).
+fn dir_of(file: &Path) -> PathBuf {
+    match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use super::*;
+
+    fn wait_for(calls: &AtomicUsize, n: usize) -> bool {
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if calls.load(Ordering::SeqCst) >= n {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    #[test]
+    fn a_symlink_swapped_in_the_directory_is_one_change_and_reads_are_none() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        std::fs::create_dir(dir.join("..v1")).unwrap();
+        std::fs::write(dir.join("..v1/tls.crt"), "one").unwrap();
+        std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/tls.crt", dir.join("tls.crt")).unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let file = dir.join("tls.crt");
+        let read = file.clone();
+        let _watch = watch_dirs_of([file.as_path()], move || {
+            let _ = std::fs::read(&read);
+            counted.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+
+        // The Kubernetes way: a new directory, a new link, renamed over ..data.
+        std::fs::create_dir(dir.join("..v2")).unwrap();
+        std::fs::write(dir.join("..v2/tls.crt"), "two").unwrap();
+        std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+        std::fs::remove_dir_all(dir.join("..v1")).unwrap();
+        assert!(wait_for(&calls, 1), "the swap was not seen");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "two");
+        // The reader's own reads and the quiet after them: no second call.
+        std::thread::sleep(QUIET * 4);
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "a burst is one call, and reading is no change");
+    }
+}
