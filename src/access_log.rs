@@ -63,9 +63,9 @@ impl OnResponse<ProxyBody> for AccessLog {
         let route = decision.and_then(|d| d.route.as_ref());
         let outcome = decision.map(|d| d.outcome).unwrap_or(Outcome::Internal);
         let settled = decision.is_some_and(|d| d.settled);
-        self.metrics.record(route.map(|r| r.index), outcome, latency.as_secs_f64(), settled);
+        self.metrics.record(route.map(|r| &*r.0.metrics), outcome, latency.as_secs_f64(), settled);
         let line = Line {
-            route: route.map(|r| &*r.name).unwrap_or(NO_ROUTE_LABEL),
+            route: route.map(|r| &*r.0.name).unwrap_or(NO_ROUTE_LABEL),
             key: decision.and_then(|d| d.key.as_deref()),
             token: decision.and_then(|d| d.token),
             decision: outcome.as_str(),

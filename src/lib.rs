@@ -62,4 +62,4 @@ pub mod tls;
 mod watch;
 
 pub use config::Config;
-pub use server::{give_back_memory_with, run, Fencegate, StartError, MAX_BLOCKING_THREADS};
+pub use server::{give_back_memory_with, run, Fencegate, Reloaded, Reloader, StartError, MAX_BLOCKING_THREADS};

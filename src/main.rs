@@ -178,7 +178,7 @@ fn main() -> ExitCode {
             }
         };
         let server = match Fencegate::bind(config).await {
-            Ok(server) => server,
+            Ok(server) => server.reload_from(&cli.config),
             Err(e) => {
                 tracing::error!("{e}");
                 return ExitCode::FAILURE;

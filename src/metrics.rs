@@ -1,9 +1,12 @@
 //! Prometheus metrics, all named `fencegate_*`.
 //!
-//! Per-route handles are made once at start-up and indexed by route, so recording
-//! a request costs two atomic adds and no label hashing.
+//! Per-route handles are made when a route table is put in service and ride
+//! with each request's route, so recording a request costs two atomic adds and
+//! no label hashing, and a request routed by a table a reload has since
+//! replaced is still counted under its own route.
 
 use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -29,16 +32,57 @@ struct RouteLabel {
 /// The label used for requests that matched no route.
 pub const NO_ROUTE_LABEL: &str = "none";
 
-struct RouteMetrics {
+/// One route's request counters, latency histogram and settles.
+pub struct RouteMetrics {
     by_outcome: Vec<Counter>,
     duration: Histogram,
     settles: Counter,
 }
 
+impl RouteMetrics {
+    /// Counters registered nowhere: a route's until it is put in service.
+    pub fn detached() -> Arc<RouteMetrics> {
+        Arc::new(RouteMetrics {
+            by_outcome: Outcome::ALL.iter().map(|_| Counter::default()).collect(),
+            duration: Histogram::new(std::iter::empty()),
+            settles: Counter::default(),
+        })
+    }
+}
+
+impl std::fmt::Debug for RouteMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteMetrics").finish_non_exhaustive()
+    }
+}
+
+/// The series of every route, by name.
+struct RouteFamilies {
+    requests: Family<RequestLabels, Counter>,
+    duration: Family<RouteLabel, Histogram>,
+    settles: Family<RouteLabel, Counter>,
+}
+
+impl RouteFamilies {
+    fn route(&self, name: &str) -> Arc<RouteMetrics> {
+        let label = RouteLabel { route: name.to_string() };
+        Arc::new(RouteMetrics {
+            by_outcome: Outcome::ALL
+                .iter()
+                .map(|o| self.requests.get_or_create(&RequestLabels { route: name.to_string(), outcome: *o }).clone())
+                .collect(),
+            duration: self.duration.get_or_create(&label).clone(),
+            settles: self.settles.get_or_create(&label).clone(),
+        })
+    }
+}
+
 /// Every metric fencegate exports.
 pub struct Metrics {
     registry: Registry,
-    routes: Vec<RouteMetrics>,
+    families: RouteFamilies,
+    /// Requests that matched no route.
+    no_route: Arc<RouteMetrics>,
     tracked_keys: Gauge<i64, AtomicI64>,
     active_keys: Gauge<i64, AtomicI64>,
     waiting: Gauge<i64, AtomicI64>,
@@ -47,6 +91,17 @@ pub struct Metrics {
     resting: Gauge<i64, AtomicI64>,
     held_back: HeldBack,
     tls_handshake_failures: Counter,
+    reloads: Reloads,
+}
+
+/// `fencegate_config_reloads_total{outcome}`: config reloads applied, and
+/// refused because the new config does not validate or changes what only a
+/// restart can (server/reload.rs).
+#[derive(Clone, Debug)]
+pub struct Reloads {
+    pub applied: Counter,
+    pub invalid: Counter,
+    pub restart_needed: Counter,
 }
 
 /// `fencegate_abuse_total{what}`: connections closed for abuse (`strike`),
@@ -56,6 +111,11 @@ pub struct Metrics {
 pub struct HeldBack {
     pub held: Counter,
     pub strikes: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -96,9 +156,8 @@ pub struct Snapshot {
 }
 
 impl Metrics {
-    /// Metrics for routes named `route_names`, in route-index order; index
-    /// `route_names.len()` is the "no route" slot.
-    /// `store` adds the `fencegate_store_*` series of a store that commits.
+    /// Metrics with the series of routes named `route_names` (more come with
+    /// [`route`](Self::route)). `store` adds the `fencegate_store_*` series of a store that commits.
     pub fn new<'a>(route_names: impl IntoIterator<Item = &'a str>, store: Option<&CommitStats>) -> Self {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
@@ -122,19 +181,12 @@ impl Metrics {
             "Fenced writes whose outcome was unknown (upstream timeout or connection lost after sending), after which the key was held for the route's settle period",
             settles.clone(),
         );
-        let names: Vec<String> =
-            route_names.into_iter().map(str::to_string).chain(std::iter::once(NO_ROUTE_LABEL.to_string())).collect();
-        let routes = names
-            .iter()
-            .map(|name| RouteMetrics {
-                by_outcome: Outcome::ALL
-                    .iter()
-                    .map(|o| requests.get_or_create(&RequestLabels { route: name.clone(), outcome: *o }).clone())
-                    .collect(),
-                duration: duration.get_or_create(&RouteLabel { route: name.clone() }).clone(),
-                settles: settles.get_or_create(&RouteLabel { route: name.clone() }).clone(),
-            })
-            .collect();
+        let families = RouteFamilies { requests, duration, settles };
+        // Every configured route's series exist from the start, at zero.
+        for name in route_names {
+            families.route(name);
+        }
+        let no_route = families.route(NO_ROUTE_LABEL);
         let tracked_keys = Gauge::<i64, AtomicI64>::default();
         let active_keys = Gauge::<i64, AtomicI64>::default();
         let waiting = Gauge::<i64, AtomicI64>::default();
@@ -176,6 +228,18 @@ impl Metrics {
             "Idle HTTP/1.1 client connections resting: holding their socket and no buffers",
             resting.clone(),
         );
+        let reloads = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "fencegate_config_reloads",
+            "Config reloads (SIGHUP or a change of the file) by outcome: applied, invalid (the running config \
+             keeps serving), restart_needed (a section other than the routes changed; nothing applied)",
+            reloads.clone(),
+        );
+        let reload = |outcome: &str| reloads.get_or_create(&OutcomeLabel { outcome: outcome.into() }).clone();
+        let applied = reload("applied");
+        let invalid = reload("invalid");
+        let restart_needed = reload("restart_needed");
+        let reloads = Reloads { applied, invalid, restart_needed };
         let tls_handshake_failures = Counter::default();
         registry.register(
             "fencegate_tls_handshake_failures",
@@ -225,7 +289,8 @@ impl Metrics {
         }
         Metrics {
             registry,
-            routes,
+            families,
+            no_route,
             tracked_keys,
             active_keys,
             waiting,
@@ -234,14 +299,26 @@ impl Metrics {
             resting,
             held_back,
             tls_handshake_failures,
+            reloads,
         }
     }
 
-    /// Records one finished request. `route` is the route index, or `None`;
+    /// `fencegate_config_reloads_total`, kept by the reloader.
+    pub fn reloads(&self) -> Reloads {
+        self.reloads.clone()
+    }
+
+    /// The counters of the route named `name`, made if new: a route put in
+    /// service by a reload has series of its own from then on, and one that
+    /// keeps its name keeps counting where it was.
+    pub fn route(&self, name: &str) -> Arc<RouteMetrics> {
+        self.families.route(name)
+    }
+
+    /// Records one finished request of `route` (`None`: no route);
     /// `settled`: the key was held for a settle period after it.
-    pub fn record(&self, route: Option<usize>, outcome: Outcome, seconds: f64, settled: bool) {
-        let slot = route.unwrap_or(self.routes.len() - 1).min(self.routes.len() - 1);
-        let m = &self.routes[slot];
+    pub fn record(&self, route: Option<&RouteMetrics>, outcome: Outcome, seconds: f64, settled: bool) {
+        let m = route.unwrap_or(&self.no_route);
         // `by_outcome` is in `Outcome::ALL` order, which is declaration order.
         m.by_outcome[outcome as usize].inc();
         m.duration.observe(seconds);
@@ -286,20 +363,23 @@ mod tests {
     #[test]
     fn records_by_route_and_outcome() {
         let m = Metrics::new(["objects", "blobs"], None);
-        m.record(Some(0), Outcome::Stale, 0.001, false);
-        m.record(Some(0), Outcome::Stale, 0.001, false);
-        m.record(Some(1), Outcome::Forwarded, 0.002, false);
-        m.record(Some(1), Outcome::UpstreamTimeout, 0.002, true);
+        let (objects, blobs) = (m.route("objects"), m.route("blobs"));
+        m.record(Some(&objects), Outcome::Stale, 0.001, false);
+        m.record(Some(&objects), Outcome::Stale, 0.001, false);
+        m.record(Some(&blobs), Outcome::Forwarded, 0.002, false);
+        m.record(Some(&blobs), Outcome::UpstreamTimeout, 0.002, true);
         m.record(None, Outcome::NoRoute, 0.0001, false);
+        // A route put in service again (a reload) counts on where it was.
+        m.record(Some(&m.route("objects")), Outcome::Stale, 0.001, false);
         let text =
             m.encode(Snapshot { tracked_keys: 3, cached_keys: 3, active_keys: 1, waiting: 2, buffered_bytes: 5 });
-        assert!(text.contains(r#"fencegate_requests_total{route="objects",outcome="stale"} 2"#), "{text}");
+        assert!(text.contains(r#"fencegate_requests_total{route="objects",outcome="stale"} 3"#), "{text}");
         assert!(text.contains(r#"fencegate_requests_total{route="blobs",outcome="forwarded"} 1"#), "{text}");
         assert!(text.contains(r#"fencegate_requests_total{route="none",outcome="no_route"} 1"#), "{text}");
         assert!(text.contains("fencegate_tracked_keys 3"), "{text}");
         assert!(text.contains(r#"fencegate_settles_total{route="blobs"} 1"#), "{text}");
         assert!(text.contains("fencegate_waiting_requests 2"), "{text}");
         assert!(text.contains("fencegate_buffered_bytes 5"), "{text}");
-        assert!(text.contains(r#"fencegate_request_duration_seconds_count{route="objects"} 2"#), "{text}");
+        assert!(text.contains(r#"fencegate_request_duration_seconds_count{route="objects"} 3"#), "{text}");
     }
 }

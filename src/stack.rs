@@ -21,14 +21,15 @@ use crate::head_limits::{HeaderCountLayer, HeaderRateLayer};
 use crate::metrics::Metrics;
 use crate::proxy::Forward;
 use crate::rescue::RescueLayer;
-use crate::route::RouteTable;
+use crate::route::LiveRoutes;
 use crate::routing::RoutingLayer;
 use crate::server::connection::{Activity, TrackRequestsLayer};
 
 /// What every connection's stack shares.
 #[derive(Debug)]
 pub struct Shared {
-    pub routes: Arc<RouteTable>,
+    /// Replaced by a config reload.
+    pub routes: Arc<LiveRoutes>,
     pub store: Arc<AnyStore>,
     pub gate: Arc<KeyGate>,
     pub metrics: Arc<Metrics>,

@@ -21,7 +21,7 @@ pub struct Config {
 }
 
 /// The proxy listener.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
     /// How long in-flight requests may take to finish after SIGTERM/SIGINT.
@@ -71,7 +71,7 @@ pub struct TlsFiles {
 }
 
 /// The admin listener.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdminConfig {
     pub listen: SocketAddr,
     /// Bearer token for mutating admin calls (the fence API).
@@ -100,7 +100,7 @@ pub enum StoreKind {
 }
 
 /// Log output.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogConfig {
     pub format: LogFormat,
     /// A `tracing_subscriber::EnvFilter` directive, e.g. `info` or `fencegate=debug`.

@@ -188,6 +188,7 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
         // The `[fences]` value; set for every route once that section is read.
         max_key_bytes: super::defaults::DEFAULT_MAX_KEY_BYTES,
         upstream_slots: UpstreamSlots::new(max_upstream_connections, upstream_idle_timeout),
+        metrics: crate::metrics::RouteMetrics::detached(),
     })
 }
 

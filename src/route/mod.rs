@@ -16,19 +16,18 @@ use http::{HeaderMap, HeaderName, Method};
 
 pub use key::{KeyError, KeyTemplate};
 pub use pattern::PathPattern;
-pub use table::RouteTable;
+pub use table::{LiveRoutes, RouteTable};
 pub use upstream::Upstream;
 
 use crate::canonical::PathOptions;
 use crate::fence::signature::SigningKey;
+use crate::metrics::{Metrics, RouteMetrics};
 use crate::proxy::UpstreamSlots;
 
-/// Which route a response belongs to: its index in config order and its name.
+/// Which route a response belongs to: the route as the request was routed,
+/// whatever table serves requests by the time it is logged.
 #[derive(Debug, Clone)]
-pub struct RouteTag {
-    pub index: usize,
-    pub name: Arc<str>,
-}
+pub struct RouteTag(pub Arc<Route>);
 
 /// One configured route, validated.
 #[derive(Debug, Clone)]
@@ -79,13 +78,31 @@ pub struct Route {
     /// The cap on this route's open upstream connections
     /// (`max_upstream_connections`), over every client connection and stream.
     pub upstream_slots: UpstreamSlots,
+    /// Its requests' counters: registered nowhere until the route is put in
+    /// service ([`in_service`](Self::in_service)).
+    pub metrics: Arc<RouteMetrics>,
 }
 
 impl Route {
-    /// This route with a connection cap of its own: each running fencegate
-    /// counts its own upstream connections, even when built from one config.
-    pub fn with_own_slots(&self) -> Route {
-        Route { upstream_slots: self.upstream_slots.fresh(), ..self.clone() }
+    /// This route as a running fencegate serves it: counted in `metrics`
+    /// under its name, with a connection cap of its own (each running
+    /// fencegate counts its own upstream connections, even when built from
+    /// one config), or the cap of `serving`, the route a reload replaces,
+    /// when it has the same name, upstream and cap: its connections stay
+    /// counted.
+    pub fn in_service(&self, metrics: &Metrics, serving: Option<&Route>) -> Route {
+        let upstream_slots = match serving {
+            Some(old)
+                if old.name == self.name
+                    && old.upstream == self.upstream
+                    && old.upstream_slots.cap() == self.upstream_slots.cap()
+                    && old.upstream_slots.idle_timeout() == self.upstream_slots.idle_timeout() =>
+            {
+                old.upstream_slots.clone()
+            }
+            _ => self.upstream_slots.fresh(),
+        };
+        Route { upstream_slots, metrics: metrics.route(&self.name), ..self.clone() }
     }
 
     /// Whether the fence reads header `name` on this route: the token, or a
@@ -148,5 +165,6 @@ pub(crate) fn test_route(name: &str, prefix: &str) -> Route {
         strict: false,
         max_key_bytes: 1024,
         upstream_slots: UpstreamSlots::new(8, std::time::Duration::from_secs(60)),
+        metrics: RouteMetrics::detached(),
     }
 }

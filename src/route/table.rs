@@ -2,7 +2,35 @@
 
 use std::sync::Arc;
 
+use arc_swap::{ArcSwap, Guard};
+
 use super::Route;
+
+/// The table requests are routed by now. A config reload replaces it; a
+/// request keeps the route it was given (its `Arc<Route>`) to its end.
+#[derive(Debug)]
+pub struct LiveRoutes(ArcSwap<RouteTable>);
+
+impl LiveRoutes {
+    pub fn new(table: RouteTable) -> LiveRoutes {
+        LiveRoutes(ArcSwap::from_pointee(table))
+    }
+
+    /// The current table, for one request (no lock, no reference count).
+    pub fn load(&self) -> Guard<Arc<RouteTable>> {
+        self.0.load()
+    }
+
+    /// The current table, to keep.
+    pub fn current(&self) -> Arc<RouteTable> {
+        self.0.load_full()
+    }
+
+    /// Requests routed from now on use `table`.
+    pub fn replace(&self, table: RouteTable) {
+        self.0.store(Arc::new(table));
+    }
+}
 
 /// Routes sorted so that the first prefix that matches is the longest.
 #[derive(Debug, Clone, Default)]
@@ -26,6 +54,11 @@ impl RouteTable {
     /// Like [`find`](Self::find), with the route's index in config order.
     pub fn find_indexed(&self, path: &str) -> Option<(usize, &Arc<Route>)> {
         self.routes.iter().find(|(_, r)| r.covers(path)).map(|(i, r)| (*i, r))
+    }
+
+    /// The route named `name`.
+    pub fn named(&self, name: &str) -> Option<&Arc<Route>> {
+        self.routes.iter().map(|(_, r)| r).find(|r| &*r.name == name)
     }
 
     /// Route names in config order.

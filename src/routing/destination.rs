@@ -89,7 +89,7 @@ pub(super) fn destination(
     } else if !text.starts_with('/') {
         return Err(DestinationError::NotAbsolute(text.to_string()));
     }
-    let (_, to, path) = find_route(routes, uri.path()).map_err(|e| match e {
+    let (to, path) = find_route(routes, uri.path()).map_err(|e| match e {
         ProxyError::NoRoute { path } => DestinationError::NoRoute(path),
         other => DestinationError::Unroutable(Box::new(other)),
     })?;

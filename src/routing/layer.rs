@@ -5,17 +5,17 @@ use std::sync::Arc;
 use tower::Layer;
 
 use super::Routing;
-use crate::route::RouteTable;
+use crate::route::LiveRoutes;
 
 /// Applies [`Routing`].
 #[derive(Debug, Clone)]
 pub struct RoutingLayer {
-    routes: Arc<RouteTable>,
+    routes: Arc<LiveRoutes>,
 }
 
 impl RoutingLayer {
-    /// Routes by `routes`, shared with whatever else reads the table.
-    pub fn new(routes: Arc<RouteTable>) -> Self {
+    /// Routes each request by the table `routes` holds when it arrives.
+    pub fn new(routes: Arc<LiveRoutes>) -> Self {
         RoutingLayer { routes }
     }
 }

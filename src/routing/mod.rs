@@ -80,7 +80,7 @@ pub(crate) fn route_request<B>(
     }
     let host = host::request_host(&parts.uri, &mut parts.headers).map_err(|e| untagged(e.into()))?;
 
-    let (index, route, path) = find_route(routes, parts.uri.path()).map_err(untagged)?;
+    let (route, path) = find_route(routes, parts.uri.path()).map_err(untagged)?;
     // Only a changed path is written back: what comes after routing reads the
     // path and query only, so an absolute-form or HTTP/2 target that is
     // already canonical needs no new URI.
@@ -95,7 +95,7 @@ pub(crate) fn route_request<B>(
             PathAndQuery::try_from(target).map_err(|e| untagged(ProxyError::internal("canonical target", e)))?;
         parts.uri = Uri::from(target);
     }
-    let tag = RouteTag { index, name: route.name.clone() };
+    let tag = RouteTag(route.clone());
     let tagged = |e: ProxyError| (e, Some(tag.clone()));
 
     let mut fenced = method::is_fenced(&route, &parts.method, &parts.headers).map_err(tagged)?;
@@ -118,7 +118,7 @@ pub(crate) fn route_request<B>(
 
 /// Finds the route for a raw request path. Returns its canonical form too
 /// when that differs from the raw one.
-fn find_route(routes: &RouteTable, raw: &str) -> Result<(usize, Arc<Route>, Option<String>), ProxyError> {
+fn find_route(routes: &RouteTable, raw: &str) -> Result<(Arc<Route>, Option<String>), ProxyError> {
     let path = canonical_path(raw, ROUTING)?;
     let Some((index, route)) = routes.find_indexed(&path) else {
         return Err(ProxyError::NoRoute { path: path.into_owned() });
@@ -132,13 +132,13 @@ fn find_route(routes: &RouteTable, raw: &str) -> Result<(usize, Arc<Route>, Opti
         && (path.contains("%2F") || path.contains("%5C"));
     if !refuses_escaped_slash && own.merge_slashes {
         let changed = (path != raw).then(|| path.into_owned());
-        return Ok((index, route, changed));
+        return Ok((route, changed));
     }
     let path = canonical_path(raw, own)?;
     match routes.find_indexed(&path) {
         Some((i, _)) if i == index => {
             let changed = (path != raw).then(|| path.into_owned());
-            Ok((index, route, changed))
+            Ok((route, changed))
         }
         _ => Err(ProxyError::NoRoute { path: path.into_owned() }),
     }

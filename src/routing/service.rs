@@ -12,18 +12,18 @@ use super::{route_request, Routed};
 use crate::error::Rejection;
 use crate::proxy::ProxyBody;
 use crate::refused::RefusedOr;
-use crate::route::RouteTable;
+use crate::route::LiveRoutes;
 
 /// Canonicalizes a request's target and finds its route; see the [module docs](super).
 /// Every response below, and every refusal, is tagged with the route.
 #[derive(Debug, Clone)]
 pub struct Routing<S> {
     inner: S,
-    routes: Arc<RouteTable>,
+    routes: Arc<LiveRoutes>,
 }
 
 impl<S> Routing<S> {
-    pub(super) fn new(inner: S, routes: Arc<RouteTable>) -> Self {
+    pub(super) fn new(inner: S, routes: Arc<LiveRoutes>) -> Self {
         Routing { inner, routes }
     }
 }
@@ -41,7 +41,7 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        match route_request(&self.routes, request) {
+        match route_request(&self.routes.load(), request) {
             Ok((routed, tag)) => RefusedOr::Passed { inner: Tagged::new(self.inner.call(routed), tag) },
             Err((error, tag)) => {
                 let mut rejection = Rejection::from(error);

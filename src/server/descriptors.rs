@@ -34,8 +34,8 @@ const FIXED_RESERVE: u64 = 16;
 /// Each event loop (the main one, the admin listener's, each worker's) holds
 /// a poller and a waker.
 const PER_EVENT_LOOP: u64 = 2;
-/// A directory watch (the TLS files'): its inotify instance, the poller
-/// and waker of its thread, and a file it reads again.
+/// A directory watch (the config file's, the TLS files'): its inotify
+/// instance, the poller and waker of its thread, and a file it reads again.
 const PER_WATCH: u64 = 4;
 
 /// Every descriptor fencegate may hold at once under `config`.
@@ -67,7 +67,7 @@ impl Account {
             },
             reserve: FIXED_RESERVE
                 + PER_EVENT_LOOP * (count(config.server.workers) + 2)
-                + PER_WATCH * u64::from(config.server.tls.is_some()),
+                + PER_WATCH * (1 + u64::from(config.server.tls.is_some())),
         }
     }
 

@@ -12,10 +12,12 @@ mod descriptors;
 mod guard;
 mod penalty;
 mod proxy;
+mod reload;
 mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -30,7 +32,7 @@ use crate::fence::store::FenceStore;
 use crate::fence::store::{AnyStore, CacheBounds, FileStore, MemoryStore, OpenError};
 use crate::fence::KeyGate;
 use crate::metrics::Metrics;
-use crate::route::{Route, RouteTable};
+use crate::route::{LiveRoutes, RouteTable};
 use crate::stack::{ConnectionLimits, Shared};
 use crate::tls::{ServerTls, TlsError};
 use admin::AdminListener;
@@ -39,6 +41,7 @@ use guard::Connections;
 use workers::Workers;
 
 pub use connection::give_back_memory_with;
+pub use reload::{Reloaded, Reloader};
 pub use workers::MAX_BLOCKING_THREADS;
 
 /// Why fencegate could not start.
@@ -62,6 +65,10 @@ pub struct Fencegate {
     admin: TcpListener,
     state: Arc<AdminState>,
     tls: Option<Arc<ServerTls>>,
+    reloader: Arc<Reloader>,
+    /// What reloads the config from its file, once
+    /// [`reload_from`](Self::reload_from) has named it.
+    reloads: Option<reload::Triggers>,
 }
 
 impl Fencegate {
@@ -102,11 +109,11 @@ impl Fencegate {
             }
             _ => KeyGate::default(),
         };
-        let routes = RouteTable::new(config.routes.iter().map(Route::with_own_slots));
-        let names = routes.names();
+        let metrics = Metrics::new(config.routes.iter().map(|r| &*r.name), store.stats());
+        let routes = RouteTable::new(config.routes.iter().map(|r| r.in_service(&metrics, None)));
         let shared = Arc::new(Shared {
-            metrics: Arc::new(Metrics::new(names.iter().map(|n| &**n), store.stats())),
-            routes: Arc::new(routes),
+            metrics: Arc::new(metrics),
+            routes: Arc::new(LiveRoutes::new(routes)),
             buffers: BufferBudget::new(config.server.max_buffered_bytes),
             per_connection: ConnectionLimits {
                 buffer_share: config.server.max_connection_buffered_bytes,
@@ -117,13 +124,29 @@ impl Fencegate {
             store: Arc::new(store),
             gate: Arc::new(gate),
         });
+        let reloader = Arc::new(Reloader::new(shared.clone(), config.clone()));
         let state = Arc::new(AdminState {
             shared,
             draining: AtomicBool::new(false),
             auth_token: config.admin.auth_token.clone(),
             max_key_bytes: config.fences.max_key_bytes,
         });
-        Ok(Fencegate { config, proxy, admin, state, tls })
+        Ok(Fencegate { config, proxy, admin, state, tls, reloader, reloads: None })
+    }
+
+    /// Reloads the routes from `path` on SIGHUP and whenever the file's
+    /// directory changes (see reload.rs), from now until fencegate stops.
+    /// `path` should hold the config this fencegate was bound with: the
+    /// first change is a change from its text now. Call it within the tokio
+    /// runtime that runs fencegate.
+    pub fn reload_from(self, path: impl Into<PathBuf>) -> Fencegate {
+        let reloads = Some(reload::Triggers::start(self.reloader.clone(), path.into()));
+        Fencegate { reloads, ..self }
+    }
+
+    /// Applies configs to this fencegate while it runs.
+    pub fn reloader(&self) -> Arc<Reloader> {
+        self.reloader.clone()
     }
 
     /// The proxy listener's address.
@@ -141,12 +164,14 @@ impl Fencegate {
     /// to finish; the admin listener answers until the proxy has drained, and
     /// is then drained within the same grace.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
-        let Fencegate { config, proxy, admin, state, tls } = self;
+        let Fencegate { config, proxy, admin, state, tls, reloader: _, reloads } = self;
         let server = &config.server;
         info!(proxy = %proxy.local_addr().map(|a| a.to_string()).unwrap_or_default(),
               admin = %admin.local_addr().map(|a| a.to_string()).unwrap_or_default(),
               routes = config.routes.len(), "fencegate listening");
 
+        // Reloads while these live.
+        let _reloads = reloads;
         // A rotated certificate is picked up while this watch lives.
         let _tls_watch = tls.as_ref().and_then(|tls| match tls.watch() {
             Ok(watch) => Some(watch),

@@ -108,6 +108,19 @@ pub async fn start_in_process(config: &str) -> Proxy {
     Proxy { addr, admin, stop: Some(stop), task: Some(task) }
 }
 
+/// Starts fencegate in this process from the config file at `path`, reloading
+/// it whenever the file's directory changes (as the binary does).
+pub async fn start_reloading(path: &Path) -> Proxy {
+    let config = fencegate::Config::load(path).unwrap_or_else(|e| panic!("{e}"));
+    let server = fencegate::Fencegate::bind(config).await.unwrap_or_else(|e| panic!("{e}")).reload_from(path);
+    let (addr, admin) = (server.proxy_addr(), server.admin_addr());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+    Proxy { addr, admin, stop: Some(stop), task: Some(task) }
+}
+
 /// `fencegate` with a clean environment: no inherited config path, log filter or
 /// admin token, and a working directory without a `config/` so no default file
 /// is picked up.
