@@ -177,6 +177,9 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        // SIGHUP reloads once fencegate runs; until then (opening the store
+        // may take a while) it must not end the process, its default.
+        let starting = ignore_hangup();
         let server = match Fencegate::bind(config).await {
             Ok(server) => server.reload_from(&cli.config),
             Err(e) => {
@@ -184,6 +187,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        drop(starting);
         server.run(shutdown).await;
         ExitCode::SUCCESS
     })
@@ -243,6 +247,16 @@ fn fence_command(config: &Config, action: FenceAction) -> ExitCode {
         ExitCode::from(2)
     })
 }
+
+/// Takes SIGHUP from its default action (ending the process) while held; the
+/// signals that arrive meanwhile are dropped.
+#[cfg(unix)]
+fn ignore_hangup() -> Option<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok()
+}
+
+#[cfg(not(unix))]
+fn ignore_hangup() {}
 
 /// Registers the SIGTERM and SIGINT handlers now (so a signal that arrives
 /// while starting up is a graceful stop too) and resolves on the first of them.

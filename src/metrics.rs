@@ -92,6 +92,15 @@ pub struct Metrics {
     held_back: HeldBack,
     tls_handshake_failures: Counter,
     reloads: Reloads,
+    tls_reloads: TlsReloads,
+}
+
+/// `fencegate_tls_reloads_total{outcome}`: TLS files read again after a
+/// change, and served (`applied`) or not (`refused`: the last good ones serve).
+#[derive(Clone, Debug)]
+pub struct TlsReloads {
+    pub applied: Counter,
+    pub refused: Counter,
 }
 
 /// `fencegate_config_reloads_total{outcome}`: config reloads applied, and
@@ -240,6 +249,17 @@ impl Metrics {
         let invalid = reload("invalid");
         let restart_needed = reload("restart_needed");
         let reloads = Reloads { applied, invalid, restart_needed };
+        let tls_reloads = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "fencegate_tls_reloads",
+            "TLS certificate, key and client CA files read again after they changed: applied (new connections use \
+             them) or refused (they do not load; the last good ones keep serving)",
+            tls_reloads.clone(),
+        );
+        let tls_reload = |outcome: &str| tls_reloads.get_or_create(&OutcomeLabel { outcome: outcome.into() }).clone();
+        let applied = tls_reload("applied");
+        let refused = tls_reload("refused");
+        let tls_reloads = TlsReloads { applied, refused };
         let tls_handshake_failures = Counter::default();
         registry.register(
             "fencegate_tls_handshake_failures",
@@ -300,7 +320,13 @@ impl Metrics {
             held_back,
             tls_handshake_failures,
             reloads,
+            tls_reloads,
         }
+    }
+
+    /// `fencegate_tls_reloads_total`, kept by the TLS files' watch.
+    pub fn tls_reloads(&self) -> TlsReloads {
+        self.tls_reloads.clone()
     }
 
     /// `fencegate_config_reloads_total`, kept by the reloader.

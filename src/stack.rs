@@ -92,7 +92,7 @@ pub fn proxy_service(
         // it. Every layer below sees one spelling of each resource, and the
         // route says which methods are fenced, how the key is made and where
         // the request goes (404 without one).
-        .layer(RoutingLayer::new(shared.routes.clone()))
+        .layer(RoutingLayer::new(shared.routes.clone(), forward.over_tls()))
         // Per connection, the bytes of heads it may have sent upstream a
         // second: after routing, so the refusal is counted under its route,
         // and before the head checks, so a refused request reads and raises

@@ -24,6 +24,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
 use crate::config::TlsFiles;
+use crate::metrics::TlsReloads;
 use crate::watch::{watch_dirs_of, DirWatch};
 
 /// Why the TLS files could not be used, naming the field whose file it is.
@@ -105,18 +106,22 @@ impl ServerTls {
         }
     }
 
-    /// Reloads (and logs it) whenever the files' directories change, until
-    /// the watch is dropped.
-    pub fn watch(self: &Arc<Self>) -> notify::Result<DirWatch> {
+    /// Reloads (and logs and counts it) whenever the files' directories
+    /// change, until the watch is dropped.
+    pub(crate) fn watch(self: &Arc<Self>, counts: TlsReloads) -> notify::Result<DirWatch> {
         let files = [Some(&self.files.cert), Some(&self.files.key), self.files.client_ca.as_ref()];
         let tls = Arc::downgrade(self);
         watch_dirs_of(files.into_iter().flatten().map(|p| p.as_path()), move || {
             let Some(tls) = tls.upgrade() else { return };
             match tls.reload() {
-                Reloaded::Applied => info!("TLS certificate reloaded: new connections use it"),
+                Reloaded::Applied => {
+                    counts.applied.inc();
+                    info!("TLS certificate reloaded: new connections use it");
+                }
                 Reloaded::Unchanged => {}
                 Reloaded::Refused(e) => {
-                    warn!(error = %e, "TLS files changed but do not load; the last good certificate keeps serving")
+                    counts.refused.inc();
+                    warn!(error = %e, "TLS files changed but do not load; the last good certificate keeps serving");
                 }
             }
         })

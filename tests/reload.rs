@@ -15,14 +15,20 @@ use common::*;
 
 const APPLIED: &str = "fencegate_config_reloads_total{outcome=\"applied\"}";
 const INVALID: &str = "fencegate_config_reloads_total{outcome=\"invalid\"}";
-/// How long the config's directory must be quiet before fencegate reads it.
-const QUIET: Duration = Duration::from_millis(250);
 const RESTART_NEEDED: &str = "fencegate_config_reloads_total{outcome=\"restart_needed\"}";
 
-/// Writes the config as an editor that saves in place would, then waits for
-/// fencegate to count it under `outcome` (`n` in all).
+/// Replaces the file at `path` whole, as editors and Kubernetes do (a new
+/// file renamed over it: never seen half-written).
+fn replace(path: &Path, text: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, text).unwrap();
+    std::fs::rename(&next, path).unwrap();
+}
+
+/// Replaces the config, then waits for fencegate to count it under
+/// `outcome` (`n` in all).
 async fn rewrite(proxy: &Proxy, path: &Path, text: &str, outcome: &str, n: f64) {
-    std::fs::write(path, text).unwrap();
+    replace(path, text);
     proxy.wait_metric(outcome, n).await;
 }
 
@@ -106,17 +112,43 @@ async fn a_config_that_does_not_validate_or_needs_a_restart_changes_nothing() {
 }
 
 #[tokio::test]
-async fn sighup_reads_the_signing_key_again_and_a_file_change_alone_does_not() {
+async fn a_route_edit_that_raises_the_derived_buffer_share_needs_a_restart_and_one_that_lowers_it_does_not() {
+    let up = RecordingUpstream::start().await;
+    let dir = TempDir::new();
+    // max_connection_buffered_bytes unset: a quarter of 4MiB, raised to the
+    // largest max_body of a route that reads bodies whole.
+    let with_body = |max_body: &str| {
+        let server = "[server]
+listen = \"127.0.0.1:0\"
+shutdown_grace = \"5s\"
+max_buffered_bytes = \"4MiB\"
+";
+        let routes = route("objects", "/objects/", &up, &format!("max_body = \"{max_body}\""));
+        format!("{server}[admin]\nlisten = \"127.0.0.1:0\"\n{MEMORY_STORE}{routes}")
+    };
+    let path = dir.write("fencegate.toml", &with_body("1MiB"));
+    let proxy = start_reloading(&path).await;
+    rewrite(&proxy, &path, &with_body("2MiB"), RESTART_NEEDED, 1.0).await;
+    rewrite(&proxy, &path, &with_body("512KiB"), APPLIED, 1.0).await;
+    let big = "x".repeat(600 << 10);
+    let r = send("PUT", &proxy.url("/objects/b"), &[("x-fencing-token", "1")], big).await;
+    r.problem(413);
+}
+
+#[tokio::test]
+async fn a_rotated_signing_key_or_admin_token_is_read_again_when_its_file_changes() {
     const OLD: &str = "an old shared secret, long enough";
     const NEW: &str = "a new shared secret, also long enough";
     let up = RecordingUpstream::start().await;
     let dir = TempDir::new();
-    let key_file = dir.write("fence.key", OLD);
+    let key_file = dir.write("secrets/fence.key", OLD);
+    let token_file = dir.write("secrets/admin-token", "old-admin-token");
     let signing = format!("signing_key_file = {}", toml_string(&key_file.display().to_string()));
-    let config =
-        dir.write("fencegate.toml", &config_text("", MEMORY_STORE, &route("objects", "/objects/", &up, &signing)));
-    let mut running = Running::start_in(dir.path(), &config).await;
-    let url = running.url("/objects/s");
+    let admin = format!("auth_token_file = {}", toml_string(&token_file.display().to_string()));
+    let path =
+        dir.write("fencegate.toml", &config_text(&admin, MEMORY_STORE, &route("objects", "/objects/", &up, &signing)));
+    let proxy = start_reloading(&path).await;
+    let url = proxy.url("/objects/s");
     let signed_put = |secret: &'static str, token: u64| {
         let url = url.clone();
         async move {
@@ -125,18 +157,44 @@ async fn sighup_reads_the_signing_key_again_and_a_file_change_alone_does_not() {
                 .await
         }
     };
+    let fence_set = |bearer: &'static str, token: u64| {
+        let url = proxy.admin_url("/fences?key=%2Fobjects%2Ft");
+        async move {
+            send("PUT", &url, &[("authorization", &format!("Bearer {bearer}"))], format!("{{\"token\": {token}}}"))
+                .await
+        }
+    };
     assert_eq!(signed_put(OLD, 1).await.status, 200);
+    assert_eq!(fence_set("old-admin-token", 1).await.status, 200);
 
-    // The key file changes beside the config: the config's text did not, so
-    // nothing is reloaded and the old key still signs.
-    std::fs::write(&key_file, NEW).unwrap();
-    tokio::time::sleep(QUIET * 4).await;
-    signed_put(NEW, 2).await.problem(403);
-    assert_eq!(signed_put(OLD, 2).await.status, 200);
+    // The Secret rotates; the config's text does not change.
+    replace(&key_file, NEW);
+    replace(&token_file, "new-admin-token");
+    // The token, written last, is in service once a reload read both.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while fence_set("new-admin-token", 2).await.status != 200 {
+        assert!(std::time::Instant::now() < until, "the new admin token was not read within 10 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(proxy.metric(APPLIED).await.unwrap() >= 1.0);
+    assert_eq!(signed_put(NEW, 2).await.status, 200, "the new key signs");
+    signed_put(OLD, 3).await.problem(403);
+    fence_set("old-admin-token", 3).await.problem(401);
+    assert_eq!(up.applied_for("/objects/s").len(), 2);
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_config_and_does_not_stop_fencegate() {
+    let up = RecordingUpstream::start().await;
+    let dir = TempDir::new();
+    let config = dir.write("fencegate.toml", &config_text("", MEMORY_STORE, &route("objects", "/objects/", &up, "")));
+    let mut running = Running::start_in(dir.path(), &config).await;
+    assert_eq!(put(&running.url("/objects/h"), 1, "h").await.status, 200);
 
     running.signal("HUP");
     running.wait_event("the reload", |e| e["message"].as_str().is_some_and(|m| m.starts_with("config reloaded"))).await;
-    assert_eq!(signed_put(NEW, 3).await.status, 200, "the new key signs after SIGHUP");
-    signed_put(OLD, 4).await.problem(403);
-    assert_eq!(up.applied_for("/objects/s").len(), 3);
+    let metrics = get(&running.admin_url("/metrics")).await.text();
+    assert!(metrics.contains(&format!("{APPLIED} 1")), "{metrics}");
+    assert_eq!(put(&running.url("/objects/h"), 2, "h").await.status, 200, "still serving");
+    put(&running.url("/objects/h"), 1, "h").await.problem(409);
 }

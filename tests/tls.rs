@@ -273,6 +273,9 @@ async fn a_client_ca_requires_a_client_certificate_it_signed() {
     assert_eq!(up.applied_for("/objects/c").len(), 1);
 }
 
+const APPLIED: &str = "fencegate_tls_reloads_total{outcome=\"applied\"}";
+const REFUSED: &str = "fencegate_tls_reloads_total{outcome=\"refused\"}";
+
 /// Connects until the server shows `want`, for up to 10 s.
 async fn wait_for_certificate(addr: SocketAddr, config: &Arc<ClientConfig>, want: &[u8]) {
     let until = Instant::now() + Duration::from_secs(10);
@@ -302,6 +305,7 @@ async fn a_certificate_rotated_the_secret_volume_way_serves_new_connections_and_
 
     let second = ca.issue("second");
     volume.update(&[("tls.crt", &second.cert), ("tls.key", &second.key)]);
+    proxy.wait_metric(APPLIED, 1.0).await;
     wait_for_certificate(proxy.addr, &config, &second.der).await;
     let ok = reply(kept.send_request(put_req("/objects/r", 1)).await.unwrap()).await.unwrap();
     assert_eq!(ok.status, StatusCode::OK, "the connection from before the rotation: {}", ok.text());
@@ -309,16 +313,17 @@ async fn a_certificate_rotated_the_secret_volume_way_serves_new_connections_and_
     // A broken rotation: the third certificate with the second's key.
     let third = ca.issue("third");
     volume.update(&[("tls.crt", &third.cert), ("tls.key", &second.key)]);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    for _ in 0..3 {
+    proxy.wait_metric(REFUSED, 1.0).await;
+    for token in [2, 3] {
         let stream = connect(proxy.addr, config.clone()).await.unwrap();
         assert_eq!(served(&stream), second.der, "the last good pair keeps serving");
-        let ok = http1(stream, put_req("/objects/r", 2)).await.unwrap();
+        let ok = http1(stream, put_req("/objects/r", token)).await.unwrap();
         assert_eq!(ok.status, StatusCode::OK);
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Repaired: served.
     volume.update(&[("tls.crt", &third.cert), ("tls.key", &third.key)]);
+    proxy.wait_metric(APPLIED, 2.0).await;
     wait_for_certificate(proxy.addr, &config, &third.der).await;
-    assert_eq!(up.applied_for("/objects/r").len(), 4);
+    assert_eq!(up.applied_for("/objects/r").len(), 3);
+    assert_eq!(proxy.metric(REFUSED).await, Some(1.0));
 }

@@ -171,7 +171,8 @@ pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<Cl
 
 /// The refusal of a change without the configured bearer token, if it has not.
 fn unauthorized<B>(state: &AdminState, peer: SocketAddr, req: &Request<B>) -> Option<Response<Full<Bytes>>> {
-    let Some(expected) = &state.auth_token else {
+    let expected = state.auth_token.load();
+    let Some(expected) = expected.as_deref() else {
         return Some(problem(
             StatusCode::FORBIDDEN,
             "Fence changes disabled",

@@ -31,8 +31,9 @@ pub(crate) struct AdminState {
     pub shared: Arc<Shared>,
     /// Set when shutdown begins; `/readyz` answers 503 from then on.
     pub draining: AtomicBool,
-    /// Bearer token for fence changes; `None` disables them (403).
-    pub auth_token: Option<String>,
+    /// Bearer token for fence changes; `None` disables them (403). A config
+    /// reload may change it.
+    pub auth_token: Arc<arc_swap::ArcSwapOption<String>>,
     /// Longest key the fence API takes (`[fences] max_key_bytes`), as the proxy.
     pub max_key_bytes: usize,
 }

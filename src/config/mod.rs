@@ -80,10 +80,15 @@ impl Config {
     /// Reads, validates and reads the secrets of a config file: what the binary
     /// runs. Secret problems are listed with validation's, all at once.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let name = path.display().to_string();
         let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::whole_file(&name, format!("cannot read the file: {e}")))?;
-        let file = parse(&text, &name)?;
+            .map_err(|e| ConfigError::whole_file(&path.display().to_string(), format!("cannot read the file: {e}")))?;
+        Config::load_text(path, &text)
+    }
+
+    /// Like [`load`](Self::load), with the file's text already read.
+    pub fn load_text(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let name = path.display().to_string();
+        let file = parse(text, &name)?;
         let sources = SecretSources::named_in(&file);
         match (validate::validate(file), sources.read(admin_token_from_env())) {
             (Ok(config), Ok(secrets)) => Ok(secrets.apply(config)),
@@ -105,6 +110,12 @@ impl Config {
             .map(|config| Validated { config, secrets, source_name: name.to_string() })
             .map_err(|problems| ConfigError { source_name: name.to_string(), problems })
     }
+}
+
+/// The files config `text` reads secrets from (`[admin] auth_token_file`,
+/// each route's `signing_key_file`); none if it does not parse.
+pub fn secret_files(text: &str) -> Vec<std::path::PathBuf> {
+    parse(text, "config").map(|file| SecretSources::named_in(&file).files()).unwrap_or_default()
 }
 
 fn parse(text: &str, name: &str) -> Result<FileConfig, ConfigError> {

@@ -44,6 +44,9 @@ pub struct ServerConfig {
     /// once, over all its HTTP/2 streams (503 past it); within
     /// `max_buffered_bytes`.
     pub max_connection_buffered_bytes: u64,
+    /// Whether the file set `max_connection_buffered_bytes`; unset, it is
+    /// derived from `max_buffered_bytes` and the routes' `max_body`.
+    pub max_connection_buffered_bytes_set: bool,
     /// HTTP/2 streams one client connection may have open at once.
     pub max_concurrent_streams: u32,
     /// Most header fields in a request head (431 past it), HTTP/1.1 and HTTP/2.

@@ -52,6 +52,12 @@ impl SecretSources {
         }
     }
 
+    /// The files the secrets are read from.
+    pub(super) fn files(&self) -> Vec<std::path::PathBuf> {
+        let keys = self.signing_key_files.iter().map(|(_, _, path)| path);
+        self.admin_token_file.iter().chain(keys).map(std::path::PathBuf::from).collect()
+    }
+
     /// Reads every secret; `env_token` is the value of [`ADMIN_TOKEN_ENV`].
     pub(super) fn read(&self, env_token: Option<String>) -> Result<Secrets, Vec<ConfigProblem>> {
         let mut p = Problems::default();

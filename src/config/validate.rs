@@ -91,6 +91,7 @@ fn server(s: &ServerSection, p: &mut Problems) -> ServerConfig {
         ),
         // Set once the routes are known: see `connection_share`.
         max_connection_buffered_bytes: 0,
+        max_connection_buffered_bytes_set: s.max_connection_buffered_bytes.is_some(),
         max_concurrent_streams: match s.max_concurrent_streams.unwrap_or(DEFAULT_MAX_CONCURRENT_STREAMS) {
             n @ 1..=MAX_CONCURRENT_STREAMS => n as u32,
             _ => {

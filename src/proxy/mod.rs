@@ -135,6 +135,11 @@ impl ClientAddr {
     pub fn over_tls(self) -> ClientAddr {
         ClientAddr { proto: HeaderValue::from_static("https"), ..self }
     }
+
+    /// Whether the client speaks TLS.
+    pub fn is_tls(&self) -> bool {
+        self.proto == "https"
+    }
 }
 
 /// Given with a request (`Routed::slot_taken`) by whoever runs its forward
@@ -182,6 +187,11 @@ struct ClientSide {
 }
 
 impl Forward {
+    /// Whether its client speaks TLS.
+    pub fn over_tls(&self) -> bool {
+        self.0.client.is_tls()
+    }
+
     /// The forwarder of the client connection `client`.
     pub fn of(client: ClientAddr) -> Forward {
         Forward(Arc::new(ClientSide {

@@ -138,7 +138,7 @@ mod tests {
         let copy = |to: &str| {
             let request = Request::builder().method("COPY").uri("/lenient/a").header("host", "a.example");
             let request = request.header("destination", to).body(()).unwrap();
-            route_request(&table, request).map(|(r, _)| r).map_err(|(e, _)| e)
+            route_request(&table, request, false).map(|(r, _)| r).map_err(|(e, _)| e)
         };
         let into_fenced = copy("/objects/b").unwrap();
         assert!(into_fenced.fenced);

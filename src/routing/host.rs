@@ -38,8 +38,18 @@ pub enum HostError {
 }
 
 /// Makes the request's host canonical and the one `Host` header; returns it.
-pub(super) fn request_host(uri: &Uri, headers: &mut HeaderMap) -> Result<Option<HeaderValue>, HostError> {
-    let default_port = if uri.scheme() == Some(&http::uri::Scheme::HTTPS) { 443 } else { 80 };
+/// A target without a scheme (origin form) has the connection's: `https`
+/// when it came `over_tls`.
+pub(super) fn request_host(
+    uri: &Uri,
+    headers: &mut HeaderMap,
+    over_tls: bool,
+) -> Result<Option<HeaderValue>, HostError> {
+    let https = match uri.scheme() {
+        Some(scheme) => *scheme == http::uri::Scheme::HTTPS,
+        None => over_tls,
+    };
+    let default_port = if https { 443 } else { 80 };
     let mut hosts = headers.get_all(HOST).iter();
     let header = hosts.next();
     if hosts.next().is_some() {

@@ -11,12 +11,14 @@ use crate::route::LiveRoutes;
 #[derive(Debug, Clone)]
 pub struct RoutingLayer {
     routes: Arc<LiveRoutes>,
+    over_tls: bool,
 }
 
 impl RoutingLayer {
-    /// Routes each request by the table `routes` holds when it arrives.
-    pub fn new(routes: Arc<LiveRoutes>) -> Self {
-        RoutingLayer { routes }
+    /// Routes each request by the table `routes` holds when it arrives, for
+    /// a connection that speaks TLS (`over_tls`) or not.
+    pub fn new(routes: Arc<LiveRoutes>, over_tls: bool) -> Self {
+        RoutingLayer { routes, over_tls }
     }
 }
 
@@ -24,6 +26,6 @@ impl<S> Layer<S> for RoutingLayer {
     type Service = Routing<S>;
 
     fn layer(&self, inner: S) -> Routing<S> {
-        Routing::new(inner, self.routes.clone())
+        Routing::new(inner, self.routes.clone(), self.over_tls)
     }
 }

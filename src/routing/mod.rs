@@ -72,13 +72,14 @@ const ROUTING: PathOptions = PathOptions { merge_slashes: true, escaped_slashes:
 pub(crate) fn route_request<B>(
     routes: &RouteTable,
     request: Request<B>,
+    over_tls: bool,
 ) -> Result<(Routed<B>, RouteTag), (ProxyError, Option<RouteTag>)> {
     let (mut parts, body) = request.into_parts();
     let untagged = |e: ProxyError| (e, None);
     if parts.version == Version::HTTP_2 {
         check_header_whitespace(&parts.headers).map_err(untagged)?;
     }
-    let host = host::request_host(&parts.uri, &mut parts.headers).map_err(|e| untagged(e.into()))?;
+    let host = host::request_host(&parts.uri, &mut parts.headers, over_tls).map_err(|e| untagged(e.into()))?;
 
     let (route, path) = find_route(routes, parts.uri.path()).map_err(untagged)?;
     // Only a changed path is written back: what comes after routing reads the
@@ -188,7 +189,20 @@ mod tests {
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        route_request(&table(), request.body(()).unwrap()).map(|(routed, _)| routed).map_err(|(e, _)| e)
+        route_request(&table(), request.body(()).unwrap(), false).map(|(routed, _)| routed).map_err(|(e, _)| e)
+    }
+
+    #[test]
+    fn an_origin_form_target_over_tls_has_port_443_by_default() {
+        let host = |over_tls: bool, value: &str| {
+            let request = Request::put("/objects/a").header("host", value).body(()).unwrap();
+            let (routed, _) = route_request(&table(), request, over_tls).map_err(|(e, _)| e).unwrap();
+            routed.request.headers()["host"].to_str().unwrap().to_string()
+        };
+        assert_eq!(host(true, "a.example:443"), "a.example");
+        assert_eq!(host(true, "a.example:80"), "a.example:80");
+        assert_eq!(host(false, "a.example:443"), "a.example:443");
+        assert_eq!(host(false, "a.example:80"), "a.example");
     }
 
     fn target(method: &str, target: &str) -> (String, String) {
@@ -254,7 +268,7 @@ mod tests {
         for value in [" acme", "acme\t", " "] {
             let request =
                 Request::builder().version(Version::HTTP_2).uri("http://a.example/objects/a").header("x-tenant", value);
-            let refused = route_request(&table(), request.body(()).unwrap()).map(|_| ()).map_err(|(e, _)| e);
+            let refused = route_request(&table(), request.body(()).unwrap(), false).map(|_| ()).map_err(|(e, _)| e);
             assert!(matches!(refused, Err(ProxyError::BadHeader(_))), "{value:?}");
         }
     }

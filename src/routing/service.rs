@@ -20,11 +20,13 @@ use crate::route::LiveRoutes;
 pub struct Routing<S> {
     inner: S,
     routes: Arc<LiveRoutes>,
+    /// The connection speaks TLS: a target without a scheme is `https`.
+    over_tls: bool,
 }
 
 impl<S> Routing<S> {
-    pub(super) fn new(inner: S, routes: Arc<LiveRoutes>) -> Self {
-        Routing { inner, routes }
+    pub(super) fn new(inner: S, routes: Arc<LiveRoutes>, over_tls: bool) -> Self {
+        Routing { inner, routes, over_tls }
     }
 }
 
@@ -41,7 +43,7 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        match route_request(&self.routes.load(), request) {
+        match route_request(&self.routes.load(), request, self.over_tls) {
             Ok((routed, tag)) => RefusedOr::Passed { inner: Tagged::new(self.inner.call(routed), tag) },
             Err((error, tag)) => {
                 let mut rejection = Rejection::from(error);

@@ -220,9 +220,19 @@ mod tests {
         let account = Account::of(&config);
         assert_eq!(
             account,
-            Account { proxy: 100, admin: 5, upstream: 10, files: FILE_STORE_DESCRIPTORS, reserve: FIXED_RESERVE + 8 }
+            Account {
+                proxy: 100,
+                admin: 5,
+                upstream: 10,
+                files: FILE_STORE_DESCRIPTORS,
+                reserve: FIXED_RESERVE + 8 + PER_WATCH
+            }
         );
-        assert_eq!(account.total(), 100 + 5 + 10 + FILE_STORE_DESCRIPTORS + FIXED_RESERVE + 8);
+        assert_eq!(account.total(), 100 + 5 + 10 + FILE_STORE_DESCRIPTORS + FIXED_RESERVE + 8 + PER_WATCH);
+        // With TLS, the certificate's directory is watched too.
+        let tls = format!("[server.tls]\ncert = 'c'\nkey = 'k'\n{text}");
+        let config = Config::from_toml_str(&tls).unwrap().read_secrets_with(None).unwrap();
+        assert_eq!(Account::of(&config).reserve, FIXED_RESERVE + 8 + 2 * PER_WATCH);
     }
 
     #[test]

@@ -124,11 +124,12 @@ impl Fencegate {
             store: Arc::new(store),
             gate: Arc::new(gate),
         });
-        let reloader = Arc::new(Reloader::new(shared.clone(), config.clone()));
+        let auth_token = Arc::new(arc_swap::ArcSwapOption::from(config.admin.auth_token.clone().map(Arc::new)));
+        let reloader = Arc::new(Reloader::new(shared.clone(), auth_token.clone(), config.clone()));
         let state = Arc::new(AdminState {
             shared,
             draining: AtomicBool::new(false),
-            auth_token: config.admin.auth_token.clone(),
+            auth_token,
             max_key_bytes: config.fences.max_key_bytes,
         });
         Ok(Fencegate { config, proxy, admin, state, tls, reloader, reloads: None })
@@ -173,7 +174,7 @@ impl Fencegate {
         // Reloads while these live.
         let _reloads = reloads;
         // A rotated certificate is picked up while this watch lives.
-        let _tls_watch = tls.as_ref().and_then(|tls| match tls.watch() {
+        let _tls_watch = tls.as_ref().and_then(|tls| match tls.watch(state.shared.metrics.tls_reloads()) {
             Ok(watch) => Some(watch),
             Err(e) => {
                 warn!(error = %e, "cannot watch the TLS files: a rotated certificate needs a restart");

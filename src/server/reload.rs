@@ -3,14 +3,19 @@
 //!
 //! What a reload changes: the `[[route]]` tables, each with its policy
 //! (prefix, upstream, key, methods, timeouts, body limits, signing key files,
-//! read again). Requests route by the new table from the moment it is in
+//! read again). The directories of the secret files the config names at
+//! start are watched too, so a rotated signing key or admin token is a
+//! change. Requests route by the new table from the moment it is in
 //! place; a request already routed keeps its route, and so the policy it
 //! started with, to its end. A route that keeps its name, upstream and
 //! connection cap keeps its upstream connections and their count; the fence
 //! store, its marks and the keys' turns are not touched.
 //!
+//! The fence API's admin token (`auth_token`, its file, or the environment)
+//! changes with it.
+//!
 //! What it does not change: `[server]` (listeners, limits, TLS files),
-//! `[admin]`, `[fences]` and `[log]`. A new config that changes any of them
+//! the rest of `[admin]`, `[fences]` and `[log]`. A new config that changes any of them
 //! is refused whole, nothing applied, with a log line naming the sections
 //! that take a restart; so is a config that does not validate, with every
 //! problem logged as `--check` prints them. The running config keeps serving
@@ -19,9 +24,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use arc_swap::ArcSwapOption;
 use tracing::{info, warn};
 
-use crate::config::{Config, ConfigError};
+use super::descriptors::{self, Account};
+use crate::config::{secret_files, AdminConfig, Config, ConfigError, ConfigProblem};
 use crate::metrics::Reloads;
 use crate::route::RouteTable;
 use crate::stack::Shared;
@@ -34,50 +41,87 @@ pub enum Reloaded {
     Applied { routes: usize },
     /// The new config does not validate: nothing changed.
     Invalid(ConfigError),
-    /// The new config changes sections a reload cannot: nothing changed.
+    /// The new config changes what a reload cannot: nothing changed.
     RestartNeeded(Vec<&'static str>),
+}
+
+/// What a config file and the secret files it names held at an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Read {
+    text: Option<String>,
+    secrets: Vec<(PathBuf, Option<Vec<u8>>)>,
+}
+
+impl Read {
+    fn of(path: &Path) -> Read {
+        let text = std::fs::read_to_string(path).ok();
+        let secrets = text
+            .as_deref()
+            .map(secret_files)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|file| {
+                let bytes = std::fs::read(&file).ok();
+                (file, bytes)
+            })
+            .collect();
+        Read { text, secrets }
+    }
 }
 
 /// Reloads the config of a running fencegate.
 #[derive(Debug)]
 pub struct Reloader {
     shared: Arc<Shared>,
+    /// The fence API's bearer token: a reload may change it.
+    admin_token: Arc<ArcSwapOption<String>>,
     /// The config in service: what the next one is compared with.
     running: Mutex<Config>,
-    /// The file's text at the last attempt: a change event that leaves it
-    /// as it was (another file of the directory changed) is no reload.
-    last_text: Mutex<Option<String>>,
+    /// Held through each reload, so two never interleave (a SIGHUP and a
+    /// change of the file at once), with what the last attempt read: a
+    /// change event that leaves the file and its secrets as they were (another
+    /// file of the directory changed) is no reload, nor one that would only
+    /// refuse the same config again.
+    last: Mutex<Option<Read>>,
     counts: Reloads,
 }
 
 impl Reloader {
-    pub(super) fn new(shared: Arc<Shared>, running: Config) -> Reloader {
+    pub(super) fn new(shared: Arc<Shared>, admin_token: Arc<ArcSwapOption<String>>, running: Config) -> Reloader {
         let counts = shared.metrics.reloads();
-        Reloader { shared, running: Mutex::new(running), last_text: Mutex::new(None), counts }
+        Reloader { shared, admin_token, running: Mutex::new(running), last: Mutex::new(None), counts }
     }
 
-    /// Puts `new`'s routes in service if nothing else in it differs from the
-    /// running config; logs and counts what happened.
+    /// Puts `new`'s routes (and admin token) in service if nothing else in it
+    /// differs from the running config; logs and counts what happened.
     pub fn apply(&self, new: Config) -> Reloaded {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        let changed: Vec<&'static str> = [
-            ("[server]", running.server != new.server),
-            ("[admin]", running.admin != new.admin),
-            ("[fences]", running.fences != new.fences),
-            ("[log]", running.log != new.log),
-        ]
-        .into_iter()
-        .filter_map(|(section, changed)| changed.then_some(section))
-        .collect();
+        let mut new = new;
+        if let Some(route) = new.routes.iter().find(|r| r.signing_key.as_ref().is_some_and(|k| k.bytes().is_none())) {
+            let problem = ConfigProblem {
+                field: format!("route '{}'.signing_key_file", route.name),
+                message: "was never read: load the config with its secrets".into(),
+            };
+            return self
+                .refused(Reloaded::Invalid(ConfigError { source_name: "config".into(), problems: vec![problem] }));
+        }
+        let changed = restart_needed(&running, &mut new);
         if !changed.is_empty() {
             return self.refused(Reloaded::RestartNeeded(changed));
         }
+        // More upstream connections may be allowed now: raise the open-file
+        // limit if it needs it, or say it does not fit.
+        descriptors::check(Account::of(&new));
         let serving = self.shared.routes.current();
         let metrics = &self.shared.metrics;
         let table = RouteTable::new(
             new.routes.iter().map(|route| route.in_service(metrics, serving.named(&route.name).map(|r| &**r))),
         );
         self.shared.routes.replace(table);
+        if new.admin.auth_token != running.admin.auth_token {
+            self.admin_token.store(new.admin.auth_token.clone().map(Arc::new));
+            info!("config reload: the fence API's admin token changed");
+        }
         let routes = new.routes.len();
         *running = new;
         self.counts.applied.inc();
@@ -87,21 +131,33 @@ impl Reloader {
 
     /// Reads `path` (and the secrets it names) and applies it.
     pub fn reload(&self, path: &Path) -> Reloaded {
-        *self.last_text.lock().unwrap_or_else(PoisonError::into_inner) = std::fs::read_to_string(path).ok();
-        match Config::load(path) {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let read = Read::of(path);
+        *last = Some(read.clone());
+        self.load(path, read)
+    }
+
+    /// Like [`reload`](Self::reload), unless the file and its secrets hold
+    /// what the last attempt read.
+    fn reload_if_changed(&self, path: &Path) {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let read = Read::of(path);
+        if last.as_ref() == Some(&read) {
+            return;
+        }
+        *last = Some(read.clone());
+        self.load(path, read);
+    }
+
+    fn load(&self, path: &Path, read: Read) -> Reloaded {
+        let loaded = match &read.text {
+            Some(text) => Config::load_text(path, text),
+            None => Config::load(path),
+        };
+        match loaded {
             Ok(config) => self.apply(config),
             Err(e) => self.refused(Reloaded::Invalid(e)),
         }
-    }
-
-    /// Like [`reload`](Self::reload), unless the file's text is what the
-    /// last attempt read.
-    fn reload_if_changed(&self, path: &Path) {
-        let text = std::fs::read_to_string(path).ok();
-        if text.is_some() && *self.last_text.lock().unwrap_or_else(PoisonError::into_inner) == text {
-            return;
-        }
-        self.reload(path);
     }
 
     fn refused(&self, reloaded: Reloaded) -> Reloaded {
@@ -110,19 +166,48 @@ impl Reloader {
                 self.counts.invalid.inc();
                 warn!("config reload refused, the running config keeps serving: {e}");
             }
-            Reloaded::RestartNeeded(sections) => {
+            Reloaded::RestartNeeded(changed) => {
                 self.counts.restart_needed.inc();
                 warn!(
-                    changed = %sections.join(", "),
-                    "config reload refused, the running config keeps serving: these sections change only with a \
-                     restart (listeners, limits, TLS files, the admin token, the fence store, logging); nothing \
-                     was applied, routes included"
+                    changed = %changed.join(", "),
+                    "config reload refused, the running config keeps serving: these change only with a restart \
+                     (listeners, limits, TLS files, the fence store, logging); nothing was applied, routes included"
                 );
             }
             Reloaded::Applied { .. } => {}
         }
         reloaded
     }
+}
+
+/// What in `new` differs from `running` that only a restart can change.
+/// `new`'s derived per-connection buffer share becomes the running one when
+/// its routes fit in it: an unset `max_connection_buffered_bytes` follows the
+/// routes' `max_body`, and a smaller body needs no new share.
+fn restart_needed(running: &Config, new: &mut Config) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    let (was, is) = (&running.server, &mut new.server);
+    if !was.max_connection_buffered_bytes_set && !is.max_connection_buffered_bytes_set {
+        if is.max_connection_buffered_bytes > was.max_connection_buffered_bytes {
+            changed.push("[server] max_connection_buffered_bytes, derived from a route's larger max_body");
+        }
+        is.max_connection_buffered_bytes = was.max_connection_buffered_bytes;
+    }
+    if *was != *is {
+        changed.push("[server]");
+    }
+    // The admin token is a secret a reload may change.
+    let without_token = |admin: &AdminConfig| AdminConfig { auth_token: None, ..admin.clone() };
+    if without_token(&running.admin) != without_token(&new.admin) {
+        changed.push("[admin]");
+    }
+    if running.fences != new.fences {
+        changed.push("[fences]");
+    }
+    if running.log != new.log {
+        changed.push("[log]");
+    }
+    changed
 }
 
 /// The reload triggers of a running fencegate: SIGHUP and the config file's
@@ -141,13 +226,17 @@ impl Drop for Triggers {
 }
 
 impl Triggers {
-    /// Starts watching `path`'s directory and listening for SIGHUP.
+    /// Starts watching the directories of `path` and of the secret files it
+    /// names now, and listening for SIGHUP.
     pub(super) fn start(reloader: Arc<Reloader>, path: PathBuf) -> Triggers {
-        // The text in service is the file's as fencegate started.
-        *reloader.last_text.lock().unwrap_or_else(PoisonError::into_inner) = std::fs::read_to_string(&path).ok();
+        // What is in service is what the files hold as fencegate starts.
+        let read = Read::of(&path);
+        let secrets: Vec<PathBuf> = read.secrets.iter().map(|(file, _)| file.clone()).collect();
+        *reloader.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(read);
         let watch = {
             let (reloader, file) = (reloader.clone(), path.clone());
-            match watch_dirs_of([path.as_path()], move || reloader.reload_if_changed(&file)) {
+            let watched = std::iter::once(path.as_path()).chain(secrets.iter().map(PathBuf::as_path));
+            match watch_dirs_of(watched, move || reloader.reload_if_changed(&file)) {
                 Ok(watch) => Some(watch),
                 Err(e) => {
                     warn!(error = %e, "cannot watch the config file's directory: reload with SIGHUP");
