@@ -32,9 +32,13 @@
 //! it could take a slot from closes as soon as it is idle: the ones idle when
 //! the wait begins, and the ones that finish their response during it.
 //!
+//! An upstream connection is TCP, with TLS over it for an https upstream
+//! (`tls.rs`): the handshake is part of connecting, within the same timeout.
+//!
 //! Retries: only what never reached the upstream is sent again.
-//! - Connecting is retried (with backoff): it happens before the request is
-//!   handed to a connection, so not one byte of it was sent.
+//! - Connecting, the TLS handshake included, is retried (with backoff): it
+//!   happens before the request is handed to a connection, so not one byte of
+//!   it was sent.
 //! - A request that a kept connection hands back unsent (the upstream had
 //!   closed it while idle) goes out on a fresh connection.
 //! - Anything else (a connection that broke after sending, a timeout) is never
