@@ -57,14 +57,20 @@ RUN cargo clean --release --package fencegate \
 # ---- run --------------------------------------------------------------------
 # Debian's slim image of the same release the builder is on (same glibc). The
 # tag follows Debian's point releases, so a rebuild picks up security fixes.
-# No CA bundle: fencegate opens no TLS connection of its own (upstreams are
-# http://); install ca-certificates here if that changes.
 FROM debian:bookworm-slim
 
+# The platform's root certificates (ca-certificates): an https:// upstream
+# without a ca_file is verified against them. Not pinned (DL3008): the bundle
+# must follow Debian's updates (a root removed or distrusted), and Debian
+# replaces the version at each point release, which would break a pinned build.
 # A fixed, non-root UID/GID so volume permissions and runAsNonRoot checks are
 # predictable (the Kubernetes manifests use the same numbers). Only the data
 # directory is the user's: nothing else needs writing.
-RUN groupadd --system --gid 10001 fencegate \
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 fencegate \
     && useradd --system --uid 10001 --gid fencegate \
         --home-dir /var/lib/fencegate --no-create-home --shell /usr/sbin/nologin fencegate \
     && install -d -m 0755 /var/lib/fencegate /etc/fencegate \

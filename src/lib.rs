@@ -27,7 +27,7 @@
 //! | `fence/head.rs` | everything the head decides: token, signature, key, a stale or jumping token |
 //! | `body.rs` | the body limit, and fenced bodies read whole within a global budget |
 //! | `fence/service.rs` | the keys' turns, the atomic raise, the forward that outlives its client |
-//! | `proxy/` | the upstream connections, header rewrite, timeouts, upgrades |
+//! | `proxy/` | the upstream connections (plain or TLS), header rewrite, timeouts, upgrades |
 //!
 //! And what they lean on: `canonical/` (path, host and query canonical forms),
 //! `route/` (routes, patterns, key templates), `fence/store/` (marks in memory

@@ -142,6 +142,16 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+        for route in &config.routes {
+            if let Some(why) = route.upstream_tls.as_ref().and_then(|t| t.no_roots()) {
+                eprintln!(
+                    "{}: warning: route '{}': {why}; its https upstream cannot be verified until ca_file is set \
+                     or the system's CA certificates are installed",
+                    cli.config.display(),
+                    route.name
+                );
+            }
+        }
         println!(
             "{}: OK ({} route{})",
             cli.config.display(),

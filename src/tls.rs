@@ -142,8 +142,7 @@ fn read(files: &TlsFiles) -> Result<Material, TlsError> {
 fn build(material: &Material) -> Result<ServerConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let chain = certificates("server.tls.cert", &material.cert)?;
-    let key = PrivateKeyDer::from_pem_slice(&material.key)
-        .map_err(|e| TlsError::new("server.tls.key", format!("no usable PEM private key: {e}")))?;
+    let key = pem_private_key(&material.key).map_err(|message| TlsError::new("server.tls.key", message))?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::new("server.tls", e.to_string()))?;
@@ -170,13 +169,24 @@ fn build(material: &Material) -> Result<ServerConfig, TlsError> {
 }
 
 fn certificates(field: &'static str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    pem_certificates(pem).map_err(|message| TlsError::new(field, message))
+}
+
+/// Every certificate of a PEM file, at least one; the error says what is
+/// wrong with the file. Shared with the upstream side (`proxy/tls.rs`).
+pub(crate) fn pem_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsError::new(field, format!("not a PEM certificate file: {e}")))?;
+        .map_err(|e| format!("not a PEM certificate file: {e}"))?;
     if certs.is_empty() {
-        return Err(TlsError::new(field, "holds no PEM certificate"));
+        return Err("holds no PEM certificate".to_string());
     }
     Ok(certs)
+}
+
+/// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
+pub(crate) fn pem_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| format!("no usable PEM private key: {e}"))
 }
 
 #[cfg(test)]

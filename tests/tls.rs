@@ -14,7 +14,6 @@ use bytes::Bytes;
 use http::{Request, StatusCode, Version};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
@@ -23,41 +22,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
+use common::certs::{Ca, Identity};
 use common::process::start_in_process;
 use common::*;
-
-/// A certificate authority made for one test.
-struct Ca(CertifiedIssuer<'static, KeyPair>);
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        Ca(CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap())
-    }
-
-    fn pem(&self) -> String {
-        self.0.pem()
-    }
-
-    /// A certificate for `localhost` and 127.0.0.1 named `name`, and its key.
-    fn issue(&self, name: &str) -> Identity {
-        let mut params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-        params.distinguished_name.push(DnType::CommonName, name);
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.0).unwrap();
-        Identity { cert: cert.pem(), key: key.serialize_pem(), der: cert.der().to_vec() }
-    }
-}
-
-/// A certificate with its key, as PEM, and the certificate as DER.
-#[derive(Clone)]
-struct Identity {
-    cert: String,
-    key: String,
-    der: Vec<u8>,
-}
 
 /// A client that trusts `ca`, offers `alpn`, and presents `identity` if given.
 fn client_config(ca: &Ca, alpn: &[&[u8]], identity: Option<&Identity>) -> Arc<ClientConfig> {

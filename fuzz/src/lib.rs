@@ -450,7 +450,10 @@ fn check_upstream(text: &str) {
     let root = u.uri_for("/").unwrap_or_else(|e| panic!("{text:?}: uri_for(\"/\") failed: {e}"));
     assert_eq!(root.authority(), Some(&u.authority));
     assert_eq!(root.path(), format!("{}/", u.base_path));
-    let again = format!("http://{}{}", u.authority, u.base_path);
+    if u.is_tls() {
+        u.server_name().unwrap_or_else(|e| panic!("{text:?} parsed as https with no name to verify: {e}"));
+    }
+    let again = format!("{}://{}{}", u.scheme, u.authority, u.base_path);
     assert_eq!(Upstream::parse(&again).as_ref(), Ok(&u), "{text:?} does not round-trip through {again:?}");
 }
 

@@ -1,8 +1,11 @@
 //! Validating one `[[route]]` table into a [`Route`], through the route module's own
 //! parsers, with every problem named by the route's index and name.
 //!
-//! The route's `signing_key_file` is only named here; reading it is
+//! The route's `signing_key_file`, and an https upstream's `ca_file`,
+//! `client_cert` and `client_key`, are only named here; reading them is
 //! [`super::secrets`]' job, so validation never touches the disk.
+
+use std::path::PathBuf;
 
 use http::{HeaderName, Method};
 
@@ -11,7 +14,7 @@ use super::file::RouteSection;
 use super::problems::Problems;
 use crate::canonical::{canonical_path, EscapedSlashes, PathOptions};
 use crate::fence::signature::SigningKey;
-use crate::proxy::UpstreamSlots;
+use crate::proxy::{UpstreamSlots, UpstreamTls, UpstreamTlsFiles};
 use crate::route::{KeyTemplate, PathPattern, Route, Upstream};
 
 /// How problems of the route at index `i` are labelled: `route[1] 'objects'`,
@@ -151,6 +154,8 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
     let max_body = p.size(&field("max_body"), s.max_body.as_ref(), DEFAULT_MAX_BODY);
     let upstream_idle_timeout =
         p.duration(&field("upstream_idle_timeout"), s.upstream_idle_timeout.as_deref(), DEFAULT_UPSTREAM_IDLE_TIMEOUT);
+    let named = [("ca_file", &s.ca_file), ("client_cert", &s.client_cert), ("client_key", &s.client_key)];
+    let upstream_tls = upstream_tls(named, upstream.as_ref(), &field, p);
     let max_upstream_connections = match s.max_upstream_connections {
         None => DEFAULT_MAX_UPSTREAM_CONNECTIONS,
         Some(0) => {
@@ -167,6 +172,7 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
         name: name.into(),
         prefix,
         upstream: upstream?,
+        upstream_tls,
         key: key?,
         safe_methods,
         path_options,
@@ -192,12 +198,53 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
     })
 }
 
+/// An https upstream's TLS, its files named (not read); `None` for an http
+/// upstream, which may name none of them.
+/// `named` is `ca_file`, `client_cert` and `client_key`, in that order.
+fn upstream_tls(
+    named: [(&str, &Option<String>); 3],
+    upstream: Option<&Upstream>,
+    field: &dyn Fn(&str) -> String,
+    p: &mut Problems,
+) -> Option<UpstreamTls> {
+    let [ca_file, client_cert, client_key] = named.map(|(name, value)| match value.as_deref() {
+        Some("") => {
+            p.add(field(name), "must not be empty");
+            None
+        }
+        Some(path) => Some(PathBuf::from(path)),
+        None => None,
+    });
+    match (named[1].1, named[2].1) {
+        (Some(_), None) => {
+            p.add(field("client_key"), "is required with client_cert (the certificate's PEM private key)")
+        }
+        (None, Some(_)) => {
+            p.add(field("client_cert"), "is required with client_key (the PEM certificate it goes with)")
+        }
+        _ => {}
+    }
+    let upstream = upstream?;
+    if !upstream.is_tls() {
+        for (name, value) in named {
+            if value.is_some() {
+                p.add(field(name), "applies to https:// upstreams only; this route's upstream is http://");
+            }
+        }
+        return None;
+    }
+    let files = UpstreamTlsFiles { ca_file, client_cert, client_key };
+    // `Upstream::parse` has checked the name of an https upstream.
+    let name = upstream.server_name().ok()?;
+    Some(UpstreamTls::named(name, files))
+}
+
 #[cfg(test)]
 mod tests {
     use http::Method;
 
     use crate::canonical::{EscapedSlashes, PathOptions};
-    use crate::config::tests::{problems, MINIMAL};
+    use crate::config::tests::{fields, problems, MINIMAL};
     use crate::config::Config;
 
     #[test]
@@ -210,10 +257,58 @@ mod tests {
                 .message
         };
         assert!(msg("htp://x").contains("http://"), "{}", msg("htp://x"));
-        assert!(msg("https://x").contains("https"), "{}", msg("https://x"));
+        assert!(msg("ftp://x").contains("https://"), "{}", msg("ftp://x"));
+        assert!(msg("https://store..example").contains("certificate"), "{}", msg("https://store..example"));
         assert!(msg("http://").contains("not a URL"), "{}", msg("http://"));
         assert!(msg("http:///x").contains("not a URL") || msg("http:///x").contains("host"), "{}", msg("http:///x"));
         assert!(msg("http://x/base?q=1").contains("query"), "{}", msg("http://x/base?q=1"));
+    }
+
+    #[test]
+    fn tls_files_belong_to_https_upstreams_and_name_their_field() {
+        let https = MINIMAL.replace("http://127.0.0.1:9000", "https://store.example");
+        let c = Config::from_toml_str(&https).unwrap();
+        let tls = c.routes[0].upstream_tls.as_ref().expect("an https upstream has TLS");
+        assert!(!tls.is_read(), "validation reads no file");
+        assert_eq!(tls.files(), &crate::proxy::UpstreamTlsFiles::default());
+        assert!(Config::from_toml_str(MINIMAL).unwrap().routes[0].upstream_tls.is_none());
+
+        let set = |text: &str, fields: &str| format!("{text}{fields}\n");
+        let c = Config::from_toml_str(&set(&https, "ca_file = 'ca.pem'\nclient_cert = 'c.pem'\nclient_key = 'k.pem'"))
+            .unwrap();
+        let files = c.routes[0].upstream_tls.as_ref().unwrap().files();
+        assert_eq!(files.ca_file.as_deref(), Some(std::path::Path::new("ca.pem")));
+        assert_eq!(files.client_key.as_deref(), Some(std::path::Path::new("k.pem")));
+
+        assert_eq!(fields(&set(&https, "client_cert = 'c.pem'")), ["route[0] 'objects'.client_key"]);
+        assert_eq!(fields(&set(&https, "client_key = 'k.pem'")), ["route[0] 'objects'.client_cert"]);
+        assert_eq!(fields(&set(&https, "ca_file = ''")), ["route[0] 'objects'.ca_file"]);
+        let on_http = problems(&set(MINIMAL, "ca_file = 'ca.pem'\nclient_cert = 'c.pem'\nclient_key = 'k.pem'"));
+        let f: Vec<_> = on_http.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(
+            f,
+            ["route[0] 'objects'.ca_file", "route[0] 'objects'.client_cert", "route[0] 'objects'.client_key"]
+        );
+        assert!(on_http[0].message.contains("https:// upstreams only"), "{}", on_http[0].message);
+    }
+
+    #[test]
+    fn tls_files_are_read_with_the_secrets_and_a_missing_one_names_its_field() {
+        let text = MINIMAL.replace("http://127.0.0.1:9000", "https://127.0.0.1:9443")
+            + "ca_file = '/nonexistent/fencegate/ca.pem'\n";
+        let err = Config::from_toml_str(&text).unwrap().read_secrets_with(None).unwrap_err();
+        let f: Vec<_> = err.problems.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(f, ["route[0] 'objects'.ca_file"]);
+        assert!(err.problems[0].message.contains("/nonexistent/fencegate/ca.pem"), "{err}");
+
+        let tmp = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let ca = rcgen::CertificateParams::new(vec!["ca".to_string()]).unwrap().self_signed(&key).unwrap();
+        let ca_file = tmp.path().join("ca.pem");
+        std::fs::write(&ca_file, ca.pem()).unwrap();
+        let text = text.replace("/nonexistent/fencegate/ca.pem", &ca_file.display().to_string());
+        let c = Config::from_toml_str(&text).unwrap().read_secrets_with(None).unwrap();
+        assert!(c.routes[0].upstream_tls.as_ref().is_some_and(|t| t.is_read()));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The step after validation that reads what a config only names: the admin
-//! token (`FENCEGATE_ADMIN_TOKEN`, else `auth_token_file`, else `auth_token`)
-//! and each route's `signing_key_file`.
+//! token (`FENCEGATE_ADMIN_TOKEN`, else `auth_token_file`, else `auth_token`),
+//! each route's `signing_key_file`, and each https route's `ca_file`,
+//! `client_cert` and `client_key` (or, without a `ca_file`, the platform's
+//! root certificates), from which its TLS client config is built.
 //!
 //! Kept apart so validation stays pure; its problems still name the field, as
 //! validation's do.
@@ -12,6 +14,8 @@ use super::model::Config;
 use super::problems::{ConfigProblem, Problems};
 use super::route::route_label;
 use crate::fence::signature::SigningKey;
+use crate::proxy::{PlatformRoots, UpstreamTls, UpstreamTlsFiles};
+use crate::route::Upstream;
 
 /// Environment variable that overrides `[admin] auth_token` and `auth_token_file`.
 pub const ADMIN_TOKEN_ENV: &str = "FENCEGATE_ADMIN_TOKEN";
@@ -27,12 +31,15 @@ pub(super) struct SecretSources {
     admin_token_file: Option<String>,
     /// Route index, the route's problem label, and its key file.
     signing_key_files: Vec<(usize, String, String)>,
+    /// Route index, the route's problem label, and its https upstream's TLS.
+    upstream_tls: Vec<(usize, String, UpstreamTls)>,
 }
 
 /// The secrets, read.
 pub(super) struct Secrets {
     admin_token: Option<String>,
     signing_keys: Vec<(usize, SigningKey)>,
+    upstream_tls: Vec<(usize, UpstreamTls)>,
 }
 
 impl SecretSources {
@@ -49,13 +56,38 @@ impl SecretSources {
                     Some((i, route_label(i, r.name.as_deref()), path))
                 })
                 .collect(),
+            upstream_tls: file
+                .routes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| {
+                    // Only an https upstream that parses; validation reports
+                    // the rest (files on an http upstream, an empty path).
+                    let upstream = Upstream::parse(r.upstream.as_deref()?).ok().filter(Upstream::is_tls)?;
+                    let path = |p: &Option<String>| p.as_deref().filter(|p| !p.is_empty()).map(Into::into);
+                    let files = UpstreamTlsFiles {
+                        ca_file: path(&r.ca_file),
+                        client_cert: path(&r.client_cert),
+                        client_key: path(&r.client_key),
+                    };
+                    if files.client_cert.is_some() != files.client_key.is_some() {
+                        return None;
+                    }
+                    let tls = UpstreamTls::named(upstream.server_name().ok()?, files);
+                    Some((i, route_label(i, r.name.as_deref()), tls))
+                })
+                .collect(),
         }
     }
 
     /// The files the secrets are read from.
     pub(super) fn files(&self) -> Vec<std::path::PathBuf> {
-        let keys = self.signing_key_files.iter().map(|(_, _, path)| path);
-        self.admin_token_file.iter().chain(keys).map(std::path::PathBuf::from).collect()
+        let keys = self.signing_key_files.iter().map(|(_, _, path)| std::path::PathBuf::from(path));
+        let tls = self.upstream_tls.iter().flat_map(|(_, _, tls)| {
+            let files = tls.files();
+            [&files.ca_file, &files.client_cert, &files.client_key].into_iter().flatten().cloned()
+        });
+        self.admin_token_file.iter().map(std::path::PathBuf::from).chain(keys).chain(tls).collect()
     }
 
     /// Reads every secret; `env_token` is the value of [`ADMIN_TOKEN_ENV`].
@@ -69,7 +101,16 @@ impl SecretSources {
                 Err(msg) => p.add(format!("{label}.signing_key_file"), msg),
             }
         }
-        p.or(Secrets { admin_token, signing_keys })
+        // Read from the system at most once, for every route without a ca_file.
+        let mut platform = PlatformRoots::default();
+        let mut upstream_tls = Vec::with_capacity(self.upstream_tls.len());
+        for (i, label, named) in &self.upstream_tls {
+            match named.read(&mut platform) {
+                Ok(tls) => upstream_tls.push((*i, tls)),
+                Err(problem) => p.add(format!("{label}.{}", problem.field), problem.message),
+            }
+        }
+        p.or(Secrets { admin_token, signing_keys, upstream_tls })
     }
 
     /// An empty value anywhere means unset.
@@ -102,6 +143,11 @@ impl Secrets {
         for (i, key) in self.signing_keys {
             if let Some(route) = config.routes.get_mut(i) {
                 route.signing_key = Some(key);
+            }
+        }
+        for (i, tls) in self.upstream_tls {
+            if let Some(route) = config.routes.get_mut(i) {
+                route.upstream_tls = Some(tls);
             }
         }
         config
@@ -141,6 +187,7 @@ mod tests {
             admin_token: token.map(str::to_string),
             admin_token_file: file.map(|f| f.display().to_string()),
             signing_key_files: Vec::new(),
+            upstream_tls: Vec::new(),
         };
         let mut p = Problems::default();
         assert_eq!(sources(Some("inline"), None).admin_token(None, &mut p).as_deref(), Some("inline"));

@@ -87,7 +87,7 @@ impl UpstreamError {
 /// `a: b: c` from an error and its sources: hyper's top-level messages alone
 /// ("client error (Connect)") do not say what went wrong, and the problem's
 /// `detail` is all a client sees.
-fn chain(e: &(dyn Error + 'static)) -> String {
+pub(super) fn chain(e: &(dyn Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

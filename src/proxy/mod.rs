@@ -1,10 +1,13 @@
 //! Forwarding to the upstream: each client connection's own HTTP/1.1 upstream
-//! connections within each route's cap and the connection's share of it, URI
-//! and header rewrite, timeouts, and protocol upgrades. This module knows nothing of tokens: the fence has
+//! connections within each route's cap and the connection's share of it, in
+//! clear or over TLS (`tls.rs`), URI and header rewrite, timeouts, and
+//! protocol upgrades. This module knows nothing of tokens: the fence has
 //! decided before a request gets here.
 
 mod error;
 mod headers;
+mod stream;
+mod tls;
 mod upstream;
 
 use std::future::Future;
@@ -25,6 +28,7 @@ use tower::Service;
 pub(crate) use error::BoxError;
 pub use error::UpstreamError;
 pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
+pub use tls::{PlatformRoots, UpstreamTls, UpstreamTlsFiles};
 pub use upstream::{Parking, UpstreamSlots};
 
 use crate::body::RequestBody;
@@ -265,14 +269,14 @@ fn forward(
         // the wait for a slot is bounded by `queue_timeout` and ends, if no slot
         // frees, in a refusal with nothing sent, never in an unknown outcome.
         let upstreams = &connection.0.upstreams;
-        let (authority, slots) = (&route.upstream.authority, &route.upstream_slots);
+        let (authority, tls, slots) = (&route.upstream.authority, route.upstream_tls.as_ref(), &route.upstream_slots);
         let checkout = upstreams.checkout(authority, slots, route.queue_timeout, upgrade.parking).await?;
         if let Some(taken) = slot_taken {
             taken.mark();
         }
         // The timeout covers connecting, retries and backoff included.
         let mut response =
-            match tokio::time::timeout(route.timeout, upstreams.send(authority, slots, checkout, request)).await {
+            match tokio::time::timeout(route.timeout, upstreams.send(authority, tls, slots, checkout, request)).await {
                 Ok(Ok(response)) => response,
                 Ok(Err(e)) => {
                     // A streamed body that overran the route's limit (an unfenced one,
@@ -348,7 +352,8 @@ fn prepare(
         // The form that was keyed, on the upstream's terms: its Host and base
         // path, as a WebDAV server checks a Destination against them.
         let target = format!(
-            "http://{}{}{}{}{}",
+            "{}://{}{}{}{}{}",
+            route.upstream.scheme,
             host.to_str().unwrap_or_default(),
             route.upstream.base_path,
             destination.path,

@@ -32,9 +32,13 @@
 //! it could take a slot from closes as soon as it is idle: the ones idle when
 //! the wait begins, and the ones that finish their response during it.
 //!
+//! An upstream connection is TCP, with TLS over it for an https upstream
+//! (`tls.rs`): the handshake is part of connecting, within the same timeout.
+//!
 //! Retries: only what never reached the upstream is sent again.
-//! - Connecting is retried (with backoff): it happens before the request is
-//!   handed to a connection, so not one byte of it was sent.
+//! - Connecting, the TLS handshake included, is retried (with backoff): it
+//!   happens before the request is handed to a connection, so not one byte of
+//!   it was sent.
 //! - A request that a kept connection hands back unsent (the upstream had
 //!   closed it while idle) goes out on a fresh connection.
 //! - Anything else (a connection that broke after sending, a timeout) is never
@@ -57,7 +61,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use super::error::{BoxError, UpstreamError};
+use super::error::{chain, BoxError, UpstreamError};
+use super::stream::UpstreamStream;
+use super::tls::{self, UpstreamTls};
 use crate::body::RequestBody;
 use crate::server::connection::WokenOnly;
 
@@ -65,7 +71,8 @@ use crate::server::connection::WokenOnly;
 pub const MAX_RETRIES: u32 = 3;
 /// Wait before the first retry; doubled for each one after it.
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(25);
-/// Connecting to the upstream gives up after this long (then retries).
+/// Connecting to the upstream, the TLS handshake included, gives up after
+/// this long (then retries).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle upstream connections one client connection keeps at most; an HTTP/2
 /// burst beyond this opens connections that close after their request.
@@ -267,6 +274,7 @@ type RareSend<'a> = Pin<Box<dyn Future<Output = Result<Response<Incoming>, Upstr
 struct Destined<'a> {
     upstreams: &'a Upstreams,
     authority: &'a Authority,
+    tls: Option<&'a UpstreamTls>,
     slots: &'a UpstreamSlots,
     parking: Parking,
 }
@@ -311,11 +319,11 @@ where
         // idle connection. Safe to send on a fresh one, if a slot is free
         // now: this request holds a key's turn and its timeout is running,
         // so it does not wait.
-        let Destined { upstreams, authority, slots, parking } = to;
+        let Destined { upstreams, authority, tls, slots, parking } = to;
         let mut future: RareSend<'a> = Box::pin(async move {
             tokio::task::yield_now().await;
             let slot = upstreams.slot(slots, Instant::now(), parking).await?;
-            upstreams.send_on_new(authority, slot, unsent, parking).await
+            upstreams.send_on_new(authority, tls, slot, unsent, parking).await
         });
         let polled = future.as_mut().poll(cx);
         if polled.is_pending() {
@@ -405,25 +413,27 @@ impl Upstreams {
         share
     }
 
-    /// Sends `req` to `authority` the way `checkout` gives. The exchange on a
-    /// kept connection is polled in place; a new connection, and sending again
-    /// a request a kept connection handed back unsent, are the rare paths,
-    /// boxed: inline, the connect and the handshake would make every request's
-    /// future several times larger (and every move of it longer).
+    /// Sends `req` to `authority` the way `checkout` gives, over `tls` when
+    /// the route's upstream is https. The exchange on a kept connection is
+    /// polled in place; a new connection, and sending again a request a kept
+    /// connection handed back unsent, are the rare paths, boxed: inline, the
+    /// connect and the handshake would make every request's future several
+    /// times larger (and every move of it longer).
     pub fn send<'a>(
         &'a self,
         authority: &'a Authority,
+        tls: Option<&'a UpstreamTls>,
         slots: &'a UpstreamSlots,
         checkout: Checkout,
         req: Request<RequestBody>,
     ) -> impl Future<Output = Result<Response<Incoming>, UpstreamError>> + Send + 'a {
         let Checkout(way, parking) = checkout;
         match way {
-            Way::Slot(slot) => Sending::Rare { future: Box::pin(self.send_on_new(authority, slot, req, parking)) },
+            Way::Slot(slot) => Sending::Rare { future: Box::pin(self.send_on_new(authority, tls, slot, req, parking)) },
             Way::Kept(parked, mut sender) => Sending::Kept {
                 exchange: sender.try_send_request(req),
                 kept: Some((parked, sender)),
-                to: Destined { upstreams: self, authority, slots, parking },
+                to: Destined { upstreams: self, authority, tls, slots, parking },
             },
         }
     }
@@ -434,15 +444,28 @@ impl Upstreams {
     async fn send_on_new(
         &self,
         authority: &Authority,
+        tls: Option<&UpstreamTls>,
         slot: Slot,
         req: Request<RequestBody>,
         parking: Parking,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        let (parked, mut sender) = connect(authority, slot).await?;
+        let (parked, mut sender) = connect(authority, tls, slot).await?;
         match sender.send_request(req).await {
             Ok(response) => {
                 self.put_back(authority, parked, sender, parking);
                 Ok(response)
+            }
+            // TLS 1.3: the upstream checks our certificate after our side of
+            // the handshake has ended, and refuses it in place of a response.
+            Err(e) if tls.is_some() && tls::refused_our_certificate(&e) => {
+                let refused = CertificateRefused(e);
+                crate::telemetry::warn_limited!(
+                    upstream = %authority,
+                    reason = tls::failure_reason(&refused),
+                    error = %chain(&refused),
+                    "the upstream refused the route's TLS client certificate; answering 502"
+                );
+                Err(UpstreamError::connect(refused))
             }
             Err(e) => Err(UpstreamError::exchange(e)),
         }
@@ -523,13 +546,18 @@ fn take_from(kept: &mut Vec<Kept>, route: &Arc<Pool>, authority: &Authority) -> 
     None
 }
 
-/// Opens a connection to `authority` in `slot`, retrying failures with
-/// backoff: nothing has been sent yet, so a retry can't apply anything twice.
-async fn connect(authority: &Authority, slot: Slot) -> Result<(Arc<Parked>, Sender), UpstreamError> {
+/// Opens a connection to `authority` in `slot`, over `tls` if given,
+/// retrying failures with backoff: nothing has been sent yet, so a retry
+/// can't apply anything twice.
+async fn connect(
+    authority: &Authority,
+    tls: Option<&UpstreamTls>,
+    slot: Slot,
+) -> Result<(Arc<Parked>, Sender), UpstreamError> {
     let mut backoff = FIRST_BACKOFF;
     let mut attempt = 0;
     loop {
-        match try_connect(authority).await {
+        match try_connect(authority, tls).await {
             Ok((sender, conn)) => {
                 let parked = Arc::new(Parked {
                     sender: Mutex::new(None),
@@ -540,7 +568,25 @@ async fn connect(authority: &Authority, slot: Slot) -> Result<(Arc<Parked>, Send
                 tokio::spawn(drive(conn, slot, Arc::downgrade(&parked)));
                 return Ok((parked, sender));
             }
-            Err(e) if attempt == MAX_RETRIES => return Err(UpstreamError::connect(e)),
+            Err(e) if attempt == MAX_RETRIES => {
+                // A certificate refused now is refused on every request until
+                // someone fixes it: say why where an operator looks.
+                if let Some(failed) = e.downcast_ref::<HandshakeFailed>() {
+                    let reason = tls::failure_reason(failed);
+                    match tls.and_then(UpstreamTls::no_roots) {
+                        Some(no_roots) => crate::telemetry::warn_limited!(
+                            upstream = %authority, reason, error = %chain(failed), no_roots,
+                            "TLS handshake with the upstream failed: the route trusts the platform's roots and \
+                             there are none (set ca_file, or install the system's CA certificates); answering 502"
+                        ),
+                        None => crate::telemetry::warn_limited!(
+                            upstream = %authority, reason, error = %chain(failed),
+                            "TLS handshake with the upstream failed; answering 502"
+                        ),
+                    }
+                }
+                return Err(UpstreamError::connect(e));
+            }
             Err(e) => {
                 tracing::debug!(attempt, error = %e, "upstream connect failed; retrying");
                 tokio::time::sleep(backoff).await;
@@ -551,19 +597,71 @@ async fn connect(authority: &Authority, slot: Slot) -> Result<(Arc<Parked>, Send
     }
 }
 
-type Connection = http1::Connection<TokioIo<TcpStream>, RequestBody>;
+type Connection = http1::Connection<TokioIo<UpstreamStream>, RequestBody>;
 
-async fn try_connect(authority: &Authority) -> Result<(Sender, Connection), BoxError> {
-    let addr = (authority.host().trim_start_matches('[').trim_end_matches(']'), authority.port_u16().unwrap_or(80));
-    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
-        Ok(connected) => connected?,
+/// One attempt at a connection to `authority`: TCP, then over `tls` the TLS
+/// handshake, both within [`CONNECT_TIMEOUT`], then hyper's.
+async fn try_connect(authority: &Authority, tls: Option<&UpstreamTls>) -> Result<(Sender, Connection), BoxError> {
+    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, open(authority, tls)).await {
+        Ok(opened) => opened?,
         Err(_) => {
             let what = format!("connecting to {authority} timed out after {CONNECT_TIMEOUT:?}");
             return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, what).into());
         }
     };
-    stream.set_nodelay(true)?;
     Ok(http1::Builder::new().handshake(TokioIo::new(stream)).await?)
+}
+
+/// The socket to `authority`, over `tls` if given (its default port 443).
+async fn open(authority: &Authority, tls: Option<&UpstreamTls>) -> Result<UpstreamStream, BoxError> {
+    let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+    let port = authority.port_u16().unwrap_or(if tls.is_some() { 443 } else { 80 });
+    let stream = TcpStream::connect((host, port)).await?;
+    stream.set_nodelay(true)?;
+    let Some(tls) = tls else { return Ok(UpstreamStream::Plain(stream)) };
+    // Fencegate::bind refuses a route whose TLS files were never read.
+    let (connector, name) = tls.connector().ok_or("the route's TLS files were never read")?;
+    match connector.connect(name, stream).await {
+        Ok(stream) => Ok(UpstreamStream::Tls(Box::new(stream))),
+        Err(source) => Err(HandshakeFailed { upstream: authority.clone(), source }.into()),
+    }
+}
+
+/// A TLS handshake with the upstream that failed: its certificate was
+/// refused, it refused ours, or it spoke no TLS. Nothing was sent.
+#[derive(Debug)]
+struct HandshakeFailed {
+    upstream: Authority,
+    source: std::io::Error,
+}
+
+impl std::fmt::Display for HandshakeFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TLS handshake with {} failed", self.upstream)
+    }
+}
+
+impl std::error::Error for HandshakeFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// The upstream refused the route's client certificate after the handshake
+/// ended on our side (TLS 1.3), before it read the request.
+#[derive(Debug)]
+struct CertificateRefused(hyper::Error);
+
+impl std::fmt::Display for CertificateRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the upstream refused the route's TLS client certificate before it read the request")
+    }
+}
+
+impl std::error::Error for CertificateRefused {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
 }
 
 /// What woke a connection's driver.
@@ -715,7 +813,7 @@ mod shedding {
         let checkout = upstreams.checkout(authority, slots, Duration::from_secs(5), parking).await?;
         let request =
             Request::get("/").body(RequestBody::Buffered { blocks: Default::default(), _held: None }).unwrap();
-        let response = upstreams.send(authority, slots, checkout, request).await?;
+        let response = upstreams.send(authority, None, slots, checkout, request).await?;
         response.into_body().collect().await.unwrap();
         Ok(())
     }
@@ -750,11 +848,11 @@ mod shedding {
         // The first client opens a connection and reads its response whole.
         release.add_permits(1);
         let checkout = first.checkout(&authority, &slots, Duration::ZERO, Parking::Worker).await.unwrap();
-        let response = first.send(&authority, &slots, checkout, request()).await.unwrap();
+        let response = first.send(&authority, None, &slots, checkout, request()).await.unwrap();
         assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
         // The second client takes it, and keeps it busy.
         let checkout = second.checkout(&authority, &slots, Duration::ZERO, Parking::Worker).await.unwrap();
-        let busy = second.send(&authority, &slots, checkout, request()).await.unwrap();
+        let busy = second.send(&authority, None, &slots, checkout, request()).await.unwrap();
         assert_eq!(slots.open(), 1);
         // The first client is not held by its share.
         let checkout = first.checkout(&authority, &slots, Duration::ZERO, Parking::Worker).await;
@@ -821,7 +919,7 @@ mod shedding {
         let mut downloads = Vec::new();
         for client in &clients[..2] {
             let checkout = client.checkout(&authority, &slots, Duration::ZERO, Parking::Client).await.unwrap();
-            let response = client.send(&authority, &slots, checkout, request()).await.unwrap();
+            let response = client.send(&authority, None, &slots, checkout, request()).await.unwrap();
             downloads.push(response);
         }
         assert_eq!(slots.open(), 2);
@@ -888,7 +986,7 @@ mod shedding {
         let mut held = Vec::new();
         for _ in 0..2 {
             let checkout = greedy.checkout(&authority, &slots, Duration::ZERO, Parking::Client).await.unwrap();
-            held.push(greedy.send(&authority, &slots, checkout, request()).await.unwrap());
+            held.push(greedy.send(&authority, None, &slots, checkout, request()).await.unwrap());
         }
         let Err(refused) = greedy.checkout(&authority, &slots, Duration::from_millis(200), Parking::Client).await
         else {
@@ -900,7 +998,7 @@ mod shedding {
         // connection may now send its body).
         release.add_permits(3);
         let checkout = other.checkout(&authority, &slots, Duration::ZERO, Parking::Client).await.unwrap();
-        let response = other.send(&authority, &slots, checkout, request()).await.unwrap();
+        let response = other.send(&authority, None, &slots, checkout, request()).await.unwrap();
         assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
         assert_eq!(slots.open(), 3);
     }

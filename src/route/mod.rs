@@ -22,7 +22,7 @@ pub use upstream::Upstream;
 use crate::canonical::PathOptions;
 use crate::fence::signature::SigningKey;
 use crate::metrics::{Metrics, RouteMetrics};
-use crate::proxy::UpstreamSlots;
+use crate::proxy::{UpstreamSlots, UpstreamTls};
 
 /// Which route a response belongs to: the route as the request was routed,
 /// whatever table serves requests by the time it is logged.
@@ -36,6 +36,10 @@ pub struct Route {
     /// Plain string prefix of the request path; the longest matching one wins.
     pub prefix: String,
     pub upstream: Upstream,
+    /// TLS to an `https://` upstream: its client config, once the route's
+    /// files are read (`ca_file`, `client_cert`, `client_key`); `None` for
+    /// an `http://` upstream.
+    pub upstream_tls: Option<UpstreamTls>,
     /// The fence key template, with the route's `pattern` if it has one.
     pub key: KeyTemplate,
     /// Methods that pass unfenced, compared exactly as sent; every other
@@ -147,6 +151,7 @@ pub(crate) fn test_route(name: &str, prefix: &str) -> Route {
         name: name.into(),
         prefix: prefix.into(),
         upstream: Upstream::parse("http://127.0.0.1:1").unwrap(),
+        upstream_tls: None,
         key: KeyTemplate::parse("{path}", None).unwrap(),
         safe_methods: vec![Method::GET, Method::HEAD, Method::OPTIONS],
         path_options: PathOptions::default(),

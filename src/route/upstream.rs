@@ -3,6 +3,7 @@
 
 use http::uri::{Authority, Scheme};
 use http::Uri;
+use rustls_pki_types::ServerName;
 
 /// An upstream origin with an optional base path prepended to every request path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,15 +17,18 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Parses `http://host:port[/base]`; the error says what to fix.
+    /// Parses `http://host[:port][/base]` or `https://host[:port][/base]`
+    /// (default ports 80 and 443); the error says what to fix.
     pub fn parse(text: &str) -> Result<Upstream, String> {
         let uri: Uri = text.parse().map_err(|e| format!("'{text}' is not a URL ({e})"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => return Err(format!("'{text}': https upstreams are not supported yet; use http://")),
-            Some(other) => return Err(format!("'{text}' has scheme '{other}'; use http://host:port")),
-            None => return Err(format!("'{text}' has no http:// scheme")),
-        }
+        let scheme = match uri.scheme() {
+            Some(s) if *s == Scheme::HTTP => Scheme::HTTP,
+            Some(s) if *s == Scheme::HTTPS => Scheme::HTTPS,
+            Some(other) => {
+                return Err(format!("'{text}' has scheme '{other}'; use http://host:port or https://host:port"))
+            }
+            None => return Err(format!("'{text}' has no http:// or https:// scheme")),
+        };
         let authority = match uri.authority() {
             Some(a) if !a.host().is_empty() => a.clone(),
             _ => return Err(format!("'{text}' has no host")),
@@ -34,7 +38,24 @@ impl Upstream {
         }
         let base_path = uri.path().trim_end_matches('/').to_string();
         let host = http::HeaderValue::from_str(authority.as_str()).map_err(|e| format!("'{text}': host: {e}"))?;
-        Ok(Upstream { scheme: Scheme::HTTP, authority, base_path, host })
+        let upstream = Upstream { scheme, authority, base_path, host };
+        if upstream.is_tls() {
+            upstream.server_name().map_err(|e| format!("'{text}': {e}"))?;
+        }
+        Ok(upstream)
+    }
+
+    /// Whether the upstream is spoken to over TLS (`https://`).
+    pub fn is_tls(&self) -> bool {
+        self.scheme == Scheme::HTTPS
+    }
+
+    /// The name an https upstream's certificate must carry, also sent as
+    /// SNI: its host, a DNS name or an IP address.
+    pub fn server_name(&self) -> Result<ServerName<'static>, String> {
+        let host = self.authority.host().trim_start_matches('[').trim_end_matches(']');
+        ServerName::try_from(host.to_string())
+            .map_err(|e| format!("host '{host}' is not a name a certificate can be checked against ({e})"))
     }
 
     /// The upstream URI for a request path and query (`path_and_query` starts with '/').
@@ -81,5 +102,19 @@ mod tests {
         assert_eq!(u.uri_for("/a").unwrap().to_string(), "http://10.0.0.5:9000/a");
         assert_eq!(origin(&u, "/a?b"), "/a?b");
         assert_eq!(origin(&u, "http://a.example/a?b"), "/a?b");
+    }
+
+    #[test]
+    fn https_upstreams_name_the_host_their_certificate_must_carry() {
+        let u = Upstream::parse("https://store.example/v1").unwrap();
+        assert!(u.is_tls());
+        assert_eq!(u.authority.port_u16(), None, "443 is the default, filled in when connecting");
+        assert_eq!(u.host, "store.example");
+        assert_eq!(u.server_name().unwrap(), ServerName::try_from("store.example").unwrap());
+        assert_eq!(u.uri_for("/a").unwrap().to_string(), "https://store.example/v1/a");
+        let ip = Upstream::parse("https://[::1]:8443").unwrap();
+        assert_eq!(ip.server_name().unwrap(), ServerName::try_from("::1").unwrap());
+        assert!(!Upstream::parse("http://store.example").unwrap().is_tls());
+        assert!(Upstream::parse("HTTPS://store.example").unwrap().is_tls());
     }
 }

@@ -53,6 +53,8 @@ pub enum StartError {
     Store(#[from] OpenError),
     #[error("route '{0}' names a signing key file that was never read: load the config with its secrets")]
     UnreadSigningKey(String),
+    #[error("route '{0}' has an https upstream whose TLS files were never read: load the config with its secrets")]
+    UnreadUpstreamTls(String),
     #[error(transparent)]
     Tls(#[from] TlsError),
 }
@@ -77,6 +79,19 @@ impl Fencegate {
         if let Some(route) = config.routes.iter().find(|r| r.signing_key.as_ref().is_some_and(|k| k.bytes().is_none()))
         {
             return Err(StartError::UnreadSigningKey(route.name.to_string()));
+        }
+        if let Some(route) = config.routes.iter().find(|r| r.upstream_tls.as_ref().is_some_and(|t| !t.is_read())) {
+            return Err(StartError::UnreadUpstreamTls(route.name.to_string()));
+        }
+        for route in &config.routes {
+            if let Some(why) = route.upstream_tls.as_ref().and_then(|t| t.no_roots()) {
+                warn!(
+                    route = %route.name,
+                    upstream = %route.upstream.authority,
+                    "{why}: the route's https upstream cannot be verified and every request to it gets 502; \
+                     set the route's ca_file, or install the system's CA certificates"
+                );
+            }
         }
         // Read before anything is opened: a certificate that does not load
         // stops fencegate here, naming its field.

@@ -52,6 +52,20 @@ struct UpstreamState {
     holds: Vec<Arc<Hold>>,
     /// Connections accepted.
     connections: usize,
+    /// Over TLS: the handshakes that succeeded, and the ones that failed.
+    handshakes: Vec<Handshake>,
+    failed_handshakes: usize,
+}
+
+/// What a client asked for in a TLS handshake the upstream accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handshake {
+    /// The SNI name, if one was sent (never for an IP address).
+    pub server_name: Option<String>,
+    /// The protocol ALPN agreed on.
+    pub alpn: Option<Vec<u8>>,
+    /// Whether the client presented a certificate.
+    pub client_certificate: bool,
 }
 
 /// A recording HTTP store on `127.0.0.1:0`.
@@ -70,6 +84,16 @@ pub struct RecordingUpstream {
 
 impl RecordingUpstream {
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// The same upstream behind TLS with `config` (HTTP/1.1): it records each
+    /// handshake ([`Self::handshakes`]), and counts the ones that fail.
+    pub async fn start_tls(config: Arc<rustls::ServerConfig>) -> Self {
+        Self::start_with(Some(tokio_rustls::TlsAcceptor::from(config))).await
+    }
+
+    async fn start_with(tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(UpstreamState::default()));
@@ -82,16 +106,47 @@ impl RecordingUpstream {
                 };
                 serving.state.lock().unwrap().connections += 1;
                 let up = serving.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| up.clone().handle(req));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .with_upgrades()
-                        .await;
+                    let Some(tls) = tls else { return up.serve(stream).await };
+                    match tls.accept(stream).await {
+                        Ok(stream) => {
+                            let (_, session) = stream.get_ref();
+                            let handshake = Handshake {
+                                server_name: session.server_name().map(str::to_string),
+                                alpn: session.alpn_protocol().map(<[u8]>::to_vec),
+                                client_certificate: session.peer_certificates().is_some_and(|c| !c.is_empty()),
+                            };
+                            up.state.lock().unwrap().handshakes.push(handshake);
+                            up.serve(stream).await
+                        }
+                        Err(_) => up.state.lock().unwrap().failed_handshakes += 1,
+                    }
                 });
             }
         });
         upstream
+    }
+
+    async fn serve<S>(self, stream: S)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = hyper::service::service_fn(move |req| self.clone().handle(req));
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades()
+            .await;
+    }
+
+    /// The TLS handshakes the upstream accepted, in order.
+    pub fn handshakes(&self) -> Vec<Handshake> {
+        self.state.lock().unwrap().handshakes.clone()
+    }
+
+    /// TLS handshakes the upstream refused or that broke off.
+    pub fn failed_handshakes(&self) -> usize {
+        self.state.lock().unwrap().failed_handshakes
     }
 
     pub fn url(&self) -> String {
@@ -479,6 +534,7 @@ pub fn test_seed() -> u64 {
     seed
 }
 
+pub mod certs;
 pub mod hold;
 pub mod process;
 pub mod raw;
