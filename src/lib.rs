@@ -57,6 +57,7 @@ pub mod route;
 mod routing;
 mod server;
 mod stack;
+mod stream;
 pub mod telemetry;
 pub mod tls;
 mod watch;

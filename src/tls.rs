@@ -27,7 +27,8 @@ use crate::config::TlsFiles;
 use crate::metrics::TlsReloads;
 use crate::watch::{watch_dirs_of, DirWatch};
 
-/// Why the TLS files could not be used, naming the field whose file it is.
+/// Why TLS files could not be used, naming the field whose file it is
+/// (`server.tls.cert`, or a route's `ca_file`, `client_cert`, `client_key`).
 #[derive(Debug, thiserror::Error)]
 #[error("{field}: {message}")]
 pub struct TlsError {
@@ -36,7 +37,7 @@ pub struct TlsError {
 }
 
 impl TlsError {
-    fn new(field: &'static str, message: impl Into<String>) -> TlsError {
+    pub(crate) fn new(field: &'static str, message: impl Into<String>) -> TlsError {
         TlsError { field, message: message.into() }
     }
 }

@@ -6,7 +6,6 @@
 
 mod error;
 mod headers;
-mod stream;
 mod tls;
 mod upstream;
 

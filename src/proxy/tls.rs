@@ -23,7 +23,7 @@ use std::sync::Arc;
 use rustls::{AlertDescription, CertificateError, ClientConfig, RootCertStore};
 use rustls_pki_types::{CertificateDer, ServerName};
 
-use crate::tls::{pem_certificates, pem_private_key};
+use crate::tls::{pem_certificates, pem_private_key, TlsError};
 
 /// The files an https route names for its TLS, as validated (none empty,
 /// `client_cert` and `client_key` both or neither).
@@ -36,20 +36,6 @@ pub struct UpstreamTlsFiles {
     pub client_cert: Option<PathBuf>,
     /// The client certificate's private key.
     pub client_key: Option<PathBuf>,
-}
-
-/// A problem with a file of [`UpstreamTlsFiles`]: the field it concerns
-/// (`ca_file`, `client_cert`, `client_key`) and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamTlsProblem {
-    pub field: &'static str,
-    pub message: String,
-}
-
-impl UpstreamTlsProblem {
-    fn new(field: &'static str, message: impl Into<String>) -> UpstreamTlsProblem {
-        UpstreamTlsProblem { field, message: message.into() }
-    }
 }
 
 /// TLS to one route's upstream: the name its certificate must carry, the
@@ -103,19 +89,14 @@ impl UpstreamTls {
     /// This TLS with its files read and its client config built, trusting
     /// `platform`'s roots when there is no `ca_file`. Each problem names the
     /// field whose file it is.
-    pub fn read(&self, platform: &mut PlatformRoots) -> Result<UpstreamTls, UpstreamTlsProblem> {
+    pub fn read(&self, platform: &mut PlatformRoots) -> Result<UpstreamTls, TlsError> {
         let files = &self.files;
         let (roots, no_roots) = match &files.ca_file {
             Some(path) => {
                 let mut roots = RootCertStore::empty();
-                for ca in
-                    pem_certificates(&read("ca_file", path)?).map_err(|m| UpstreamTlsProblem::new("ca_file", m))?
-                {
+                for ca in pem_certificates(&read("ca_file", path)?).map_err(|m| TlsError::new("ca_file", m))? {
                     roots.add(ca).map_err(|e| {
-                        UpstreamTlsProblem::new(
-                            "ca_file",
-                            format!("'{}': not a usable CA certificate: {e}", path.display()),
-                        )
+                        TlsError::new("ca_file", format!("'{}': not a usable CA certificate: {e}", path.display()))
                     })?;
                 }
                 (Arc::new(roots), None)
@@ -125,16 +106,16 @@ impl UpstreamTls {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| UpstreamTlsProblem::new("upstream", e.to_string()))?
+            .map_err(|e| TlsError::new("upstream", e.to_string()))?
             .with_root_certificates(roots);
         let mut config = match (&files.client_cert, &files.client_key) {
             (Some(cert), Some(key)) => {
                 let chain = pem_certificates(&read("client_cert", cert)?)
-                    .map_err(|m| UpstreamTlsProblem::new("client_cert", format!("'{}': {m}", cert.display())))?;
+                    .map_err(|m| TlsError::new("client_cert", format!("'{}': {m}", cert.display())))?;
                 let key_der = pem_private_key(&read("client_key", key)?)
-                    .map_err(|m| UpstreamTlsProblem::new("client_key", format!("'{}': {m}", key.display())))?;
+                    .map_err(|m| TlsError::new("client_key", format!("'{}': {m}", key.display())))?;
                 builder.with_client_auth_cert(chain, key_der).map_err(|e| {
-                    UpstreamTlsProblem::new(
+                    TlsError::new(
                         "client_key",
                         format!("'{}' does not go with client_cert '{}': {e}", key.display(), cert.display()),
                     )
@@ -142,8 +123,8 @@ impl UpstreamTls {
             }
             (None, None) => builder.with_no_client_auth(),
             // Validation refuses one without the other.
-            (Some(_), None) => return Err(UpstreamTlsProblem::new("client_key", "is required with client_cert")),
-            (None, Some(_)) => return Err(UpstreamTlsProblem::new("client_cert", "is required with client_key")),
+            (Some(_), None) => return Err(TlsError::new("client_key", "is required with client_cert")),
+            (None, Some(_)) => return Err(TlsError::new("client_cert", "is required with client_key")),
         };
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(UpstreamTls { client: Some(Arc::new(config)), no_roots, ..self.clone() })
@@ -156,8 +137,8 @@ impl UpstreamTls {
     }
 }
 
-fn read(field: &'static str, path: &Path) -> Result<Vec<u8>, UpstreamTlsProblem> {
-    std::fs::read(path).map_err(|e| UpstreamTlsProblem::new(field, format!("cannot read '{}': {e}", path.display())))
+fn read(field: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|e| TlsError::new(field, format!("cannot read '{}': {e}", path.display())))
 }
 
 /// The platform's root certificates (the system's CA store, or the bundle

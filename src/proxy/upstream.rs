@@ -62,10 +62,10 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::error::{chain, BoxError, UpstreamError};
-use super::stream::UpstreamStream;
 use super::tls::{self, UpstreamTls};
 use crate::body::RequestBody;
 use crate::server::connection::WokenOnly;
+use crate::stream::TcpOrTls;
 
 /// Connection attempts after the first.
 pub const MAX_RETRIES: u32 = 3;
@@ -597,6 +597,9 @@ async fn connect(
     }
 }
 
+/// What an upstream connection reads and writes.
+type UpstreamStream = TcpOrTls<tokio_rustls::client::TlsStream<TcpStream>>;
+
 type Connection = http1::Connection<TokioIo<UpstreamStream>, RequestBody>;
 
 /// One attempt at a connection to `authority`: TCP, then over `tls` the TLS
@@ -618,11 +621,11 @@ async fn open(authority: &Authority, tls: Option<&UpstreamTls>) -> Result<Upstre
     let port = authority.port_u16().unwrap_or(if tls.is_some() { 443 } else { 80 });
     let stream = TcpStream::connect((host, port)).await?;
     stream.set_nodelay(true)?;
-    let Some(tls) = tls else { return Ok(UpstreamStream::Plain(stream)) };
+    let Some(tls) = tls else { return Ok(TcpOrTls::Plain(stream)) };
     // Fencegate::bind refuses a route whose TLS files were never read.
     let (connector, name) = tls.connector().ok_or("the route's TLS files were never read")?;
     match connector.connect(name, stream).await {
-        Ok(stream) => Ok(UpstreamStream::Tls(Box::new(stream))),
+        Ok(stream) => Ok(TcpOrTls::Tls(Box::new(stream))),
         Err(source) => Err(HandshakeFailed { upstream: authority.clone(), source }.into()),
     }
 }

@@ -24,6 +24,7 @@ use super::workers::Workers;
 use crate::config::ServerConfig;
 use crate::proxy::{ClientAddr, Forward};
 use crate::stack::{proxy_service, Shared};
+use crate::stream::TcpOrTls;
 use crate::tls::ServerTls;
 
 /// Accepts and serves proxy connections until the future is dropped:
@@ -63,7 +64,7 @@ pub(super) async fn accept(
             }
             let _ = stream.set_nodelay(true);
             let stream = match tls {
-                None => ClientStream::Plain(stream),
+                None => TcpOrTls::Plain(stream),
                 Some(tls) => {
                     let shaken = tokio::select! {
                         shaken = handshake(&tls, stream, peer, header_read_timeout) => shaken,
@@ -93,7 +94,7 @@ pub(super) async fn accept(
 /// failed (logged).
 async fn handshake(tls: &ServerTls, stream: TcpStream, peer: SocketAddr, timeout: Duration) -> Option<ClientStream> {
     match tokio::time::timeout(timeout, tls.acceptor().accept(stream)).await {
-        Ok(Ok(stream)) => Some(ClientStream::Tls(Box::new(stream))),
+        Ok(Ok(stream)) => Some(TcpOrTls::Tls(Box::new(stream))),
         Ok(Err(e)) => {
             debug!(%peer, error = %e, "TLS handshake failed");
             None
@@ -115,8 +116,8 @@ async fn serve(
     protocols: Arc<Protocols>,
 ) -> Ended {
     let client = match stream {
-        ClientStream::Plain(_) => ClientAddr::new(peer),
-        ClientStream::Tls(_) => ClientAddr::new(peer).over_tls(),
+        TcpOrTls::Plain(_) => ClientAddr::new(peer),
+        TcpOrTls::Tls(_) => ClientAddr::new(peer).over_tls(),
     };
     let io = ActivityIo::new(stream, activity.clone());
     let service = TowerToHyperService::new(proxy_service(shared, &Forward::of(client), activity.clone()));
