@@ -198,3 +198,23 @@ async fn sighup_reloads_the_config_and_does_not_stop_fencegate() {
     assert_eq!(put(&running.url("/objects/h"), 2, "h").await.status, 200, "still serving");
     put(&running.url("/objects/h"), 1, "h").await.problem(409);
 }
+
+#[tokio::test]
+async fn a_config_whose_secrets_were_never_read_is_refused_as_at_start() {
+    let up = RecordingUpstream::start().await;
+    let plain = config_text("", MEMORY_STORE, &route("objects", "/objects/", &up, ""));
+    let config = fencegate::Config::from_toml_str(&plain).unwrap().read_secrets_with(None).unwrap();
+    let server = fencegate::Fencegate::bind(config).await.unwrap();
+    // Validated, its signing key and upstream TLS named but never read.
+    for extra in ["signing_key_file = '/nonexistent/fence.key'", "ca_file = '/nonexistent/ca.crt'"] {
+        let upstream = if extra.starts_with("ca_file") { "https://127.0.0.1:1" } else { "http://127.0.0.1:1" };
+        let text = config_text(
+            "",
+            MEMORY_STORE,
+            &format!("[[route]]\nname = \"objects\"\nprefix = \"/objects/\"\nupstream = \"{upstream}\"\n{extra}\n"),
+        );
+        let unread = (*fencegate::Config::from_toml_str(&text).unwrap()).clone();
+        let reloaded = server.reloader().apply(unread);
+        assert!(matches!(reloaded, fencegate::Reloaded::Invalid(_)), "{extra}: {reloaded:?}");
+    }
+}

@@ -76,13 +76,7 @@ pub struct Fencegate {
 impl Fencegate {
     /// Builds the store, the route table and both listeners.
     pub async fn bind(config: Config) -> Result<Fencegate, StartError> {
-        if let Some(route) = config.routes.iter().find(|r| r.signing_key.as_ref().is_some_and(|k| k.bytes().is_none()))
-        {
-            return Err(StartError::UnreadSigningKey(route.name.to_string()));
-        }
-        if let Some(route) = config.routes.iter().find(|r| r.upstream_tls.as_ref().is_some_and(|t| !t.is_read())) {
-            return Err(StartError::UnreadUpstreamTls(route.name.to_string()));
-        }
+        unread_secrets(&config)?;
         for route in &config.routes {
             if let Some(why) = route.upstream_tls.as_ref().and_then(|t| t.no_roots()) {
                 warn!(
@@ -238,6 +232,21 @@ impl Fencegate {
         state.shared.store.close().await;
         drop(state);
     }
+}
+
+/// A route of `config` whose secrets were never read (a config validated but
+/// not loaded with its secrets): it would refuse every signature, or reach
+/// its https upstream never. Checked at start and at each reload.
+pub(crate) fn unread_secrets(config: &Config) -> Result<(), StartError> {
+    for route in &config.routes {
+        if route.signing_key.as_ref().is_some_and(|k| k.bytes().is_none()) {
+            return Err(StartError::UnreadSigningKey(route.name.to_string()));
+        }
+        if route.upstream_tls.as_ref().is_some_and(|t| !t.is_read()) {
+            return Err(StartError::UnreadUpstreamTls(route.name.to_string()));
+        }
+    }
+    Ok(())
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {

@@ -97,11 +97,10 @@ impl Reloader {
     pub fn apply(&self, new: Config) -> Reloaded {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         let mut new = new;
-        if let Some(route) = new.routes.iter().find(|r| r.signing_key.as_ref().is_some_and(|k| k.bytes().is_none())) {
-            let problem = ConfigProblem {
-                field: format!("route '{}'.signing_key_file", route.name),
-                message: "was never read: load the config with its secrets".into(),
-            };
+        // The same check as at start: a route whose secrets were never read
+        // would refuse every signature or never reach its https upstream.
+        if let Err(e) = super::unread_secrets(&new) {
+            let problem = ConfigProblem { field: "route".into(), message: e.to_string() };
             return self
                 .refused(Reloaded::Invalid(ConfigError { source_name: "config".into(), problems: vec![problem] }));
         }
