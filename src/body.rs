@@ -53,7 +53,7 @@ pub enum RequestBody {
 
 /// A buffered body's blocks, in order. The first is held apart, so a body of
 /// one block (most of them) needs no list.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Blocks {
     first: Option<Bytes>,
     rest: VecDeque<Bytes>,
@@ -85,6 +85,22 @@ impl RequestBody {
     /// `body`, streamed, failing once more than `limit` bytes have come.
     fn streaming(body: ClientBody, limit: u64) -> Self {
         RequestBody::Streaming(Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)))
+    }
+
+    /// The same body again, to send once more if this one is refused
+    /// unprocessed: a buffered body (which then holds its budget share, so
+    /// the bytes stay counted while either lives) or an empty one; `None`
+    /// for a body still streaming from the client.
+    pub fn twin(&mut self) -> Option<RequestBody> {
+        match self {
+            RequestBody::Buffered { blocks, _held } => {
+                Some(RequestBody::Buffered { blocks: blocks.clone(), _held: _held.take() })
+            }
+            RequestBody::Streaming(inner) if inner.is_end_stream() => {
+                Some(RequestBody::Buffered { blocks: Blocks::default(), _held: None })
+            }
+            RequestBody::Streaming(_) => None,
+        }
     }
 }
 

@@ -128,6 +128,7 @@ impl ProxyError {
             E::TooManyHeaders { .. } => (O::BadRequest, P::TOO_MANY_HEADERS),
             E::HeaderRate(_) => (O::RateLimited, P::HEADER_RATE),
             E::Upstream(e) if e.may_have_sent() => (O::UpstreamError, P::UPSTREAM_FAILED),
+            E::Upstream(e) if e.is_refused() => (O::UpstreamError, P::UPSTREAM_REFUSED),
             E::Upstream(_) => (O::UpstreamError, P::UPSTREAM_UNREACHABLE),
             E::UpstreamTimeout(_) => (O::UpstreamTimeout, P::UPSTREAM_TIMEOUT),
             E::QueueTimeout(_) => (O::QueueTimeout, P::QUEUE_TIMEOUT),

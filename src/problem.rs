@@ -64,6 +64,11 @@ impl ProblemType {
         Self::urn(StatusCode::BAD_GATEWAY, "urn:fencegate:problem:upstream-error", "Upstream unreachable");
     pub const UPSTREAM_FAILED: Self =
         Self::urn(StatusCode::BAD_GATEWAY, "urn:fencegate:problem:upstream-error", "Upstream failed");
+    pub const UPSTREAM_REFUSED: Self = Self::urn(
+        StatusCode::BAD_GATEWAY,
+        "urn:fencegate:problem:upstream-error",
+        "Upstream refused the request unprocessed",
+    );
     pub const UPSTREAM_BUSY: Self =
         Self::urn(StatusCode::SERVICE_UNAVAILABLE, "urn:fencegate:problem:upstream-busy", "Upstream connections busy");
     /// Written by the listener itself, outside the stack: the process is out

@@ -113,6 +113,7 @@ pub struct RouteSection {
     pub strict: Option<bool>,
     pub max_upstream_connections: Option<u64>,
     pub upstream_idle_timeout: Option<String>,
+    pub upstream_http2: Option<bool>,
     pub ca_file: Option<String>,
     pub client_cert: Option<String>,
     pub client_key: Option<String>,

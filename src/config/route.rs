@@ -155,7 +155,8 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
     let upstream_idle_timeout =
         p.duration(&field("upstream_idle_timeout"), s.upstream_idle_timeout.as_deref(), DEFAULT_UPSTREAM_IDLE_TIMEOUT);
     let named = [("ca_file", &s.ca_file), ("client_cert", &s.client_cert), ("client_key", &s.client_key)];
-    let upstream_tls = upstream_tls(named, upstream.as_ref(), &field, p);
+    let upstream_http2 = s.upstream_http2.unwrap_or(false);
+    let upstream_tls = upstream_tls(named, upstream.as_ref(), upstream_http2, &field, p);
     let max_upstream_connections = match s.max_upstream_connections {
         None => DEFAULT_MAX_UPSTREAM_CONNECTIONS,
         Some(0) => {
@@ -173,6 +174,7 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
         prefix,
         upstream: upstream?,
         upstream_tls,
+        upstream_http2,
         key: key?,
         safe_methods,
         path_options,
@@ -204,6 +206,7 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
 fn upstream_tls(
     named: [(&str, &Option<String>); 3],
     upstream: Option<&Upstream>,
+    http2: bool,
     field: &dyn Fn(&str) -> String,
     p: &mut Problems,
 ) -> Option<UpstreamTls> {
@@ -236,7 +239,7 @@ fn upstream_tls(
     let files = UpstreamTlsFiles { ca_file, client_cert, client_key };
     // `Upstream::parse` has checked the name of an https upstream.
     let name = upstream.server_name().ok()?;
-    Some(UpstreamTls::named(name, files))
+    Some(UpstreamTls::named(name, files, http2))
 }
 
 #[cfg(test)]

@@ -73,7 +73,8 @@ impl SecretSources {
                     if files.client_cert.is_some() != files.client_key.is_some() {
                         return None;
                     }
-                    let tls = UpstreamTls::named(upstream.server_name().ok()?, files);
+                    let tls =
+                        UpstreamTls::named(upstream.server_name().ok()?, files, r.upstream_http2.unwrap_or(false));
                     Some((i, route_label(i, r.name.as_deref()), tls))
                 })
                 .collect(),

@@ -17,6 +17,10 @@ pub enum UpstreamStage {
     /// Waiting for one of the route's upstream connections: every one was
     /// busy. Not a byte of the request left.
     Busy,
+    /// The upstream refused the request before processing it (HTTP/2's
+    /// `REFUSED_STREAM`, or a `GOAWAY` below its stream): sent, but not
+    /// acted on.
+    Refused,
 }
 
 /// An upstream exchange that ended without a response head.
@@ -46,6 +50,16 @@ impl UpstreamError {
 
     pub fn exchange(source: impl Into<BoxError>) -> Self {
         UpstreamError { stage: UpstreamStage::Exchange, source: source.into() }
+    }
+
+    /// The upstream said it did not process the request (RFC 9113 §8.7).
+    pub fn refused(source: impl Into<BoxError>) -> Self {
+        UpstreamError { stage: UpstreamStage::Refused, source: source.into() }
+    }
+
+    /// Whether the upstream said it did not process the request.
+    pub fn is_refused(&self) -> bool {
+        self.stage == UpstreamStage::Refused
     }
 
     /// The route's `cap` upstream connections stayed busy for `waited`.
@@ -80,6 +94,7 @@ impl UpstreamError {
             UpstreamStage::Connect => "the upstream could not be reached, nothing was sent",
             UpstreamStage::Exchange => "the upstream connection failed after the request was sent",
             UpstreamStage::Busy => "no upstream connection was free, nothing was sent",
+            UpstreamStage::Refused => "the upstream refused the request without processing it",
         }
     }
 }

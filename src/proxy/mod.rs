@@ -6,6 +6,7 @@
 
 mod error;
 mod headers;
+mod http2;
 mod tls;
 mod upstream;
 
@@ -46,18 +47,21 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: Either<hyper::body::Incoming, Full<Bytes>>,
         decision: Option<Decision>,
+        // The upstream HTTP/2 stream the body comes on, counted in use
+        // until the body is dropped (http2.rs).
+        stream: Option<http2::StreamHeld>,
     }
 }
 
 impl ProxyBody {
     /// A body streamed from the upstream.
     pub fn upstream(body: hyper::body::Incoming) -> Self {
-        ProxyBody { inner: Either::Left(body), decision: None }
+        ProxyBody { inner: Either::Left(body), decision: None, stream: None }
     }
 
     /// A body made here.
     pub fn full(body: Full<Bytes>) -> Self {
-        ProxyBody { inner: Either::Right(body), decision: None }
+        ProxyBody { inner: Either::Right(body), decision: None, stream: None }
     }
 
     /// The decision the layers below recorded, if any.
@@ -297,7 +301,8 @@ fn forward(
             }
         }
         strip_hop_by_hop(response.headers_mut(), switching && upgrade.asked, |_| false);
-        Ok(response.map(ProxyBody::upstream))
+        let stream = response.extensions_mut().remove::<http2::StreamHeld>();
+        Ok(response.map(|body| ProxyBody { stream, ..ProxyBody::upstream(body) }))
     }
 }
 
@@ -322,12 +327,19 @@ fn prepare(
 ) -> Result<(Request<RequestBody>, Upgrade), ProxyError> {
     let (mut parts, body) = req.into_parts();
     // HTTP/1.1 clients share their worker's upstream connections; an HTTP/2
-    // client's streams stay on its own (upstream.rs says why).
-    let parking = if parts.version == http::Version::HTTP_2 { Parking::Client } else { Parking::Worker };
+    // client's streams stay on its own (upstream.rs says why). Over HTTP/2 to
+    // the upstream, every client's requests share the worker's (http2.rs).
+    let parking = match (route.upstream_http2, parts.version) {
+        (true, _) => Parking::Multiplexed,
+        (false, http::Version::HTTP_2) => Parking::Client,
+        (false, _) => Parking::Worker,
+    };
 
     // Only requests the fence does not cover may switch protocols: a fenced
-    // write must end with its response head, or the key's turn would never pass on.
-    let asked = wants_upgrade(&parts.headers) && !fenced;
+    // write must end with its response head, or the key's turn would never
+    // pass on. HTTP/2 to the upstream carries no upgrades: `Upgrade` is
+    // dropped with the other hop-by-hop fields.
+    let asked = wants_upgrade(&parts.headers) && !fenced && !route.upstream_http2;
     let client = if asked { parts.extensions.remove::<OnUpgrade>() } else { None };
 
     // The host the client asked for, made canonical by routing (no copy).
@@ -362,13 +374,31 @@ fn prepare(
         let value = HeaderValue::try_from(target).map_err(|e| ProxyError::internal("Destination", e))?;
         parts.headers.insert(crate::routing::DESTINATION, value);
     }
-    parts.headers.insert(HOST, host);
-
     let mut request = Request::new(body);
+    if route.upstream_http2 {
+        // HTTP/2 names the host in `:authority`, from an absolute URI.
+        let uri = http2_uri(route, &host, parts.uri)?;
+        parts.uri = uri;
+        parts.headers.remove(HOST);
+        *request.version_mut() = http::Version::HTTP_2;
+    } else {
+        parts.headers.insert(HOST, host);
+    }
     *request.method_mut() = parts.method;
     *request.uri_mut() = parts.uri;
     *request.headers_mut() = parts.headers;
     Ok((request, Upgrade { asked, client, parking }))
+}
+
+/// `origin`, an origin-form URI, as the absolute URI whose `:authority` is
+/// `host` (the `Host` an HTTP/1.1 upstream would get).
+fn http2_uri(route: &Route, host: &HeaderValue, origin: http::Uri) -> Result<http::Uri, ProxyError> {
+    let mut parts = origin.into_parts();
+    parts.scheme = Some(route.upstream.scheme.clone());
+    let authority =
+        http::uri::Authority::try_from(host.as_bytes()).map_err(|e| ProxyError::internal("upstream :authority", e))?;
+    parts.authority = Some(authority);
+    http::Uri::from_parts(parts).map_err(|e| ProxyError::internal("upstream URI", e))
 }
 
 /// Copies bytes both ways between an upgraded client and upstream connection.

@@ -47,6 +47,8 @@ pub struct UpstreamTls {
     files: UpstreamTlsFiles,
     /// `None` until the files are read ([`UpstreamTls::read`]).
     client: Option<Arc<ClientConfig>>,
+    /// The route speaks HTTP/2 to the upstream: ALPN offers `h2` alone.
+    http2: bool,
     /// Set when the route trusts the platform's roots and none were found:
     /// what was wrong, for the start-up warning and each failure's log line.
     no_roots: Option<Arc<str>>,
@@ -57,6 +59,7 @@ impl std::fmt::Debug for UpstreamTls {
         f.debug_struct("UpstreamTls")
             .field("name", &self.name)
             .field("files", &self.files)
+            .field("http2", &self.http2)
             .field("read", &self.client.is_some())
             .field("no_roots", &self.no_roots)
             .finish()
@@ -65,9 +68,15 @@ impl std::fmt::Debug for UpstreamTls {
 
 impl UpstreamTls {
     /// TLS to an upstream named `name`, with `files` named but not read: what
-    /// validation makes, so it never touches the disk.
-    pub fn named(name: ServerName<'static>, files: UpstreamTlsFiles) -> UpstreamTls {
-        UpstreamTls { name, files, client: None, no_roots: None }
+    /// validation makes, so it never touches the disk. With `http2`, ALPN
+    /// offers `h2` alone, and a handshake that does not select it fails.
+    pub fn named(name: ServerName<'static>, files: UpstreamTlsFiles, http2: bool) -> UpstreamTls {
+        UpstreamTls { name, files, http2, client: None, no_roots: None }
+    }
+
+    /// Whether the route speaks HTTP/2 to the upstream.
+    pub fn http2(&self) -> bool {
+        self.http2
     }
 
     /// The files this route names.
@@ -126,7 +135,7 @@ impl UpstreamTls {
             (Some(_), None) => return Err(TlsError::new("client_key", "is required with client_cert")),
             (None, Some(_)) => return Err(TlsError::new("client_cert", "is required with client_key")),
         };
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = vec![if self.http2 { b"h2".to_vec() } else { b"http/1.1".to_vec() }];
         Ok(UpstreamTls { client: Some(Arc::new(config)), no_roots, ..self.clone() })
     }
 
@@ -259,7 +268,7 @@ mod tests {
     #[test]
     fn a_route_without_roots_says_so_and_one_with_a_ca_file_does_not_look() {
         let mut none = PlatformRoots::from_certs(Vec::new(), vec!["no such file".into()]);
-        let tls = UpstreamTls::named(name(), UpstreamTlsFiles::default()).read(&mut none).unwrap();
+        let tls = UpstreamTls::named(name(), UpstreamTlsFiles::default(), false).read(&mut none).unwrap();
         assert!(tls.is_read());
         let why = tls.no_roots().expect("no roots is said");
         assert!(why.contains("no root certificate") && why.contains("no such file"), "{why}");
@@ -270,7 +279,7 @@ mod tests {
         let ca_file = tmp.path().join("ca.pem");
         std::fs::write(&ca_file, ca.pem()).unwrap();
         let files = UpstreamTlsFiles { ca_file: Some(ca_file), ..Default::default() };
-        let tls = UpstreamTls::named(name(), files).read(&mut none).unwrap();
+        let tls = UpstreamTls::named(name(), files, false).read(&mut none).unwrap();
         assert_eq!(tls.no_roots(), None);
     }
 
@@ -287,7 +296,7 @@ mod tests {
         let other_key = rcgen::KeyPair::generate().unwrap();
         let field = |files: UpstreamTlsFiles| {
             let mut roots = PlatformRoots::from_certs(Vec::new(), Vec::new());
-            UpstreamTls::named(name(), files).read(&mut roots).map(|_| ()).map_err(|p| p.field)
+            UpstreamTls::named(name(), files, false).read(&mut roots).map(|_| ()).map_err(|p| p.field)
         };
         let good = UpstreamTlsFiles {
             ca_file: write("ca.pem", &cert.pem()),

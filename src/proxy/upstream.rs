@@ -91,22 +91,31 @@ type Sender = http1::SendRequest<RequestBody>;
 
 /// Slots for open upstream connections, with the requests waiting for one:
 /// a route's, or one client connection's share of a route's.
-struct Pool {
+pub(super) struct Pool {
     /// One permit per open upstream connection, busy or idle.
-    free: Arc<Semaphore>,
-    cap: usize,
+    pub(super) free: Arc<Semaphore>,
+    pub(super) cap: usize,
     /// Requests waiting for a slot now. While there are any, a connection
     /// holding one of these slots closes as soon as it is idle.
-    waiting: AtomicUsize,
+    pub(super) waiting: AtomicUsize,
     /// Wakes the connections holding these slots when a request starts
     /// waiting, so the idle ones notice at once.
-    shed: Notify,
+    pub(super) shed: Notify,
+    /// Wakes the requests waiting while a stream of one of these slots'
+    /// HTTP/2 connections ends (http2.rs).
+    pub(super) freed: Notify,
 }
 
 impl Pool {
     fn new(cap: usize) -> Arc<Pool> {
         let cap = cap.clamp(1, Semaphore::MAX_PERMITS);
-        Arc::new(Pool { free: Arc::new(Semaphore::new(cap)), cap, waiting: AtomicUsize::new(0), shed: Notify::new() })
+        Arc::new(Pool {
+            free: Arc::new(Semaphore::new(cap)),
+            cap,
+            waiting: AtomicUsize::new(0),
+            shed: Notify::new(),
+            freed: Notify::new(),
+        })
     }
 
     /// A slot: at once if one is free; otherwise the connections holding
@@ -122,16 +131,16 @@ impl Pool {
     }
 
     /// Whether a request waits for one of these slots.
-    fn wanted(&self) -> bool {
+    pub(super) fn wanted(&self) -> bool {
         self.waiting.load(Ordering::Acquire) > 0
     }
 }
 
 /// One request counted in [`Pool::waiting`] while it lives.
-struct Waiting<'a>(&'a AtomicUsize);
+pub(super) struct Waiting<'a>(&'a AtomicUsize);
 
 impl<'a> Waiting<'a> {
-    fn enter(count: &'a AtomicUsize) -> Waiting<'a> {
+    pub(super) fn enter(count: &'a AtomicUsize) -> Waiting<'a> {
         count.fetch_add(1, Ordering::AcqRel);
         Waiting(count)
     }
@@ -189,6 +198,11 @@ impl UpstreamSlots {
         (self.inner.cap / 4).max(1)
     }
 
+    /// The route's slots and the requests waiting for one.
+    pub(super) fn pool(&self) -> &Arc<Pool> {
+        &self.inner
+    }
+
     /// Upstream connections open now.
     pub fn open(&self) -> usize {
         self.inner.cap - self.inner.free.available_permits()
@@ -203,17 +217,23 @@ impl UpstreamSlots {
 /// What an open upstream connection holds until it closes: a slot of its
 /// route's and, if an HTTP/2 client opened it, one of that client
 /// connection's share.
-struct Slot {
-    route: Arc<Pool>,
+pub(super) struct Slot {
+    pub(super) route: Arc<Pool>,
     share: Option<Arc<Pool>>,
-    idle_timeout: Duration,
+    pub(super) idle_timeout: Duration,
     _route_slot: OwnedSemaphorePermit,
     _share_slot: Option<OwnedSemaphorePermit>,
 }
 
 impl Slot {
+    /// The route's slot `permit` of `slots`, counted in no share.
+    pub(super) fn of_route(slots: &UpstreamSlots, permit: OwnedSemaphorePermit) -> Slot {
+        let route = slots.inner.clone();
+        Slot { route, share: None, idle_timeout: slots.idle_timeout, _route_slot: permit, _share_slot: None }
+    }
+
     /// Whether a request waits for a slot this connection could give back.
-    fn wanted(&self) -> bool {
+    pub(super) fn wanted(&self) -> bool {
         self.route.wanted() || self.share.as_ref().is_some_and(|share| share.wanted())
     }
 }
@@ -260,11 +280,15 @@ pub enum Parking {
     Worker,
     /// The client connection's own: an HTTP/2 client's.
     Client,
+    /// The worker thread's HTTP/2 connections, many requests on each: any
+    /// client's on a route with `upstream_http2` (http2.rs).
+    Multiplexed,
 }
 
 enum Way {
     Kept(Arc<Parked>, Sender),
     Slot(Slot),
+    Http2(super::http2::Way),
 }
 
 type RareSend<'a> = Pin<Box<dyn Future<Output = Result<Response<Incoming>, UpstreamError>> + Send + 'a>>;
@@ -368,6 +392,11 @@ impl Upstreams {
         wait: Duration,
         parking: Parking,
     ) -> Result<Checkout, UpstreamError> {
+        if parking == Parking::Multiplexed {
+            // Boxed, as the wait below: HTTP/1.1 upstreams are the common case.
+            let way = Box::pin(super::http2::checkout(authority, slots, wait)).await?;
+            return Ok(Checkout(Way::Http2(way), parking));
+        }
         if let Some((parked, sender)) = self.take(&slots.inner, authority, parking) {
             return Ok(Checkout(Way::Kept(parked, sender), parking));
         }
@@ -386,7 +415,7 @@ impl Upstreams {
     async fn slot(&self, slots: &UpstreamSlots, deadline: Instant, parking: Parking) -> Result<Slot, UpstreamError> {
         let started = Instant::now();
         let (share, share_slot) = match parking {
-            Parking::Worker => (None, None),
+            Parking::Worker | Parking::Multiplexed => (None, None),
             Parking::Client => {
                 let share = self.share(slots);
                 let Some(share_slot) = share.acquire(deadline).await else {
@@ -430,6 +459,7 @@ impl Upstreams {
         let Checkout(way, parking) = checkout;
         match way {
             Way::Slot(slot) => Sending::Rare { future: Box::pin(self.send_on_new(authority, tls, slot, req, parking)) },
+            Way::Http2(way) => Sending::Rare { future: Box::pin(super::http2::send(way, authority, tls, slots, req)) },
             Way::Kept(parked, mut sender) => Sending::Kept {
                 exchange: sender.try_send_request(req),
                 kept: Some((parked, sender)),
@@ -479,6 +509,8 @@ impl Upstreams {
     fn take(&self, route: &Arc<Pool>, authority: &Authority, parking: Parking) -> Option<(Arc<Parked>, Sender)> {
         match parking {
             Parking::Worker => SPARE.with(|spare| take_from(&mut spare.borrow_mut(), route, authority)),
+            // http2.rs keeps those.
+            Parking::Multiplexed => None,
             Parking::Client => {
                 take_from(&mut self.idle.lock().unwrap_or_else(PoisonError::into_inner), route, authority)
             }
@@ -506,6 +538,7 @@ impl Upstreams {
                 }
                 spare.push((authority.clone(), parked));
             }),
+            Parking::Multiplexed => {}
             Parking::Client => {
                 let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
                 if idle.len() < MAX_IDLE {
@@ -546,28 +579,36 @@ fn take_from(kept: &mut Vec<Kept>, route: &Arc<Pool>, authority: &Authority) -> 
     None
 }
 
-/// Opens a connection to `authority` in `slot`, over `tls` if given,
-/// retrying failures with backoff: nothing has been sent yet, so a retry
-/// can't apply anything twice.
+/// Opens an HTTP/1.1 connection to `authority` in `slot`, over `tls` if
+/// given, and starts its driver.
 async fn connect(
     authority: &Authority,
     tls: Option<&UpstreamTls>,
     slot: Slot,
 ) -> Result<(Arc<Parked>, Sender), UpstreamError> {
+    let stream = open_with_retries(authority, tls).await?;
+    let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(stream)).await.map_err(UpstreamError::connect)?;
+    let parked = Arc::new(Parked {
+        sender: Mutex::new(None),
+        parked_at: Mutex::new(Instant::now()),
+        route: slot.route.clone(),
+        share: slot.share.clone(),
+    });
+    tokio::spawn(drive(conn, slot, Arc::downgrade(&parked)));
+    Ok((parked, sender))
+}
+
+/// The socket to `authority`, over `tls` if given, retrying failures with
+/// backoff: nothing has been sent yet, so a retry can't apply anything twice.
+pub(super) async fn open_with_retries(
+    authority: &Authority,
+    tls: Option<&UpstreamTls>,
+) -> Result<UpstreamStream, UpstreamError> {
     let mut backoff = FIRST_BACKOFF;
     let mut attempt = 0;
     loop {
-        match try_connect(authority, tls).await {
-            Ok((sender, conn)) => {
-                let parked = Arc::new(Parked {
-                    sender: Mutex::new(None),
-                    parked_at: Mutex::new(Instant::now()),
-                    route: slot.route.clone(),
-                    share: slot.share.clone(),
-                });
-                tokio::spawn(drive(conn, slot, Arc::downgrade(&parked)));
-                return Ok((parked, sender));
-            }
+        match try_open(authority, tls).await {
+            Ok(stream) => return Ok(stream),
             Err(e) if attempt == MAX_RETRIES => {
                 // A certificate refused now is refused on every request until
                 // someone fixes it: say why where an operator looks.
@@ -598,21 +639,20 @@ async fn connect(
 }
 
 /// What an upstream connection reads and writes.
-type UpstreamStream = TcpOrTls<tokio_rustls::client::TlsStream<TcpStream>>;
+pub(super) type UpstreamStream = TcpOrTls<tokio_rustls::client::TlsStream<TcpStream>>;
 
 type Connection = http1::Connection<TokioIo<UpstreamStream>, RequestBody>;
 
-/// One attempt at a connection to `authority`: TCP, then over `tls` the TLS
-/// handshake, both within [`CONNECT_TIMEOUT`], then hyper's.
-async fn try_connect(authority: &Authority, tls: Option<&UpstreamTls>) -> Result<(Sender, Connection), BoxError> {
-    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, open(authority, tls)).await {
-        Ok(opened) => opened?,
+/// One attempt at the socket to `authority`: TCP, then over `tls` the TLS
+/// handshake, both within [`CONNECT_TIMEOUT`].
+async fn try_open(authority: &Authority, tls: Option<&UpstreamTls>) -> Result<UpstreamStream, BoxError> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, open(authority, tls)).await {
+        Ok(opened) => opened,
         Err(_) => {
             let what = format!("connecting to {authority} timed out after {CONNECT_TIMEOUT:?}");
-            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, what).into());
+            Err(std::io::Error::new(std::io::ErrorKind::TimedOut, what).into())
         }
-    };
-    Ok(http1::Builder::new().handshake(TokioIo::new(stream)).await?)
+    }
 }
 
 /// The socket to `authority`, over `tls` if given (its default port 443).

@@ -40,6 +40,9 @@ pub struct Route {
     /// files are read (`ca_file`, `client_cert`, `client_key`); `None` for
     /// an `http://` upstream.
     pub upstream_tls: Option<UpstreamTls>,
+    /// `upstream_http2`: requests go to the upstream over HTTP/2 (with prior
+    /// knowledge on `http://`, by ALPN on `https://`), many on one connection.
+    pub upstream_http2: bool,
     /// The fence key template, with the route's `pattern` if it has one.
     pub key: KeyTemplate,
     /// Methods that pass unfenced, compared exactly as sent; every other
@@ -99,6 +102,7 @@ impl Route {
             Some(old)
                 if old.name == self.name
                     && old.upstream == self.upstream
+                    && old.upstream_http2 == self.upstream_http2
                     && old.upstream_slots.cap() == self.upstream_slots.cap()
                     && old.upstream_slots.idle_timeout() == self.upstream_slots.idle_timeout() =>
             {
@@ -152,6 +156,7 @@ pub(crate) fn test_route(name: &str, prefix: &str) -> Route {
         prefix: prefix.into(),
         upstream: Upstream::parse("http://127.0.0.1:1").unwrap(),
         upstream_tls: None,
+        upstream_http2: false,
         key: KeyTemplate::parse("{path}", None).unwrap(),
         safe_methods: vec![Method::GET, Method::HEAD, Method::OPTIONS],
         path_options: PathOptions::default(),
