@@ -245,9 +245,9 @@ fn take(route: &Arc<Pool>, authority: &Authority) -> Option<(Arc<Multiplexed>, S
 ///
 /// A request the upstream did not take is sent again on another connection
 /// (or a new one, if a slot is free now: this request's timeout is running,
-/// so it does not wait), at most twice: one the connection handed back
-/// unsent (it was closing), and one the upstream refused unprocessed, when
-/// its body can be sent again (read whole, or empty). An upstream that closes
+/// so it does not wait): once if the connection handed it back unsent (it
+/// was closing), and once if the upstream refused it unprocessed and its
+/// body can be sent again (read whole, or empty). An upstream that closes
 /// a connection after so many requests (nginx's `keepalive_requests`) refuses
 /// the streams above the last it took; those go out again.
 pub(super) async fn send(
@@ -261,28 +261,29 @@ pub(super) async fn send(
         Way::Stream(mux, stream) => (mux, stream),
         Way::New(slot) => open(authority, tls, slot).await?,
     };
-    let mut attempts_left = 2;
+    let (mut unsent_again, mut refused_again) = (true, true);
     loop {
         let again = twin(&mut req);
         req = match exchange(&mux, stream, req).await {
             Ok(Exchanged::Answered(response)) => return Ok(response),
-            Ok(Exchanged::Unsent(_)) if attempts_left == 0 => {
-                return Err(UpstreamError::connect("the upstream closed its connections before the request was sent"));
-            }
-            Ok(Exchanged::Unsent(unsent)) => {
+            Ok(Exchanged::Unsent(unsent)) if unsent_again => {
                 tracing::debug!("upstream HTTP/2 connection was closing; sending on another");
+                unsent_again = false;
                 unsent
             }
-            Err(e) if e.is_refused() && attempts_left > 0 => match again {
+            Ok(Exchanged::Unsent(_)) => {
+                return Err(UpstreamError::connect("the upstream closed its connections before the request was sent"));
+            }
+            Err(e) if e.is_refused() && refused_again => match again {
                 Some(again) => {
                     tracing::debug!(error = %e, "the upstream refused a stream unprocessed; sending it again");
+                    refused_again = false;
                     again
                 }
                 None => return Err(e),
             },
             Err(e) => return Err(e),
         };
-        attempts_left -= 1;
         (mux, stream) = match take(slots.pool(), authority) {
             Some(found) => found,
             None => match slots.pool().free.clone().try_acquire_owned() {
