@@ -535,6 +535,7 @@ pub fn test_seed() -> u64 {
 }
 
 pub mod certs;
+pub mod h2;
 pub mod hold;
 pub mod process;
 pub mod raw;
