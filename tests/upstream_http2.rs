@@ -625,3 +625,32 @@ async fn a_websocket_upgrade_on_an_http2_route_is_forwarded_without_upgrade() {
     let echoed = reply.json();
     assert!(echoed["headers"].get("upgrade").is_none(), "{echoed}");
 }
+
+// ---------------------------------------------------------- a real server
+
+/// nginx (WebDAV) over h2c, closing each connection after 3 streams with a
+/// GOAWAY that names the last stream it took, as its `keepalive_requests`
+/// does: 24 fenced writes, 8 at a time from 8 client connections, all land,
+/// none answered 502, no key settles, and each file holds its write.
+#[tokio::test]
+async fn nginx_over_h2c_closing_connections_every_3_streams_takes_every_write() {
+    let nginx = common::realistic::Nginx::start_h2c(3);
+    let proxy = Proxy::start(&route_to("objects", "/objects/", &nginx.url(), H2)).await;
+    for round in 0..3 {
+        let writes: Vec<_> = (0..8)
+            .map(|i| {
+                let url = proxy.url(&format!("/objects/n{i}"));
+                tokio::spawn(async move { put(&url, round + 1, ["one", "two", "three"][round as usize]).await })
+            })
+            .collect();
+        for write in writes {
+            let reply = within("a write to nginx", write).await.unwrap();
+            assert!(reply.status.is_success(), "{}: {}\n{}", reply.status, reply.text(), nginx.error_log());
+        }
+    }
+    for i in 0..8 {
+        assert_eq!(nginx.file(&format!("default/objects/n{i}")).as_deref(), Some("three"), "{:?}", nginx.files());
+    }
+    assert_eq!(proxy.metric(&settles("objects")).await, Some(0.0));
+    assert_eq!(proxy.metric("fencegate_requests_total{route=\"objects\",outcome=\"forwarded\"}").await, Some(24.0));
+}

@@ -204,6 +204,16 @@ pub struct Nginx {
 
 impl Nginx {
     pub fn start() -> Nginx {
+        Nginx::start_with("", 1000)
+    }
+
+    /// The same store speaking HTTP/2 with prior knowledge (h2c), closing each
+    /// connection after `keepalive_requests` streams with a GOAWAY.
+    pub fn start_h2c(keepalive_requests: u32) -> Nginx {
+        Nginx::start_with(" http2", keepalive_requests)
+    }
+
+    fn start_with(http2: &str, keepalive_requests: u32) -> Nginx {
         let dir = TempDir::new();
         for sub in ["a", "default", "tmp"] {
             std::fs::create_dir_all(dir.path().join(sub)).unwrap();
@@ -214,7 +224,9 @@ impl Nginx {
         let conf = std::fs::read_to_string(&template)
             .unwrap()
             .replace("@DIR@", &dir.path().display().to_string())
-            .replace("@PORT@", &port.to_string());
+            .replace("@PORT@", &port.to_string())
+            .replace("@HTTP2@", http2)
+            .replace("@KEEPALIVE_REQUESTS@", &keepalive_requests.to_string());
         let conf_path = dir.write("nginx.conf", &conf);
         let binary = ["nginx", "/usr/sbin/nginx"]
             .into_iter()
