@@ -1,6 +1,8 @@
 //! Upstream HTTP/2 connections (route `upstream_http2 = true`): many requests
-//! at once on one connection, shared by every client connection of a worker
-//! thread, HTTP/1.1 and HTTP/2 clients alike.
+//! at once on one connection, shared by every client connection, HTTP/1.1
+//! and HTTP/2 clients alike. Each is run by the worker thread that opened it;
+//! a request looks at its own worker's first, then at the others' (a route's
+//! cap may be below the number of workers).
 //!
 //! A request takes a *stream* on the newest connection of its route (to the
 //! same upstream) that has one free: fewer than the upstream allows at once
@@ -16,7 +18,10 @@
 //! `queue_timeout` for a stream to end or a slot to free, then is refused
 //! (503 `upstream-busy`) with nothing sent. Connections without a stream
 //! close after `upstream_idle_timeout`, or at once while a request waits for
-//! their slot.
+//! their slot. A connection is opened by a task of its own, which then runs
+//! it: a request that gives up while it opens takes no one else's way with
+//! it. One whose request went past the route's timeout takes no new stream
+//! (the upstream may be gone) and closes once its streams end.
 //!
 //! There are no per-client-connection shares here (see upstream.rs for
 //! HTTP/1.1 upstreams): a client connection holds at most as many streams as
@@ -27,18 +32,18 @@
 //! is every stream's at once.
 //!
 //! What reached the upstream:
-//! - a request the connection hands back unsent (it was closing) goes out on
-//!   another connection, once;
+//! - a request the connection hands back unsent (it was closing) goes out
+//!   again, once;
 //! - a stream the upstream refused (`RST_STREAM` with `REFUSED_STREAM`), or
 //!   one above the last stream a `GOAWAY` says it processed, was not
-//!   processed (RFC 9113 §8.7): 502, and a fenced write's key is not held;
+//!   processed (RFC 9113 §8.7): it goes out again, once, if its body can be
+//!   sent again; otherwise 502, and a fenced write's key is not held;
 //! - any other failure after sending leaves the outcome unknown, as on
 //!   HTTP/1.1.
 //!
 //! Protocol upgrades are not carried to an HTTP/2 upstream: the forward drops
 //! `Upgrade` (mod.rs).
 
-use std::cell::RefCell;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -76,15 +81,19 @@ const CLOSED: usize = usize::MAX;
 type Sender = http2::SendRequest<RequestBody>;
 type Connection = http2::Connection<TokioIo<UpstreamStream>, RequestBody, TokioExecutor>;
 
-thread_local! {
-    /// This worker thread's upstream HTTP/2 connections, newest last.
-    static SHARED: RefCell<Vec<Arc<Multiplexed>>> = const { RefCell::new(Vec::new()) };
-}
+/// Every upstream HTTP/2 connection, newest last. A request looks at its own
+/// worker thread's first (their tasks run there: no wake crosses threads),
+/// then at the others': a route's cap may be below the number of workers.
+static SHARED: Mutex<Vec<Arc<Multiplexed>>> = Mutex::new(Vec::new());
 
-/// One upstream HTTP/2 connection of a worker thread.
+/// One upstream HTTP/2 connection, run by the worker thread that opened it.
 pub(super) struct Multiplexed {
     authority: Authority,
     route: Arc<Pool>,
+    worker: std::thread::ThreadId,
+    /// Takes no new stream: one of its requests went past the route's
+    /// timeout, so the upstream may be gone; it closes once its streams end.
+    retired: std::sync::atomic::AtomicBool,
     /// `None` while the connection is being opened, and again once it closes.
     sender: Mutex<Option<Sender>>,
     /// Why opening it failed, for the requests that waited for it.
@@ -109,6 +118,9 @@ impl Multiplexed {
 
     /// A stream on this connection, if it has one free.
     fn enter(self: &Arc<Self>) -> Option<Stream> {
+        if self.retired.load(Ordering::Acquire) {
+            return None;
+        }
         let limit = self.limit.load(Ordering::Acquire);
         self.open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1)).ok()?;
         Some(Stream(self.clone()))
@@ -226,18 +238,19 @@ pub(super) async fn checkout(
     }
 }
 
-/// A stream on the newest connection of `route` to `authority` with one free;
-/// closed connections met on the way are dropped.
+/// A stream on the newest connection of `route` to `authority` with one
+/// free, this worker thread's first; closed connections met on the way are
+/// dropped.
 fn take(route: &Arc<Pool>, authority: &Authority) -> Option<(Arc<Multiplexed>, Stream)> {
-    SHARED.with(|shared| {
-        let mut shared = shared.borrow_mut();
-        shared.retain(|mux| !mux.is_closed());
-        shared
-            .iter()
-            .rev()
-            .filter(|mux| Arc::ptr_eq(&mux.route, route) && mux.authority.as_str() == authority.as_str())
-            .find_map(|mux| mux.enter().map(|stream| (mux.clone(), stream)))
-    })
+    let here = std::thread::current().id();
+    let mut shared = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
+    shared.retain(|mux| !mux.is_closed());
+    let mut ours = shared
+        .iter()
+        .rev()
+        .filter(|mux| Arc::ptr_eq(&mux.route, route) && mux.authority.as_str() == authority.as_str());
+    let found = ours.clone().filter(|mux| mux.worker == here).find_map(|mux| mux.enter().map(|s| (mux.clone(), s)));
+    found.or_else(|| ours.find_map(|mux| mux.enter().map(|s| (mux.clone(), s))))
 }
 
 /// Sends `req` the way `checkout` gave; the response carries its stream
@@ -245,7 +258,7 @@ fn take(route: &Arc<Pool>, authority: &Authority) -> Option<(Arc<Multiplexed>, S
 ///
 /// A request the upstream did not take is sent again on another connection
 /// (or a new one, if a slot is free now: this request's timeout is running,
-/// so it does not wait): once if the connection handed it back unsent (it
+/// so it does not wait; a connection that refused a stream takes no new one): once if the connection handed it back unsent (it
 /// was closing), and once if the upstream refused it unprocessed and its
 /// body can be sent again (read whole, or empty). An upstream that closes
 /// a connection after so many requests (nginx's `keepalive_requests`) refuses
@@ -259,21 +272,29 @@ pub(super) async fn send(
 ) -> Result<Response<Incoming>, UpstreamError> {
     let (mut mux, mut stream) = match way {
         Way::Stream(mux, stream) => (mux, stream),
-        Way::New(slot) => open(authority, tls, slot).await?,
+        Way::New(slot) => open(authority, tls, slot),
     };
     let (mut unsent_again, mut refused_again) = (true, true);
     loop {
         let again = twin(&mut req);
-        req = match exchange(&mux, stream, req).await {
+        let sent = exchange(&mux, stream, req).await;
+        if sent.as_ref().is_err_and(UpstreamError::is_refused) {
+            mux.retired.store(true, Ordering::Release);
+        }
+        req = match sent {
             Ok(Exchanged::Answered(response)) => return Ok(response),
             Ok(Exchanged::Unsent(unsent)) if unsent_again => {
                 tracing::debug!("upstream HTTP/2 connection was closing; sending on another");
                 unsent_again = false;
-                unsent
+                // The twin holds the body's budget share, if it was made.
+                again.unwrap_or(unsent)
             }
             Ok(Exchanged::Unsent(_)) => {
                 return Err(UpstreamError::connect("the upstream closed its connections before the request was sent"));
             }
+            // The connection that refused it is going away (GOAWAY) or
+            // refusing work: it takes no new stream, so the request goes
+            // elsewhere.
             Err(e) if e.is_refused() && refused_again => match again {
                 Some(again) => {
                     tracing::debug!(error = %e, "the upstream refused a stream unprocessed; sending it again");
@@ -287,7 +308,7 @@ pub(super) async fn send(
         (mux, stream) = match take(slots.pool(), authority) {
             Some(found) => found,
             None => match slots.pool().free.clone().try_acquire_owned() {
-                Ok(permit) => open(authority, tls, Slot::of_route(slots, permit)).await?,
+                Ok(permit) => open(authority, tls, Slot::of_route(slots, permit)),
                 Err(_) => return Err(UpstreamError::busy(slots.cap(), std::time::Duration::ZERO)),
             },
         };
@@ -310,10 +331,15 @@ enum Exchanged {
     Unsent(Request<RequestBody>),
 }
 
-/// One request on `stream` of `mux`.
+/// One request on `stream` of `mux`. If it is dropped before its answer
+/// (the route's timeout ran out), the connection takes no new stream: the
+/// upstream may be gone, and the next requests should not wait on it too.
 async fn exchange(mux: &Multiplexed, stream: Stream, req: Request<RequestBody>) -> Result<Exchanged, UpstreamError> {
     let mut sender = mux.sender().await?;
-    match sender.try_send_request(req).await {
+    let waiting = Retire(&mux.retired);
+    let sent = sender.try_send_request(req).await;
+    std::mem::forget(waiting);
+    match sent {
         Ok(mut response) => {
             response.extensions_mut().insert(StreamHeld(Arc::new(stream)));
             Ok(Exchanged::Answered(response))
@@ -329,6 +355,16 @@ async fn exchange(mux: &Multiplexed, stream: Stream, req: Request<RequestBody>) 
                 }
             }
         },
+    }
+}
+
+/// Retires its connection if dropped (see [`exchange`]).
+struct Retire<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for Retire<'_> {
+    fn drop(&mut self) {
+        tracing::debug!("an upstream HTTP/2 exchange was given up; its connection takes no new stream");
+        self.0.store(true, Ordering::Release);
     }
 }
 
@@ -348,15 +384,15 @@ fn refused_unprocessed(e: &hyper::Error) -> bool {
 }
 
 /// Opens a connection in `slot`, listed at once so the requests that come
-/// meanwhile take a stream on it; the first stream is the caller's.
-async fn open(
-    authority: &Authority,
-    tls: Option<&UpstreamTls>,
-    slot: Slot,
-) -> Result<(Arc<Multiplexed>, Stream), UpstreamError> {
+/// meanwhile take a stream on it; the first stream is the caller's. It is
+/// opened and then run by a task of its own, which holds the slot: a request
+/// that gives up while it opens takes no one else's way with it.
+fn open(authority: &Authority, tls: Option<&UpstreamTls>, slot: Slot) -> (Arc<Multiplexed>, Stream) {
     let mux = Arc::new(Multiplexed {
         authority: authority.clone(),
         route: slot.route.clone(),
+        worker: std::thread::current().id(),
+        retired: Default::default(),
         sender: Mutex::new(None),
         failed: Mutex::new(None),
         open: AtomicUsize::new(1),
@@ -366,41 +402,19 @@ async fn open(
         idle: Notify::new(),
     });
     let stream = Stream(mux.clone());
-    SHARED.with(|shared| shared.borrow_mut().push(mux.clone()));
-    // Until it is open: if this future is dropped (the route's timeout), the
-    // requests waiting for the connection are told.
-    let opening = Opening(Some(mux.clone()));
-    let connected = connect(authority, tls).await;
-    let mux = opening.done();
-    match connected {
-        Ok((sender, conn)) => {
-            *mux.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
-            mux.opened.notify_waiters();
-            tokio::spawn(drive(conn, slot, mux.clone()));
-            Ok((mux, stream))
+    SHARED.lock().unwrap_or_else(PoisonError::into_inner).push(mux.clone());
+    let (authority, tls, opening) = (authority.clone(), tls.cloned(), mux.clone());
+    tokio::spawn(async move {
+        match connect(&authority, tls.as_ref()).await {
+            Ok((sender, conn)) => {
+                *opening.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
+                opening.opened.notify_waiters();
+                drive(conn, slot, opening).await;
+            }
+            Err(e) => opening.close(Some(e.to_string())),
         }
-        Err(e) => {
-            mux.close(Some(e.to_string()));
-            Err(e)
-        }
-    }
-}
-
-/// A connection being opened, closed as failed if dropped before [`done`](Self::done).
-struct Opening(Option<Arc<Multiplexed>>);
-
-impl Opening {
-    fn done(mut self) -> Arc<Multiplexed> {
-        self.0.take().expect("an opening is done once")
-    }
-}
-
-impl Drop for Opening {
-    fn drop(&mut self) {
-        if let Some(mux) = self.0.take() {
-            mux.close(Some("opening the upstream connection was given up".into()));
-        }
-    }
+    });
+    (mux, stream)
 }
 
 /// TCP (and TLS, which must select `h2` by ALPN), then HTTP/2's handshake.
@@ -471,7 +485,7 @@ async fn drive(conn: Connection, slot: Slot, mux: Arc<Multiplexed>) {
                 return;
             }
             Woken::Look => {
-                if slot.wanted() && mux.close_if_idle() {
+                if (slot.wanted() || mux.retired.load(Ordering::Acquire)) && mux.close_if_idle() {
                     tracing::debug!("closing an idle upstream HTTP/2 connection: a request waits for its slot");
                     return;
                 }
