@@ -23,7 +23,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -48,7 +48,17 @@ use crate::server::connection::ClientBody;
 #[derive(Debug)]
 pub enum RequestBody {
     Streaming(Limited<ClientBody>),
-    Buffered { blocks: Blocks, _held: Option<Held> },
+    /// Streaming, and telling `overran` when it goes past its limit: for an
+    /// HTTP/2 upstream, whose layer resets the stream on a body error
+    /// instead of handing the error back (see [`RequestBody::watch_overrun`]).
+    Watched {
+        inner: Limited<ClientBody>,
+        overran: Arc<AtomicBool>,
+    },
+    Buffered {
+        blocks: Blocks,
+        _held: Option<Held>,
+    },
 }
 
 /// A buffered body's blocks, in order. The first is held apart, so a body of
@@ -96,10 +106,29 @@ impl RequestBody {
             RequestBody::Buffered { blocks, _held } => {
                 Some(RequestBody::Buffered { blocks: blocks.clone(), _held: _held.take() })
             }
-            RequestBody::Streaming(inner) if inner.is_end_stream() => {
+            RequestBody::Streaming(inner) | RequestBody::Watched { inner, .. } if inner.is_end_stream() => {
                 Some(RequestBody::Buffered { blocks: Blocks::default(), _held: None })
             }
-            RequestBody::Streaming(_) => None,
+            RequestBody::Streaming(_) | RequestBody::Watched { .. } => None,
+        }
+    }
+
+    /// For a body still streaming from the client: a flag set if it goes
+    /// past the route's limit. The HTTP/2 layer does not hand that error
+    /// back (it resets the stream), so the forward asks the flag to answer
+    /// 413 rather than 502.
+    pub fn watch_overrun(&mut self) -> Option<Arc<AtomicBool>> {
+        let body = std::mem::replace(self, RequestBody::Buffered { blocks: Blocks::default(), _held: None });
+        match body {
+            RequestBody::Streaming(inner) => {
+                let overran = Arc::new(AtomicBool::new(false));
+                *self = RequestBody::Watched { inner, overran: overran.clone() };
+                Some(overran)
+            }
+            other => {
+                *self = other;
+                None
+            }
         }
     }
 }
@@ -112,20 +141,29 @@ impl Body for RequestBody {
         match self.get_mut() {
             RequestBody::Buffered { blocks, .. } => Poll::Ready(blocks.pop().map(|b| Ok(Frame::data(b)))),
             RequestBody::Streaming(inner) => Pin::new(inner).poll_frame(cx),
+            RequestBody::Watched { inner, overran } => {
+                let polled = Pin::new(inner).poll_frame(cx);
+                if let Poll::Ready(Some(Err(e))) = &polled {
+                    if overran_limit(&**e) {
+                        overran.store(true, Ordering::Release);
+                    }
+                }
+                polled
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             RequestBody::Buffered { blocks, .. } => blocks.is_empty(),
-            RequestBody::Streaming(inner) => inner.is_end_stream(),
+            RequestBody::Streaming(inner) | RequestBody::Watched { inner, .. } => inner.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             RequestBody::Buffered { blocks, .. } => SizeHint::with_exact(blocks.len()),
-            RequestBody::Streaming(inner) => inner.size_hint(),
+            RequestBody::Streaming(inner) | RequestBody::Watched { inner, .. } => inner.size_hint(),
         }
     }
 }
@@ -135,13 +173,26 @@ impl Body for RequestBody {
 pub fn overran_limit(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut current = Some(e);
     while let Some(err) = current {
-        if err.is::<LengthLimitError>() {
+        if err.is::<LengthLimitError>() || err.is::<Overran>() {
             return true;
         }
         current = err.source();
     }
     false
 }
+
+/// A streamed body went past the route's limit, as a watched body's flag
+/// says ([`RequestBody::watch_overrun`]).
+#[derive(Debug)]
+pub struct Overran;
+
+impl std::fmt::Display for Overran {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the request body went past the route's max_body")
+    }
+}
+
+impl std::error::Error for Overran {}
 
 /// The body length a request declares in `Content-Length`, if it is one.
 pub(crate) fn declared_length(headers: &HeaderMap) -> Option<u64> {

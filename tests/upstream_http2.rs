@@ -700,3 +700,47 @@ async fn nginx_over_h2c_closing_connections_every_5_streams_takes_every_write() 
     assert_eq!(proxy.metric(&settles("objects")).await, Some(0.0));
     assert_eq!(proxy.metric("fencegate_requests_total{route=\"objects\",outcome=\"forwarded\"}").await, Some(24.0));
 }
+
+// ---------------------------------------------------------- body limits
+
+/// A fenced body streamed to the upstream (`stream_body`) that goes past
+/// `max_body` with no `Content-Length` is answered 413, over HTTP/2 to the
+/// upstream as over HTTP/1.1, although the HTTP/2 layer only resets the
+/// stream: part of it was sent, so the key settles.
+#[tokio::test]
+async fn a_streamed_body_past_max_body_is_a_413_on_either_protocol() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for http2 in [false, true] {
+        let up = H2Upstream::start().await;
+        let extra =
+            format!("{}stream_body = true\nmax_body = \"1KiB\"\nsettle = \"5s\"\n", if http2 { H2 } else { "" });
+        let proxy = start_with_workers(1, &route("objects", "/objects/", &up, &extra)).await;
+        let addr = proxy.url("/").trim_start_matches("http://").trim_end_matches('/').to_string();
+        let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head = "PUT /objects/big HTTP/1.1\r\nHost: x\r\nX-Fencing-Token: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        conn.write_all(head.as_bytes()).await.unwrap();
+        let chunk = format!("400\r\n{}\r\n", "a".repeat(1024));
+        let mut answer = Vec::new();
+        let read = async {
+            for _ in 0..4 {
+                if conn.write_all(chunk.as_bytes()).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let _ = conn.write_all(b"0\r\n\r\n").await;
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&answer).contains("\r\n\r\n") {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => answer.extend_from_slice(&buf[..n]),
+                }
+            }
+        };
+        within("the answer", read).await;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        assert!(answer.starts_with("HTTP/1.1 413"), "http2 = {http2}: {answer}");
+        assert!(answer.contains("body-too-large"), "http2 = {http2}: {answer}");
+        assert_eq!(proxy.metric(&settles("objects")).await, Some(1.0), "http2 = {http2}");
+    }
+}

@@ -274,6 +274,7 @@ pub(super) async fn send(
         Way::Stream(mux, stream) => (mux, stream),
         Way::New(slot) => open(authority, tls, slot),
     };
+    let overran = req.body_mut().watch_overrun();
     let (mut unsent_again, mut refused_again) = (true, true);
     loop {
         let again = twin(&mut req);
@@ -303,6 +304,9 @@ pub(super) async fn send(
                 }
                 None => return Err(e),
             },
+            Err(_) if overran.as_ref().is_some_and(|o| o.load(Ordering::Acquire)) => {
+                return Err(UpstreamError::exchange(crate::body::Overran));
+            }
             Err(e) => return Err(e),
         };
         (mux, stream) = match take(slots.pool(), authority) {
