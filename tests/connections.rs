@@ -18,6 +18,9 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 
+use common::h2::{
+    frame, ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, PING, PREFACE, SETTINGS, WINDOW_UPDATE,
+};
 use common::process::{start_in_process, MEMORY_STORE};
 use common::raw::Conn;
 use common::*;
@@ -47,32 +50,9 @@ async fn start(server: &str, routes: &str) -> Proxy {
 
 // --- HTTP/2 by hand ------------------------------------------------------------
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-const DATA: u8 = 0x0;
-const HEADERS: u8 = 0x1;
-const SETTINGS: u8 = 0x4;
-const PING: u8 = 0x6;
-const GOAWAY: u8 = 0x7;
-const WINDOW_UPDATE: u8 = 0x8;
-const CONTINUATION: u8 = 0x9;
-
-const END_STREAM: u8 = 0x1;
-const ACK: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-
-/// An HTTP/2 frame (RFC 9113 §4.1).
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = (payload.len() as u32).to_be_bytes();
-    let mut out = vec![len[1], len[2], len[3], kind, flags];
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
-
 /// The client's opening: the preface and an empty SETTINGS frame.
 fn opening() -> Vec<u8> {
-    [PREFACE, &frame(SETTINGS, 0, 0, &[])].concat()
+    [PREFACE.as_slice(), &frame(SETTINGS, 0, 0, &[])].concat()
 }
 
 /// An HPACK header field, literal without indexing, its name from the static
@@ -253,9 +233,9 @@ async fn an_http2_opening_that_stalls_is_closed_after_header_read_timeout() {
         // The preface and no SETTINGS.
         PREFACE.to_vec(),
         // Part of the SETTINGS frame's header.
-        [PREFACE, &settings[..4]].concat(),
+        [PREFACE.as_slice(), &settings[..4]].concat(),
         // Its header, and part of its payload.
-        [PREFACE, &settings[..12]].concat(),
+        [PREFACE.as_slice(), &settings[..12]].concat(),
     ] {
         let mut conn = Conn::open(proxy.addr).await;
         conn.send(&opening).await;
@@ -358,13 +338,13 @@ async fn slots_held_by_slow_or_silent_connections_are_freed() {
     let mut raw = Vec::new();
     let mut h2s = Vec::new();
     for _ in 0..2 {
-        for opening in [&b"PRI / HTTP/1.1\r\nHost: x\r\n"[..], PREFACE] {
+        for opening in [&b"PRI / HTTP/1.1\r\nHost: x\r\n"[..], PREFACE.as_slice()] {
             let mut conn = Conn::open(proxy.addr).await;
             conn.send(opening).await;
             raw.push(conn);
         }
         let mut partial_settings = Conn::open(proxy.addr).await;
-        partial_settings.send(&[PREFACE, &frame(SETTINGS, 0, 0, &[0; 6])[..12]].concat()).await;
+        partial_settings.send(&[PREFACE.as_slice(), &frame(SETTINGS, 0, 0, &[0; 6])[..12]].concat()).await;
         raw.push(partial_settings);
         let mut open_block = H2::open(proxy.addr, false).await;
         open_block.send(&frame(HEADERS, END_STREAM, 1, &get_block("/objects/none"))).await;

@@ -28,7 +28,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::certs::Identity;
-use super::{Handshake, RecordingUpstream, UpstreamState};
+use super::{RecordingUpstream, UpstreamState};
 
 /// A TLS server config that shows `id` and offers the ALPN protocols `alpn`
 /// (none: the server selects no protocol whatever the client offers).
@@ -114,31 +114,8 @@ impl H2Upstream {
         let inner = RecordingUpstream { addr, state: Arc::new(Mutex::new(UpstreamState::default())) };
         let upstream = H2Upstream { inner, requests: Arc::default(), max_streams };
         let serving = upstream.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                serving.inner.state.lock().unwrap().connections += 1;
-                let up = serving.clone();
-                let tls = tls.clone();
-                tokio::spawn(async move {
-                    let Some(tls) = tls else { return up.serve(stream).await };
-                    match tls.accept(stream).await {
-                        Ok(stream) => {
-                            let (_, session) = stream.get_ref();
-                            let handshake = Handshake {
-                                server_name: session.server_name().map(str::to_string),
-                                alpn: session.alpn_protocol().map(<[u8]>::to_vec),
-                                client_certificate: session.peer_certificates().is_some_and(|c| !c.is_empty()),
-                            };
-                            up.inner.state.lock().unwrap().handshakes.push(handshake);
-                            up.serve(stream).await
-                        }
-                        Err(_) => up.inner.state.lock().unwrap().failed_handshakes += 1,
-                    }
-                });
-            }
+        super::accept_for_ever(listener, tls, upstream.inner.state.clone(), move |stream| {
+            serving.clone().serve(stream)
         });
         upstream
     }
@@ -172,17 +149,20 @@ impl H2Upstream {
 /// The client connection preface (RFC 9113 §3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-const DATA: u8 = 0x0;
-const HEADERS: u8 = 0x1;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
-const PING: u8 = 0x6;
-const GOAWAY: u8 = 0x7;
-const CONTINUATION: u8 = 0x9;
+/// Frame types (RFC 9113 §6).
+pub const DATA: u8 = 0x0;
+pub const HEADERS: u8 = 0x1;
+pub const RST_STREAM: u8 = 0x3;
+pub const SETTINGS: u8 = 0x4;
+pub const PING: u8 = 0x6;
+pub const GOAWAY: u8 = 0x7;
+pub const WINDOW_UPDATE: u8 = 0x8;
+pub const CONTINUATION: u8 = 0x9;
 
-const END_STREAM: u8 = 0x1;
-const ACK: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
+/// Frame flags.
+pub const END_STREAM: u8 = 0x1;
+pub const ACK: u8 = 0x1;
+pub const END_HEADERS: u8 = 0x4;
 
 /// RFC 9113 §7 error codes.
 pub const NO_ERROR: u32 = 0x0;
@@ -412,8 +392,8 @@ async fn read_frame(stream: &mut TcpStream) -> std::io::Result<Option<(u8, u8, u
     Ok(Some((head[3], head[4], id, payload)))
 }
 
-/// One frame on the wire.
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+/// One frame on the wire (RFC 9113 §4.1).
+pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = (payload.len() as u32).to_be_bytes();
     let mut out = vec![len[1], len[2], len[3], kind, flags];
     out.extend_from_slice(&stream.to_be_bytes());

@@ -82,6 +82,50 @@ pub struct RecordingUpstream {
     state: Arc<Mutex<UpstreamState>>,
 }
 
+/// An accepted upstream connection: in clear, or over TLS.
+type Accepted =
+    tokio_util::either::Either<tokio::net::TcpStream, tokio_rustls::server::TlsStream<tokio::net::TcpStream>>;
+
+/// Accepts on `listener` for ever, counting connections in `state` and, over
+/// `tls`, recording each handshake (counting the ones that fail); `serve`
+/// serves each connection on a task of its own.
+fn accept_for_ever<F, Fut>(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    state: Arc<Mutex<UpstreamState>>,
+    serve: F,
+) where
+    F: Fn(Accepted) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let serve = Arc::new(serve);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            state.lock().unwrap().connections += 1;
+            let (serve, tls, state) = (serve.clone(), tls.clone(), state.clone());
+            tokio::spawn(async move {
+                let Some(tls) = tls else { return serve(tokio_util::either::Either::Left(stream)).await };
+                match tls.accept(stream).await {
+                    Ok(stream) => {
+                        let (_, session) = stream.get_ref();
+                        let handshake = Handshake {
+                            server_name: session.server_name().map(str::to_string),
+                            alpn: session.alpn_protocol().map(<[u8]>::to_vec),
+                            client_certificate: session.peer_certificates().is_some_and(|c| !c.is_empty()),
+                        };
+                        state.lock().unwrap().handshakes.push(handshake);
+                        serve(tokio_util::either::Either::Right(stream)).await
+                    }
+                    Err(_) => state.lock().unwrap().failed_handshakes += 1,
+                }
+            });
+        }
+    });
+}
+
 impl RecordingUpstream {
     pub async fn start() -> Self {
         Self::start_with(None).await
@@ -99,32 +143,7 @@ impl RecordingUpstream {
         let state = Arc::new(Mutex::new(UpstreamState::default()));
         let upstream = RecordingUpstream { addr, state };
         let serving = upstream.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                serving.state.lock().unwrap().connections += 1;
-                let up = serving.clone();
-                let tls = tls.clone();
-                tokio::spawn(async move {
-                    let Some(tls) = tls else { return up.serve(stream).await };
-                    match tls.accept(stream).await {
-                        Ok(stream) => {
-                            let (_, session) = stream.get_ref();
-                            let handshake = Handshake {
-                                server_name: session.server_name().map(str::to_string),
-                                alpn: session.alpn_protocol().map(<[u8]>::to_vec),
-                                client_certificate: session.peer_certificates().is_some_and(|c| !c.is_empty()),
-                            };
-                            up.state.lock().unwrap().handshakes.push(handshake);
-                            up.serve(stream).await
-                        }
-                        Err(_) => up.state.lock().unwrap().failed_handshakes += 1,
-                    }
-                });
-            }
-        });
+        accept_for_ever(listener, tls, upstream.state.clone(), move |stream| serving.clone().serve(stream));
         upstream
     }
 
