@@ -1,8 +1,10 @@
 //! Upstream HTTP/2 connections (route `upstream_http2 = true`): many requests
 //! at once on one connection, shared by every client connection, HTTP/1.1
 //! and HTTP/2 clients alike. Each is run by the worker thread that opened it;
-//! a request looks at its own worker's first, then at the others' (a route's
-//! cap may be below the number of workers).
+//! a request looks at its own worker's first, then opens one if the route's
+//! cap allows, and only then takes a stream on another worker's (whose
+//! exchange wakes that worker's thread): a cap below the number of workers
+//! starves none.
 //!
 //! A request takes a *stream* on the newest connection of its route (to the
 //! same upstream) that has one free: fewer than the upstream allows at once
@@ -207,7 +209,9 @@ pub(super) async fn checkout(
     wait: std::time::Duration,
 ) -> Result<Way, UpstreamError> {
     let route = slots.pool();
-    if let Some((mux, stream)) = take(route, authority) {
+    // This worker's connections, then a new one, then another worker's: a
+    // connection of this worker's keeps the exchange on this thread.
+    if let Some((mux, stream)) = take(route, authority, Workers::This) {
         return Ok(Way::Stream(mux, stream));
     }
     let started = Instant::now();
@@ -216,11 +220,14 @@ pub(super) async fn checkout(
         if let Ok(permit) = route.free.clone().try_acquire_owned() {
             return Ok(Way::New(Slot::of_route(slots, permit)));
         }
+        if let Some((mux, stream)) = take(route, authority, Workers::Any) {
+            return Ok(Way::Stream(mux, stream));
+        }
         let _waiting = Waiting::enter(&route.waiting);
         route.shed.notify_waiters();
         let mut freed = pin!(route.freed.notified());
         freed.as_mut().enable();
-        if let Some((mux, stream)) = take(route, authority) {
+        if let Some((mux, stream)) = take(route, authority, Workers::Any) {
             return Ok(Way::Stream(mux, stream));
         }
         tokio::select! {
@@ -229,7 +236,7 @@ pub(super) async fn checkout(
                 return Ok(Way::New(Slot::of_route(slots, permit)));
             }
             () = freed => {
-                if let Some((mux, stream)) = take(route, authority) {
+                if let Some((mux, stream)) = take(route, authority, Workers::Any) {
                     return Ok(Way::Stream(mux, stream));
                 }
             }
@@ -238,10 +245,19 @@ pub(super) async fn checkout(
     }
 }
 
+/// Whose connections [`take`] looks at.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Workers {
+    /// This worker thread's.
+    This,
+    /// Any worker's, this one's first.
+    Any,
+}
+
 /// A stream on the newest connection of `route` to `authority` with one
-/// free, this worker thread's first; closed connections met on the way are
+/// free, among `workers`' connections; closed connections met on the way are
 /// dropped.
-fn take(route: &Arc<Pool>, authority: &Authority) -> Option<(Arc<Multiplexed>, Stream)> {
+fn take(route: &Arc<Pool>, authority: &Authority, workers: Workers) -> Option<(Arc<Multiplexed>, Stream)> {
     let here = std::thread::current().id();
     let mut shared = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
     shared.retain(|mux| !mux.is_closed());
@@ -250,7 +266,10 @@ fn take(route: &Arc<Pool>, authority: &Authority) -> Option<(Arc<Multiplexed>, S
         .rev()
         .filter(|mux| Arc::ptr_eq(&mux.route, route) && mux.authority.as_str() == authority.as_str());
     let found = ours.clone().filter(|mux| mux.worker == here).find_map(|mux| mux.enter().map(|s| (mux.clone(), s)));
-    found.or_else(|| ours.find_map(|mux| mux.enter().map(|s| (mux.clone(), s))))
+    match workers {
+        Workers::This => found,
+        Workers::Any => found.or_else(|| ours.find_map(|mux| mux.enter().map(|s| (mux.clone(), s)))),
+    }
 }
 
 /// Sends `req` the way `checkout` gave; the response carries its stream
@@ -309,7 +328,7 @@ pub(super) async fn send(
             }
             Err(e) => return Err(e),
         };
-        (mux, stream) = match take(slots.pool(), authority) {
+        (mux, stream) = match take(slots.pool(), authority, Workers::Any) {
             Some(found) => found,
             None => match slots.pool().free.clone().try_acquire_owned() {
                 Ok(permit) => open(authority, tls, Slot::of_route(slots, permit)),
