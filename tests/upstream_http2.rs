@@ -744,3 +744,17 @@ async fn a_streamed_body_past_max_body_is_a_413_on_either_protocol() {
         assert_eq!(proxy.metric(&settles("objects")).await, Some(1.0), "http2 = {http2}");
     }
 }
+
+/// A refused stream with no connection to send it again on (the route's one
+/// slot is still held by the connection that refused it) is answered with
+/// the refusal, 502, not as a busy route: it did reach the upstream.
+#[tokio::test]
+async fn a_refused_stream_with_no_connection_left_for_it_is_the_refusal() {
+    let up = RawH2Upstream::start(Fault::RefuseStreams).await;
+    let extra =
+        format!("{H2}max_upstream_connections = 1\nsettle = \"30s\"\nqueue_timeout = \"1s\"\ntimeout = \"3s\"\n");
+    let proxy = Proxy::start(&route_to("objects", "/objects/", &up.url(), &extra)).await;
+    let reply = put_soon(&proxy.url("/objects/k"), 1, "one").await;
+    let p = assert_unheld_502(&reply, "REFUSED_STREAM at the cap");
+    assert_eq!(p["title"], "Upstream refused the request unprocessed", "{p}");
+}

@@ -51,6 +51,7 @@ use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
+use std::time::Duration;
 
 use http::uri::Authority;
 use http::{Request, Response};
@@ -206,7 +207,7 @@ pub(super) enum Way {
 pub(super) async fn checkout(
     authority: &Authority,
     slots: &UpstreamSlots,
-    wait: std::time::Duration,
+    wait: Duration,
 ) -> Result<Way, UpstreamError> {
     let route = slots.pool();
     // This worker's connections, then a new one, then another worker's: a
@@ -295,6 +296,8 @@ pub(super) async fn send(
     };
     let overran = req.body_mut().watch_overrun();
     let (mut unsent_again, mut refused_again) = (true, true);
+    // Why the request is being sent again, if the upstream refused it.
+    let mut refusal = None;
     loop {
         let again = twin(&mut req);
         let sent = exchange(&mux, stream, req).await;
@@ -319,6 +322,7 @@ pub(super) async fn send(
                 Some(again) => {
                     tracing::debug!(error = %e, "the upstream refused a stream unprocessed; sending it again");
                     refused_again = false;
+                    refusal = Some(e);
                     again
                 }
                 None => return Err(e),
@@ -332,7 +336,9 @@ pub(super) async fn send(
             Some(found) => found,
             None => match slots.pool().free.clone().try_acquire_owned() {
                 Ok(permit) => open(authority, tls, Slot::of_route(slots, permit)),
-                Err(_) => return Err(UpstreamError::busy(slots.cap(), std::time::Duration::ZERO)),
+                // No connection for it now: the upstream's refusal stands,
+                // if it refused it (it reached the upstream, unprocessed).
+                Err(_) => return Err(refusal.unwrap_or_else(|| UpstreamError::busy(slots.cap(), Duration::ZERO))),
             },
         };
     }
