@@ -5,11 +5,15 @@
 //! by writing a new hidden directory and swapping the `..data` symlink the
 //! visible names point through, so the file's own inode never changes and a
 //! watch on it would never fire. An editor that saves by renaming over the
-//! file does the same. A change anywhere in the directory is followed,
-//! once the directory has been quiet for [`QUIET`], by one call of the
-//! reader, which compares what it reads with what it has.
+//! file does the same. A change to one of the files' names, or to a name
+//! starting with `..` (Kubernetes' `..data` and its timestamped
+//! directories), is followed, once the directory has been quiet for
+//! [`QUIET`], by one call of the reader, which compares what it reads with
+//! what it has. Other files in the directory (a log written beside the
+//! config) wake nothing.
 
 use std::collections::BTreeSet;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -44,10 +48,10 @@ pub fn watch_dirs_of<'a>(
     mut changed: impl FnMut() + Send + 'static,
 ) -> notify::Result<DirWatch> {
     let (tx, rx) = mpsc::channel::<()>();
+    let files: Vec<&Path> = files.into_iter().collect();
+    let names: BTreeSet<OsString> = files.iter().filter_map(|f| f.file_name()).map(OsString::from).collect();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        // Reads (ours among them) change nothing; an error may have lost a
-        // change, so it counts as one.
-        if !matches!(event, Ok(notify::Event { kind: EventKind::Access(_), .. })) {
+        if concerns(&event, &names) {
             let _ = tx.send(());
         }
     })?;
@@ -74,6 +78,23 @@ pub fn watch_dirs_of<'a>(
         })
         .map_err(notify::Error::io)?;
     Ok(DirWatch { _watcher: watcher })
+}
+
+/// Whether `event` may change one of the files named `names`: a change to
+/// one of those names, or to a name starting with `..` (what a Kubernetes
+/// volume swaps). Reads (ours among them) change nothing; an error, or an
+/// event that names no path, may have lost a change, so it counts as one.
+fn concerns(event: &notify::Result<notify::Event>, names: &BTreeSet<OsString>) -> bool {
+    match event {
+        Err(_) => true,
+        Ok(notify::Event { kind: EventKind::Access(_), .. }) => false,
+        Ok(event) if event.paths.is_empty() => true,
+        Ok(event) => event
+            .paths
+            .iter()
+            .filter_map(|path| path.file_name())
+            .any(|name| names.contains(name) || name.as_encoded_bytes().starts_with(b"..")),
+    }
 }
 
 /// The directory `file` is listed in (`.` for a bare name).
@@ -134,5 +155,30 @@ mod tests {
         let settled = calls.load(Ordering::SeqCst);
         std::thread::sleep(QUIET * 4);
         assert_eq!(calls.load(Ordering::SeqCst), settled, "reading is no change");
+    }
+
+    #[test]
+    fn other_files_in_the_directory_wake_nothing_and_the_file_does() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let file = dir.join("fencegate.toml");
+        std::fs::write(&file, "one").unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let _watch = watch_dirs_of([file.as_path()], move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+        // A log written beside the config, again and again.
+        for i in 0..20 {
+            std::fs::write(dir.join("fencegate.log"), format!("line {i}\n")).unwrap();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(QUIET * 3);
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "a write to another file woke the reader");
+        // An editor saving by renaming over the file is seen.
+        std::fs::write(dir.join(".fencegate.toml.tmp"), "two").unwrap();
+        std::fs::rename(dir.join(".fencegate.toml.tmp"), &file).unwrap();
+        assert!(wait_for(&calls, 1), "the rename over the file was not seen");
     }
 }
