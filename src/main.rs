@@ -95,6 +95,13 @@ enum FenceAction {
         #[arg(long, requires = "prefix")]
         all: bool,
     },
+    /// Trust the shared (Redis) fence store again after fencegate stopped
+    /// trusting it (it lost its identity or answered a mark below one seen):
+    /// this replica raises every mark it remembers back into the store, then
+    /// marks the store confirmed, and the other replicas follow. Run it once
+    /// you know the store holds what it should (restored from a backup, or
+    /// its loss judged acceptable).
+    ConfirmStore,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -242,6 +249,15 @@ fn fence_command(config: &Config, action: FenceAction) -> ExitCode {
                     Some(token) if deleted > 0 => println!("{key}: fence {token} deleted"),
                     _ => println!("{key}: had no fence"),
                 }
+                Ok(ExitCode::SUCCESS)
+            }
+            FenceAction::ConfirmStore => {
+                let done = client.confirm_store().await?;
+                println!(
+                    "fence store confirmed: identity {}, {} mark(s) this replica remembered restored",
+                    done["identity"].as_str().unwrap_or("?"),
+                    done["restored"].as_u64().unwrap_or(0)
+                );
                 Ok(ExitCode::SUCCESS)
             }
             FenceAction::Delete { key: None, prefix, all } => {

@@ -49,8 +49,12 @@ impl AdminClient {
     }
 
     async fn call(&self, method: Method, query: &str, body: Option<Value>) -> Result<(StatusCode, Value), CliError> {
+        self.call_at(method, &format!("/fences?{query}"), body).await
+    }
+
+    async fn call_at(&self, method: Method, target: &str, body: Option<Value>) -> Result<(StatusCode, Value), CliError> {
         let unreachable = |detail: String| CliError::Unreachable { addr: self.addr, detail };
-        let mut req = Request::builder().method(method).uri(format!("http://{}/fences?{query}", self.addr));
+        let mut req = Request::builder().method(method).uri(format!("http://{}{target}", self.addr));
         if let Some(token) = &self.token {
             req = req.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
         }
@@ -89,6 +93,16 @@ impl AdminClient {
             },
             _ => Err(Self::refused(status, &body)),
         }
+    }
+
+    /// Confirms the shared fence store as it is now (after this replica's
+    /// remembered marks are raised back into it); returns the answer's JSON.
+    pub async fn confirm_store(&self) -> Result<Value, CliError> {
+        let (status, body) = self.call_at(Method::POST, "/fences/store/confirm", None).await?;
+        if status != StatusCode::OK {
+            return Err(Self::refused(status, &body));
+        }
+        Ok(body)
     }
 
     /// Deletes the mark of `key`; returns how many were deleted (0 or 1) and

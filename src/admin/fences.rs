@@ -31,7 +31,7 @@ use subtle::ConstantTimeEq;
 
 use super::{json_response, problem, AdminState};
 use crate::canonical::admin_key;
-use crate::fence::store::{Advance, FenceStore, Selection, MAX_LIST_LIMIT};
+use crate::fence::store::{Advance, AnyStore, FenceStore, Selection, MAX_LIST_LIMIT};
 use crate::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
 
 /// Default page size of a listing.
@@ -209,6 +209,40 @@ fn checked_query<B>(state: &AdminState, req: &Request<B>) -> Result<Query, Box<R
     match too_long(&query, state.max_key_bytes) {
         Some(refused) => Err(Box::new(refused)),
         None => Ok(query),
+    }
+}
+
+/// `POST /fences/store/confirm`: an operator's word that a shared store
+/// fencegate stopped trusting (it lost its identity, or answered a mark
+/// below one seen) may be used as it is now, once this replica's remembered
+/// marks are raised back into it.
+pub(super) async fn confirm_store<B>(state: &AdminState, peer: SocketAddr, req: &Request<B>) -> Response<Full<Bytes>> {
+    if let Some(refused) = unauthorized(state, peer, req) {
+        return refused;
+    }
+    let AnyStore::Redis(store) = &*state.shared.store else {
+        return problem(
+            StatusCode::CONFLICT,
+            "Not a shared store",
+            "only store = \"redis\" is confirmed; this fencegate keeps its fences itself",
+        );
+    };
+    match store.confirm().await {
+        Ok(done) => {
+            tracing::warn!(
+                target: "fencegate::audit",
+                caller = %peer,
+                identity = %done.identity,
+                previous = %done.previous,
+                restored = done.restored,
+                "fence store confirmed"
+            );
+            json_response(
+                StatusCode::OK,
+                &json!({ "identity": done.identity, "previous": done.previous, "restored": done.restored }),
+            )
+        }
+        Err(e) => unavailable(e.to_string()),
     }
 }
 

@@ -48,6 +48,7 @@ pub(crate) async fn handle(
     let allowed: &[Method] = match path {
         "/healthz" | "/readyz" | "/metrics" => &[Method::GET, Method::HEAD],
         "/fences" => &[Method::GET, Method::HEAD, Method::PUT, Method::DELETE],
+        "/fences/store/confirm" => &[Method::POST],
         _ => return Ok(problem(StatusCode::NOT_FOUND, "Not found", format!("no admin endpoint at '{path}'"))),
     };
     if !allowed.contains(req.method()) {
@@ -81,6 +82,7 @@ pub(crate) async fn handle(
                 shared.metrics.encode(snapshot),
             )
         }
+        "/fences/store/confirm" => fences::confirm_store(&state, peer, &req).await,
         _ => fences::handle(&state, peer, req).await,
     })
 }
@@ -89,12 +91,8 @@ fn readiness(state: &AdminState) -> Response<Full<Bytes>> {
     if state.draining.load(Ordering::Acquire) {
         return problem(StatusCode::SERVICE_UNAVAILABLE, "Draining", "fencegate is shutting down");
     }
-    if state.shared.store.stats().is_some_and(|s| s.is_failing()) {
-        return problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "Fence store unavailable",
-            "the last fence store commit failed; fenced writes are refused until one succeeds",
-        );
+    if let Some(why) = state.shared.store.unready() {
+        return problem(StatusCode::SERVICE_UNAVAILABLE, "Fence store unavailable", why);
     }
     text(StatusCode::OK, "text/plain; charset=utf-8", "ready\n".into())
 }

@@ -64,6 +64,14 @@ pub const DEFAULT_CACHE_BYTES: u64 = 256 * 1024 * 1024;
 /// its objects by, and small enough that a million marks stay near a GiB.
 pub const DEFAULT_MAX_KEY_BYTES: usize = 1024;
 
+/// Default `[fences] key_prefix` of the Redis store.
+pub const DEFAULT_REDIS_KEY_PREFIX: &str = "fencegate:";
+/// Default `[fences] timeout` of the Redis store: a fenced write waits at
+/// most this long for one Redis call before it is refused.
+pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(250);
+/// Default `[fences] replica_timeout`.
+pub const DEFAULT_REPLICA_TIMEOUT: Duration = Duration::from_millis(250);
+
 pub(super) const DEFAULT_LOG_LEVEL: &str = "info";
 
 /// Default route `max_upstream_connections`.

@@ -74,6 +74,11 @@ pub struct FencesSection {
     pub cache_keys: Option<u64>,
     pub cache_bytes: Option<Size>,
     pub max_key_bytes: Option<Size>,
+    pub url: Option<String>,
+    pub key_prefix: Option<String>,
+    pub timeout: Option<String>,
+    pub min_replicas: Option<u64>,
+    pub replica_timeout: Option<String>,
 }
 
 /// `[log]`: tracing output.

@@ -100,6 +100,42 @@ pub enum StoreKind {
     /// Durable marks on local disk, with an in-memory cache of about
     /// `cache_keys` marks and `cache_bytes` bytes in front of them.
     File { path: PathBuf, require_existing: bool, cache_keys: usize, cache_bytes: u64 },
+    /// Marks in Redis, shared by every replica that names the same server
+    /// and prefix (store/redis/).
+    Redis(RedisConfig),
+}
+
+/// `[fences] store = "redis"`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host:port/db` or `rediss://` (TLS).
+    pub url: String,
+    /// Put before every Redis key fencegate writes.
+    pub key_prefix: String,
+    /// The longest a Redis call may take before the write it serves is
+    /// refused (503): unreachable and slow are the same to a fenced write.
+    pub timeout: std::time::Duration,
+    /// Replicas that must acknowledge a decision before its write goes on.
+    pub min_replicas: u32,
+    /// How long to wait for them.
+    pub replica_timeout: std::time::Duration,
+    /// Marks this replica remembers (its fast path, and how it notices a
+    /// store that lost writes).
+    pub cache_keys: usize,
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password.
+        f.debug_struct("RedisConfig")
+            .field("url", &"<redacted>")
+            .field("key_prefix", &self.key_prefix)
+            .field("timeout", &self.timeout)
+            .field("min_replicas", &self.min_replicas)
+            .field("replica_timeout", &self.replica_timeout)
+            .field("cache_keys", &self.cache_keys)
+            .finish()
+    }
 }
 
 /// Log output.

@@ -10,7 +10,9 @@ use std::path::PathBuf;
 
 use super::defaults::*;
 use super::file::{AdminSection, FencesSection, FileConfig, LogSection, ServerSection, TlsSection};
-use super::model::{AdminConfig, Config, FencesConfig, LogConfig, LogFormat, ServerConfig, StoreKind, TlsFiles};
+use super::model::{
+    AdminConfig, Config, FencesConfig, LogConfig, LogFormat, RedisConfig, ServerConfig, StoreKind, TlsFiles,
+};
 use super::problems::{ConfigProblem, Problems};
 use super::route::validate_route;
 use crate::route::Route;
@@ -207,38 +209,46 @@ fn fences(f: &FencesSection, p: &mut Problems) -> FencesConfig {
 }
 
 fn store(f: &FencesSection, p: &mut Problems) -> StoreKind {
-    let store = match f.store.as_deref() {
-        None | Some("file") => StoreKind::File {
+    let kind = f.store.as_deref().unwrap_or("file");
+    // Each field names the stores it applies to.
+    for (field, set, applies) in [
+        ("path", f.path.is_some(), &["file"][..]),
+        ("require_existing", f.require_existing.is_some(), &["file"]),
+        ("cache_keys", f.cache_keys.is_some(), &["file", "redis"]),
+        ("cache_bytes", f.cache_bytes.is_some(), &["file"]),
+        ("url", f.url.is_some(), &["redis"]),
+        ("key_prefix", f.key_prefix.is_some(), &["redis"]),
+        ("timeout", f.timeout.is_some(), &["redis"]),
+        ("min_replicas", f.min_replicas.is_some(), &["redis"]),
+        ("replica_timeout", f.replica_timeout.is_some(), &["redis"]),
+    ] {
+        if set && ["file", "memory", "redis"].contains(&kind) && !applies.contains(&kind) {
+            let stores = applies.iter().map(|s| format!("store = \"{s}\"")).collect::<Vec<_>>().join(" and ");
+            p.add(format!("fences.{field}"), format!("applies to {stores} only, not to store = \"{kind}\""));
+        }
+    }
+    let cache_keys = match f.cache_keys {
+        None => DEFAULT_CACHE_KEYS,
+        Some(0) => {
+            p.add("fences.cache_keys", "must be at least 1");
+            DEFAULT_CACHE_KEYS
+        }
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+    };
+    let store = match kind {
+        "file" => StoreKind::File {
             path: PathBuf::from(f.path.as_deref().unwrap_or(DEFAULT_FENCES_PATH)),
             require_existing: f.require_existing.unwrap_or(false),
-            cache_keys: match f.cache_keys {
-                None => DEFAULT_CACHE_KEYS,
-                Some(0) => {
-                    p.add("fences.cache_keys", "must be at least 1");
-                    DEFAULT_CACHE_KEYS
-                }
-                Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
-            },
+            cache_keys,
             cache_bytes: p.size("fences.cache_bytes", f.cache_bytes.as_ref(), DEFAULT_CACHE_BYTES),
         },
-        Some("memory") => {
-            for (field, set) in [
-                ("path", f.path.is_some()),
-                ("require_existing", f.require_existing.is_some()),
-                ("cache_keys", f.cache_keys.is_some()),
-                ("cache_bytes", f.cache_bytes.is_some()),
-            ] {
-                if set {
-                    p.add(
-                        format!("fences.{field}"),
-                        "applies to store = \"file\" only; the memory store keeps nothing",
-                    );
-                }
-            }
-            StoreKind::Memory
-        }
-        Some(other) => {
-            p.add("fences.store", format!("'{other}' is not a store this build has; use \"file\" or \"memory\""));
+        "memory" => StoreKind::Memory,
+        "redis" => StoreKind::Redis(redis(f, cache_keys, p)),
+        other => {
+            p.add(
+                "fences.store",
+                format!("'{other}' is not a store this build has; use \"file\", \"memory\" or \"redis\""),
+            );
             StoreKind::Memory
         }
     };
@@ -248,6 +258,33 @@ fn store(f: &FencesSection, p: &mut Problems) -> StoreKind {
         }
     }
     store
+}
+
+/// `[fences]` of `store = "redis"`.
+fn redis(f: &FencesSection, cache_keys: usize, p: &mut Problems) -> RedisConfig {
+    let url = match f.url.as_deref() {
+        None => {
+            p.add("fences.url", "is required with store = \"redis\" (e.g. \"redis://127.0.0.1:6379/0\")");
+            String::new()
+        }
+        Some(url) => {
+            if let Err(why) = crate::fence::store::redis::check_url(url) {
+                p.add("fences.url", why);
+            }
+            url.to_owned()
+        }
+    };
+    let key_prefix = f.key_prefix.clone().unwrap_or_else(|| DEFAULT_REDIS_KEY_PREFIX.to_owned());
+    let timeout = p.duration("fences.timeout", f.timeout.as_deref(), DEFAULT_REDIS_TIMEOUT);
+    let replica_timeout = p.duration("fences.replica_timeout", f.replica_timeout.as_deref(), DEFAULT_REPLICA_TIMEOUT);
+    let min_replicas = match f.min_replicas {
+        None => 0,
+        Some(n) => u32::try_from(n).unwrap_or_else(|_| {
+            p.add("fences.min_replicas", "is more replicas than Redis can have");
+            0
+        }),
+    };
+    RedisConfig { url, key_prefix, timeout, min_replicas, replica_timeout, cache_keys }
 }
 
 fn log(s: LogSection, p: &mut Problems) -> LogConfig {

@@ -9,7 +9,7 @@ use hyper::body::Body;
 use tower::{Layer, Service, ServiceExt};
 
 use super::signature::SIGNATURE_HEADER;
-use super::store::FenceStore;
+use super::store::{AtHand, FenceStore};
 use super::token::token_from_headers;
 use super::{Checked, Fence};
 use crate::error::{ProxyError, Rejection};
@@ -193,7 +193,18 @@ async fn check_marks<St: FenceStore>(store: &St, fence: Option<&Fence>, route: &
 fn marks_at_hand<St: FenceStore>(store: &St, fence: Option<&Fence>, route: &Route) -> Option<Result<(), Rejection>> {
     let Some(fence) = fence else { return Some(Ok(())) };
     for (key, route) in written_keys(fence, route) {
-        if let Err(e) = compare_mark(route, fence.token, store.peek(key)?) {
+        let checked = match store.at_hand(key) {
+            AtHand::Mark(mark) => compare_mark(route, fence.token, mark),
+            // A store replicas share: a token below a mark this replica saw
+            // is refused without a round trip; the rest is decided under the
+            // turn, in the store's one atomic step.
+            AtHand::Floor(Some(current)) if fence.token < current || (route.strict && fence.token == current) => {
+                Err(ProxyError::StaleToken { token: fence.token, current })
+            }
+            AtHand::Floor(_) => Ok(()),
+            AtHand::Read => return None,
+        };
+        if let Err(e) = checked {
             return Some(Err(fence.rejection(e, key)));
         }
     }

@@ -15,7 +15,7 @@ use tower::Service;
 use super::future::ResponseFuture;
 use super::gate::{Ask, NoTurn, Turn};
 use super::head::check_mark;
-use super::store::{Advance, FenceStore};
+use super::store::{Entered, FenceStore, InFlight};
 use super::{Checked, Fence, KeyGate};
 use crate::error::{ProxyError, Rejection};
 use crate::outcome::{Decision, Outcome};
@@ -160,16 +160,23 @@ where
             }
         }
         for (k, r) in keys {
-            match store.advance(k, token).await {
+            let ask = if keys.len() > 1 || r.strict { Ask::Alone } else { Ask::Share };
+            let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+            // A store replicas share records the write in flight for as long
+            // as it may take and settle, should this process die mid-write.
+            let lease = route.timeout + settle;
+            match store.enter(k, token, ask, lease, wait).await {
                 // A strict route takes one write per token, and the advance is
                 // where that is decided for good: the fence API may have raised
                 // the mark to this very token since it was read. An equal
                 // advance changed nothing.
-                Ok(Advance::Accepted { previous: Some(current) }) if r.strict && current == token => {
+                Ok(Entered::Accepted { previous: Some(current), .. }) if r.strict && current == token => {
                     return Err(reject(ProxyError::StaleToken { token, current }, k))
                 }
-                Ok(Advance::Accepted { .. }) => {}
-                Ok(Advance::Stale { current }) => return Err(reject(ProxyError::StaleToken { token, current }, k)),
+                Ok(Entered::Accepted { in_flight, .. }) => turns.record(in_flight),
+                Ok(Entered::Stale { current }) => return Err(reject(ProxyError::StaleToken { token, current }, k)),
+                Ok(Entered::Superseded { waiting }) => return Err(reject(ProxyError::Superseded { token, waiting }, k)),
+                Ok(Entered::TimedOut) => return Err(reject(ProxyError::QueueTimeout(route.queue_timeout), &key)),
                 Err(e) => return Err(reject(e.into(), k)),
             }
         }
@@ -219,14 +226,20 @@ where
     }
 }
 
-/// The turns one request holds: its key's, and its `Destination`'s.
+/// The turns one request holds: its key's, and its `Destination`'s; and,
+/// with a store replicas share, their records of the write in flight.
 #[derive(Default)]
-struct Turns([Option<Turn>; 2]);
+struct Turns([Option<Turn>; 2], [InFlight; 2]);
 
 impl Turns {
     fn push(&mut self, turn: Turn) {
         let free = self.0.iter_mut().find(|t| t.is_none()).expect("a request holds at most two keys' turns");
         *free = Some(turn);
+    }
+
+    fn record(&mut self, in_flight: InFlight) {
+        let free = self.1.iter_mut().find(|f| f.is_empty()).expect("a request writes at most two keys");
+        *free = in_flight;
     }
 
     /// See [`Turn::share`].

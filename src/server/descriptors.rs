@@ -64,6 +64,8 @@ impl Account {
             files: match config.fences.store {
                 StoreKind::File { .. } => FILE_STORE_DESCRIPTORS,
                 StoreKind::Memory => 0,
+                // One multiplexed connection, and one more while it reconnects.
+                StoreKind::Redis(_) => 2,
             },
             reserve: FIXED_RESERVE
                 + PER_EVENT_LOOP * (count(config.server.workers) + 2)

@@ -29,7 +29,7 @@ use crate::admin::AdminState;
 use crate::body::BufferBudget;
 use crate::config::{Config, StoreKind};
 use crate::fence::store::FenceStore;
-use crate::fence::store::{AnyStore, CacheBounds, FileStore, MemoryStore, OpenError};
+use crate::fence::store::{AnyStore, CacheBounds, FileStore, MemoryStore, OpenError, RedisStore};
 use crate::fence::KeyGate;
 use crate::metrics::Metrics;
 use crate::route::{LiveRoutes, RouteTable};
@@ -51,6 +51,8 @@ pub enum StartError {
     Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Store(#[from] OpenError),
+    #[error("fences.url: {0}")]
+    Redis(crate::fence::store::StoreError),
     #[error("route '{0}' names a signing key file that was never read: load the config with its secrets")]
     UnreadSigningKey(String),
     #[error("route '{0}' has an https upstream whose TLS files were never read: load the config with its secrets")]
@@ -108,6 +110,7 @@ impl Fencegate {
                 let cache = CacheBounds { keys: *cache_keys, bytes: *cache_bytes };
                 AnyStore::File(FileStore::open_with(path, *require_existing, cache)?)
             }
+            StoreKind::Redis(redis) => AnyStore::Redis(RedisStore::open(redis).map_err(StartError::Redis)?),
         };
         // A restart on fences a previous process left: it may have died with
         // writes in flight, so keys start closed for their settle period.

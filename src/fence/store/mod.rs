@@ -7,6 +7,7 @@
 
 mod file;
 mod memory;
+pub mod redis;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -18,6 +19,9 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
 pub use file::{journal, CacheBounds, FileStore, OpenError};
 pub use memory::MemoryStore;
+pub use redis::{Confirmed, RedisStore};
+
+use crate::fence::gate::Ask;
 
 /// The result of an [`FenceStore::advance`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +30,54 @@ pub enum Advance {
     Accepted { previous: Option<u64> },
     /// `token < mark`: nothing changed.
     Stale { current: u64 },
+}
+
+/// The result of [`FenceStore::enter`]: a fenced write's turn as the store
+/// sees it.
+#[derive(Debug)]
+pub enum Entered {
+    /// `token >= mark` (on a turn held alone, also with no write of the key
+    /// in flight anywhere): the mark is `token` now, `previous` before.
+    /// `in_flight` records the write for stores replicas share; dropping it
+    /// ends the record.
+    Accepted { previous: Option<u64>, in_flight: InFlight },
+    /// `token < mark`: nothing changed.
+    Stale { current: u64 },
+    /// A higher token waits for the key on another replica.
+    Superseded { waiting: u64 },
+    /// Writes of the key stayed in flight on other replicas for the whole wait.
+    TimedOut,
+}
+
+/// A fenced write in flight, as a store replicas share records it (nothing
+/// for a store of one process, whose turns are all in its gate). Dropped
+/// when the request's turn ends: response head, failure, or the end of its
+/// settle period.
+#[derive(Debug, Default)]
+pub struct InFlight(Option<redis::Flight>);
+
+impl InFlight {
+    fn redis(flight: redis::Flight) -> InFlight {
+        InFlight(Some(flight))
+    }
+
+    /// Records nothing (a store of one process).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
+/// What a head check may compare a token with before the request's turn
+/// ([`FenceStore::at_hand`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtHand {
+    /// The mark, exactly (`None`: the key has none).
+    Mark(Option<u64>),
+    /// A mark the key is known to have reached: a token below it is stale;
+    /// any other is decided under the turn.
+    Floor(Option<u64>),
+    /// Only a read of the store can tell.
+    Read,
 }
 
 /// Why the store could not answer; the fence fails closed (503
@@ -67,6 +119,25 @@ pub enum StoreError {
         #[source]
         source: Arc<redb::Error>,
     },
+    /// Redis refused or failed a call, or the connection to it is down.
+    #[error("fence store unavailable: {context}: {message}")]
+    Redis { context: &'static str, message: String },
+    /// Redis did not answer within `[fences] timeout`.
+    #[error("fence store unavailable: {context}: Redis did not answer within {after:?}")]
+    RedisTimeout { context: &'static str, after: std::time::Duration },
+    /// Fewer Redis replicas than `[fences] min_replicas` acknowledged the decision.
+    #[error(
+        "fence store unavailable: {acked} Redis replica(s) acknowledged the decision within {within:?}, \
+         {wanted} required (min_replicas); nothing was forwarded"
+    )]
+    Replicas { acked: i64, wanted: u32, within: std::time::Duration },
+    /// The store lost marks, or is not the store this replica used: not
+    /// trusted until an operator confirms it.
+    #[error("fence store unavailable: {0}; an operator must confirm the store (fencegate fence confirm-store)")]
+    Distrusted(String),
+    /// Redis answered something fencegate does not understand.
+    #[error("fence store unavailable: the Redis fence store answered {0}")]
+    Unexpected(String),
     /// A blocking read of the store panicked or was cancelled.
     #[error("fence store unavailable: {context} failed: {source}")]
     Task {
@@ -74,6 +145,16 @@ pub enum StoreError {
         #[source]
         source: Arc<tokio::task::JoinError>,
     },
+}
+
+impl StoreError {
+    fn redis(context: &'static str, e: &::redis::RedisError) -> StoreError {
+        StoreError::Redis { context, message: e.to_string() }
+    }
+
+    fn unexpected(what: &str) -> StoreError {
+        StoreError::Unexpected(what.to_owned())
+    }
 }
 
 /// Which marks [`FenceStore::delete`] drops.
@@ -109,9 +190,46 @@ pub trait FenceStore: Send + Sync + 'static {
         None
     }
 
+    /// What the head checks compare a token with before its turn; by default
+    /// what [`peek`](Self::peek) has.
+    fn at_hand(&self, key: &str) -> AtHand {
+        match self.peek(key) {
+            Some(mark) => AtHand::Mark(mark),
+            None => AtHand::Read,
+        }
+    }
+
     /// Atomically raises the mark of `key` to `token` when `token >= mark`.
     /// When this returns `Accepted`, the raise is as durable as the store promises.
     fn advance(&self, key: &str, token: u64) -> impl Future<Output = Result<Advance, StoreError>> + Send;
+
+    /// [`advance`](Self::advance) for a fenced write that holds its key's
+    /// turn in this process: a store replicas share also takes the key's
+    /// turn among them (waiting up to `wait` for their writes of it to end)
+    /// and records this write in flight for at most `lease`.
+    fn enter(
+        &self,
+        key: &str,
+        token: u64,
+        _ask: Ask,
+        _lease: std::time::Duration,
+        _wait: std::time::Duration,
+    ) -> impl Future<Output = Result<Entered, StoreError>> + Send {
+        async move {
+            Ok(match self.advance(key, token).await? {
+                Advance::Accepted { previous } => Entered::Accepted { previous, in_flight: InFlight::default() },
+                Advance::Stale { current } => Entered::Stale { current },
+            })
+        }
+    }
+
+    /// Why fenced writes are refused now, when they are: `/readyz` answers
+    /// 503 with it.
+    fn unready(&self) -> Option<String> {
+        self.stats().filter(|s| s.is_failing()).map(|_| {
+            "the last fence store commit failed; fenced writes are refused until one succeeds".to_owned()
+        })
+    }
 
     /// Up to `limit` marks whose keys start with `prefix` and sort after `after`,
     /// in key order.
@@ -202,13 +320,14 @@ impl CommitStats {
 pub enum AnyStore {
     Memory(MemoryStore),
     File(FileStore),
+    Redis(RedisStore),
 }
 
 impl AnyStore {
     /// Stops the store's threads once their work is on disk; see [`FileStore::close`].
     pub async fn close(&self) {
         match self {
-            AnyStore::Memory(_) => {}
+            AnyStore::Memory(_) | AnyStore::Redis(_) => {}
             AnyStore::File(s) => s.close().await,
         }
     }
@@ -219,6 +338,7 @@ impl FenceStore for AnyStore {
         match self {
             AnyStore::Memory(s) => s.get(key).await,
             AnyStore::File(s) => s.get(key).await,
+            AnyStore::Redis(s) => s.get(key).await,
         }
     }
 
@@ -226,6 +346,38 @@ impl FenceStore for AnyStore {
         match self {
             AnyStore::Memory(s) => s.peek(key),
             AnyStore::File(s) => s.peek(key),
+            AnyStore::Redis(_) => None,
+        }
+    }
+
+    fn at_hand(&self, key: &str) -> AtHand {
+        match self {
+            AnyStore::Memory(s) => s.at_hand(key),
+            AnyStore::File(s) => s.at_hand(key),
+            AnyStore::Redis(s) => AtHand::Floor(s.seen(key)),
+        }
+    }
+
+    async fn enter(
+        &self,
+        key: &str,
+        token: u64,
+        ask: Ask,
+        lease: std::time::Duration,
+        wait: std::time::Duration,
+    ) -> Result<Entered, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.enter(key, token, ask, lease, wait).await,
+            AnyStore::File(s) => s.enter(key, token, ask, lease, wait).await,
+            AnyStore::Redis(s) => s.enter(key, token, ask, lease, wait).await,
+        }
+    }
+
+    fn unready(&self) -> Option<String> {
+        match self {
+            AnyStore::Memory(s) => s.unready(),
+            AnyStore::File(s) => s.unready(),
+            AnyStore::Redis(s) => s.unready(),
         }
     }
 
@@ -233,6 +385,7 @@ impl FenceStore for AnyStore {
         match self {
             AnyStore::Memory(s) => s.advance(key, token).await,
             AnyStore::File(s) => s.advance(key, token).await,
+            AnyStore::Redis(s) => s.advance(key, token).await,
         }
     }
 
@@ -240,6 +393,7 @@ impl FenceStore for AnyStore {
         match self {
             AnyStore::Memory(s) => s.list(prefix, after, limit).await,
             AnyStore::File(s) => s.list(prefix, after, limit).await,
+            AnyStore::Redis(s) => s.list(prefix, after, limit).await,
         }
     }
 
@@ -247,6 +401,7 @@ impl FenceStore for AnyStore {
         match self {
             AnyStore::Memory(s) => s.delete(which).await,
             AnyStore::File(s) => s.delete(which).await,
+            AnyStore::Redis(s) => s.delete(which).await,
         }
     }
 
@@ -254,6 +409,7 @@ impl FenceStore for AnyStore {
         match self {
             AnyStore::Memory(s) => s.disk_bytes(),
             AnyStore::File(s) => s.disk_bytes(),
+            AnyStore::Redis(_) => None,
         }
     }
 
@@ -261,6 +417,7 @@ impl FenceStore for AnyStore {
         match self {
             AnyStore::Memory(s) => s.tracked_keys(),
             AnyStore::File(s) => s.tracked_keys(),
+            AnyStore::Redis(s) => s.tracked_keys(),
         }
     }
 
@@ -268,6 +425,7 @@ impl FenceStore for AnyStore {
         match self {
             AnyStore::Memory(s) => s.cached_keys(),
             AnyStore::File(s) => s.cached_keys(),
+            AnyStore::Redis(s) => s.cached_keys(),
         }
     }
 
@@ -275,6 +433,7 @@ impl FenceStore for AnyStore {
         match self {
             AnyStore::Memory(s) => s.stats(),
             AnyStore::File(s) => s.stats(),
+            AnyStore::Redis(_) => None,
         }
     }
 }

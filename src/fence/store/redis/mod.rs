@@ -1,0 +1,793 @@
+//! Shared fences: marks in Redis, for replicas of fencegate in front of the
+//! same data (`[fences] store = "redis"`).
+//!
+//! Every decision is one Lua script run server-side ([`scripts.lua`]): the
+//! compare-and-raise and, for a fenced write, the record of the write in
+//! flight that other replicas' raises wait for (invariant 2 across
+//! replicas). A replica's own turns ([`crate::fence::KeyGate`]) still order
+//! its requests; the store orders the replicas.
+//!
+//! In Redis, under `key_prefix` (`P`):
+//! - `P mark:<key>`: the mark, a base-10 string;
+//! - `P flight:<key>`: a sorted set of the writes of the key in flight on any
+//!   replica, each scored with the Redis server time its lease ends (the route
+//!   `timeout` plus `settle`, and a second): a replica that dies mid-write
+//!   leaves entries that expire;
+//! - `P wait:<key>`: the highest token waiting to raise the key, for as long
+//!   as it waits, so the old holder's writes are refused meanwhile;
+//! - `P keys`: every key with a mark, for listings and prefix deletes;
+//! - `P identity`: the store's identity (`id`, `previous`, `deletions`),
+//!   written at first use. A Redis that lost it (restarted without
+//!   persistence, flushed), or that answers with a mark below one this
+//!   replica saw (a failover to a replica that missed writes), is not
+//!   trusted until an operator confirms it ([`RedisStore::confirm`]).
+//!
+//! Anything that keeps a call from answering within `timeout` (Redis down,
+//! slow, a replica not acknowledging) refuses the write: 503, nothing
+//! forwarded. The connection reconnects on its own with backoff.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, ScriptInvocation};
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use super::{Advance, Deleted, Entered, InFlight, Selection, StoreError};
+use crate::config::RedisConfig;
+use crate::fence::gate::Ask;
+use crate::fence::KeyMap;
+
+const SCRIPTS: &str = include_str!("scripts.lua");
+
+/// Keys a prefix delete drops per script call: each call holds Redis alone.
+const DELETE_BATCH: usize = 1000;
+
+/// How often a replica reads the store's identity and size when nothing
+/// else does: how soon `/readyz` sees Redis come back.
+const HEALTH_EVERY: Duration = Duration::from_secs(1);
+
+/// Added to a write's lease beyond its route's `timeout` and `settle`: the
+/// time between the lease's start in Redis and the forward's own clock.
+const LEASE_MARGIN: Duration = Duration::from_secs(1);
+
+/// Whether `url` is one the Redis client takes (for config checks). The
+/// reason never repeats the URL, which may carry a password.
+pub fn check_url(url: &str) -> Result<(), String> {
+    match redis::Client::open(url) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!(
+            "is not a Redis URL like \"redis://[user:password@]host:6379/0\" or \"rediss://...\" ({:?})",
+            e.kind()
+        )),
+    }
+}
+
+/// The scripts of `scripts.lua`, each with the shared part before the first.
+struct Scripts {
+    enter: Script,
+    raise: Script,
+    get: Script,
+    list: Script,
+    delete: Script,
+}
+
+impl Scripts {
+    fn load() -> Scripts {
+        let mut parts = SCRIPTS.split("\n-- script: ");
+        let shared = parts.next().unwrap_or_default();
+        let mut named = std::collections::HashMap::new();
+        for part in parts {
+            let (name, body) = part.split_once('\n').unwrap_or((part, ""));
+            named.insert(name.trim(), Script::new(&format!("{shared}\n{body}")));
+        }
+        let mut take = |name: &str| named.remove(name).unwrap_or_else(|| panic!("scripts.lua has no '{name}' script"));
+        Scripts { enter: take("enter"), raise: take("raise"), get: take("get"), list: take("list"), delete: take("delete") }
+    }
+}
+
+/// The Redis key names of one fence key.
+struct Names {
+    prefix: String,
+}
+
+impl Names {
+    fn of(&self, what: &str, key: &str) -> String {
+        let mut name = String::with_capacity(self.prefix.len() + what.len() + key.len());
+        name.push_str(&self.prefix);
+        name.push_str(what);
+        name.push_str(key);
+        name
+    }
+    fn mark(&self, key: &str) -> String {
+        self.of("mark:", key)
+    }
+    fn index(&self) -> String {
+        self.of("keys", "")
+    }
+    fn identity(&self) -> String {
+        self.of("identity", "")
+    }
+}
+
+/// What this replica knows of the store's identity.
+#[derive(Debug, Default)]
+struct Known {
+    /// The identity adopted; `None` until the store was first reached.
+    id: Option<String>,
+    /// The deletions counted in the identity when last seen: when it moves,
+    /// an operator deleted marks and the ones remembered may be gone for good.
+    deletions: u64,
+    /// Why the store is not trusted, until an operator confirms it.
+    distrust: Option<String>,
+}
+
+/// Marks in Redis, shared by every fencegate that uses the same server and
+/// `key_prefix`. Cheap to clone.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore").field("prefix", &self.inner.names.prefix).finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    con: ConnectionManager,
+    names: Names,
+    scripts: Scripts,
+    timeout: Duration,
+    min_replicas: u32,
+    replica_timeout: Duration,
+    /// Names this replica's writes in flight: random per process.
+    replica: String,
+    next_write: AtomicU64,
+    /// The highest mark this replica saw per key, up to `seen_cap` keys: a
+    /// token below it is refused without a round trip, and a store that
+    /// answers below it has lost writes.
+    seen: KeyMap<u64>,
+    seen_cap: usize,
+    known: Mutex<Known>,
+    /// `known.distrust.is_some()`, read without the lock on every request.
+    distrusted: AtomicBool,
+    /// Identity changes (adoption, restore, an operator's confirmation) one
+    /// at a time.
+    transition: tokio::sync::Mutex<()>,
+    /// The last call reached Redis and was answered in time.
+    reachable: AtomicBool,
+    /// Keys with a mark in the store, as last counted.
+    tracked: AtomicUsize,
+}
+
+/// One script's answer: its verdict, the store's deletions counter, and the rest.
+struct Reply {
+    verdict: String,
+    deletions: u64,
+    rest: Vec<String>,
+}
+
+impl RedisStore {
+    /// Connects lazily (fencegate starts, unready, while Redis is down) and
+    /// starts the health check on the current runtime.
+    pub fn open(config: &RedisConfig) -> Result<RedisStore, StoreError> {
+        let client = redis::Client::open(config.url.as_str()).map_err(|e| StoreError::redis("opening the Redis client", &e))?;
+        let manager = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.timeout))
+            .set_response_timeout(Some(config.timeout + config.replica_timeout))
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(Duration::from_secs(2))
+            .set_number_of_retries(usize::MAX);
+        let con = ConnectionManager::new_lazy_with_config(client, manager)
+            .map_err(|e| StoreError::redis("opening the Redis connection", &e))?;
+        let inner = Arc::new(Inner {
+            con,
+            names: Names { prefix: config.key_prefix.clone() },
+            scripts: Scripts::load(),
+            timeout: config.timeout,
+            min_replicas: config.min_replicas,
+            replica_timeout: config.replica_timeout,
+            replica: format!("{:016x}", getrandom::u64().unwrap_or_else(|_| std::process::id().into())),
+            next_write: AtomicU64::new(0),
+            seen: KeyMap::default(),
+            seen_cap: config.cache_keys,
+            known: Mutex::new(Known::default()),
+            distrusted: AtomicBool::new(false),
+            transition: tokio::sync::Mutex::new(()),
+            reachable: AtomicBool::new(false),
+            tracked: AtomicUsize::new(0),
+        });
+        tokio::spawn(health(Arc::downgrade(&inner)));
+        Ok(RedisStore { inner })
+    }
+
+    /// The mark this replica last saw for `key`: a token below it is stale
+    /// whatever the store says now.
+    pub fn seen(&self, key: &str) -> Option<u64> {
+        self.inner.seen.get(key).map(|m| *m)
+    }
+
+    /// Why fenced writes are refused now, if they are (`/readyz`).
+    pub fn unready(&self) -> Option<String> {
+        let inner = &self.inner;
+        if let Some(why) = inner.known().distrust.clone() {
+            return Some(why);
+        }
+        if !inner.reachable.load(Ordering::Acquire) {
+            return Some("the Redis fence store is unreachable or slower than [fences] timeout".into());
+        }
+        None
+    }
+
+    pub fn tracked_keys(&self) -> usize {
+        self.inner.tracked.load(Ordering::Relaxed)
+    }
+
+    pub fn cached_keys(&self) -> usize {
+        self.inner.seen.len()
+    }
+
+    pub async fn get(&self, key: &str) -> Result<Option<u64>, StoreError> {
+        let inner = &self.inner;
+        let reply = inner.run(&inner.scripts.get, &[inner.names.mark(key), inner.names.identity()], &[]).await?;
+        let mark = parse_mark(reply.rest.first())?;
+        inner.observe(key, mark, reply.deletions)?;
+        Ok(mark)
+    }
+
+    /// The fence API's raise: compare-and-raise, no turn.
+    pub async fn advance(&self, key: &str, token: u64) -> Result<Advance, StoreError> {
+        let inner = &self.inner;
+        let keys = [inner.names.mark(key), inner.names.index(), inner.names.identity()];
+        let reply = inner.run(&inner.scripts.raise, &keys, &[token.to_string(), key.to_owned()]).await?;
+        let mark = parse_mark(reply.rest.first())?;
+        inner.observe(key, mark, reply.deletions)?;
+        match reply.verdict.as_str() {
+            "ok" => {
+                inner.remember(key, token, reply.deletions);
+                Ok(Advance::Accepted { previous: mark })
+            }
+            "stale" => Ok(Advance::Stale { current: mark.unwrap_or_default() }),
+            other => Err(StoreError::unexpected(other)),
+        }
+    }
+
+    /// A fenced write's turn of `key` across replicas: its mark raised (or
+    /// shared) and the write recorded in flight until the returned
+    /// [`InFlight`] is dropped, or its lease ends. Waits up to `wait` while
+    /// other replicas' writes of the key are in flight.
+    pub async fn enter(&self, key: &str, token: u64, ask: Ask, lease: Duration, wait: Duration) -> Result<Entered, StoreError> {
+        let inner = &self.inner;
+        let deadline = Instant::now() + wait;
+        let n = inner.next_write.fetch_add(1, Ordering::Relaxed);
+        let member = format!("{}:{n}", inner.replica);
+        let flight = inner.names.of("flight:", key);
+        let keys = [
+            inner.names.mark(key),
+            flight.clone(),
+            inner.names.of("wait:", key),
+            inner.names.index(),
+            inner.names.identity(),
+        ];
+        let lease_ms = (lease + LEASE_MARGIN).as_millis().max(1).to_string();
+        let alone = if ask == Ask::Alone { "1" } else { "0" };
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let wait_ms = deadline.saturating_duration_since(Instant::now()).as_millis().max(1).to_string();
+            let args = [token.to_string(), member.clone(), lease_ms.clone(), alone.into(), wait_ms, key.to_owned()];
+            let (reply, acked) = inner.run_waiting(&inner.scripts.enter, &keys, &args).await?;
+            match reply.verdict.as_str() {
+                "ok" => {
+                    // Ends the record on any way out from here.
+                    let in_flight = InFlight::redis(Flight { inner: self.inner.clone(), flight, member });
+                    let previous = parse_mark(reply.rest.first())?;
+                    inner.observe(key, previous, reply.deletions)?;
+                    inner.remember(key, token, reply.deletions);
+                    if let Some(acked) = acked {
+                        if acked < i64::from(inner.min_replicas) {
+                            return Err(StoreError::Replicas { acked, wanted: inner.min_replicas, within: inner.replica_timeout });
+                        }
+                    }
+                    return Ok(Entered::Accepted { previous, in_flight });
+                }
+                "stale" => {
+                    let current = parse_mark(reply.rest.first())?.unwrap_or_default();
+                    inner.observe(key, Some(current), reply.deletions)?;
+                    inner.remember(key, current, reply.deletions);
+                    return Ok(Entered::Stale { current });
+                }
+                "superseded" => {
+                    return Ok(Entered::Superseded { waiting: parse_mark(reply.rest.first())?.unwrap_or_default() })
+                }
+                "busy" => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Ok(Entered::TimedOut);
+                    }
+                    tokio::time::sleep(pause.min(deadline - now)).await;
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+                other => return Err(StoreError::unexpected(other)),
+            }
+        }
+    }
+
+    pub async fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<(String, u64)>, StoreError> {
+        let inner = &self.inner;
+        let (from, exclusive) = match after {
+            Some(a) if a >= prefix => (a, "1"),
+            _ => (prefix, "0"),
+        };
+        let (limit, to, mark_prefix) = (limit.to_string(), upper_bound(prefix), inner.names.mark(""));
+        let args: [&[u8]; 5] = [from.as_bytes(), exclusive.as_bytes(), limit.as_bytes(), &to, mark_prefix.as_bytes()];
+        let keys = [inner.names.index(), inner.names.identity()];
+        let reply = inner.run_bytes(&inner.scripts.list, &keys, &args).await?;
+        let mut out = Vec::with_capacity(reply.rest.len() / 2);
+        for pair in reply.rest.chunks_exact(2) {
+            out.push((pair[0].clone(), parse_mark(Some(&pair[1]))?.unwrap_or_default()));
+        }
+        Ok(out)
+    }
+
+    pub async fn delete(&self, which: &Selection) -> Result<Deleted, StoreError> {
+        let inner = &self.inner;
+        let keys = [inner.names.index(), inner.names.identity()];
+        let batch = DELETE_BATCH.to_string();
+        let (from, to, limit) = match which {
+            Selection::Key(k) => (lex_inclusive(k), lex_inclusive(k), "1"),
+            Selection::Prefix(p) => (lex_inclusive(p), upper_bound(p), batch.as_str()),
+        };
+        let mark_prefix = inner.names.mark("");
+        let mut deleted = Deleted { count: 0, token: None };
+        loop {
+            let args: [&[u8]; 4] = [&from, &to, limit.as_bytes(), mark_prefix.as_bytes()];
+            let reply = inner.run_bytes(&inner.scripts.delete, &keys, &args).await?;
+            let count: u64 = reply.rest.first().and_then(|c| c.parse().ok()).unwrap_or_default();
+            deleted.count += count;
+            if let Selection::Key(_) = which {
+                deleted.token = parse_mark(reply.rest.get(1))?;
+            }
+            // This replica's own remembered marks go now; the others' when
+            // they see the deletions counter move.
+            inner.forget_seen();
+            inner.note_deletions(reply.deletions);
+            if count == 0 || matches!(which, Selection::Key(_)) {
+                return Ok(deleted);
+            }
+        }
+    }
+
+    /// An operator's word that the store may be trusted as it is now: this
+    /// replica first raises every mark it remembers back into the store
+    /// (nothing it saw goes back), then writes a new identity naming the
+    /// old one, which the other replicas then adopt once they have done the
+    /// same. Returns the new identity and the marks restored.
+    pub async fn confirm(&self) -> Result<Confirmed, StoreError> {
+        let inner = &self.inner;
+        let _one = inner.transition.lock().await;
+        let restored = inner.restore().await?;
+        let previous = {
+            let known = inner.known();
+            known.id.clone()
+        };
+        let found = inner.read_identity().await?;
+        let previous = previous.or(found.0).unwrap_or_default();
+        let id = new_identity();
+        let mut set = redis::cmd("HSET");
+        set.arg(inner.names.identity()).arg("id").arg(&id).arg("previous").arg(&previous);
+        inner.query::<i64>(&set, "writing the fence store's identity").await?;
+        let mut known = inner.known();
+        known.id = Some(id.clone());
+        known.distrust = None;
+        inner.distrusted.store(false, Ordering::Release);
+        warn!(identity = %id, %previous, restored, "an operator confirmed the Redis fence store: fenced writes resume");
+        Ok(Confirmed { identity: id, previous, restored })
+    }
+}
+
+/// What [`RedisStore::confirm`] did.
+#[derive(Debug, Clone)]
+pub struct Confirmed {
+    pub identity: String,
+    pub previous: String,
+    pub restored: u64,
+}
+
+/// A fenced write recorded in flight in Redis: dropping it ends the record.
+pub struct Flight {
+    inner: Arc<Inner>,
+    flight: String,
+    member: String,
+}
+
+impl std::fmt::Debug for Flight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Flight").field("member", &self.member).finish_non_exhaustive()
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        // No runtime left: the process is stopping, and the lease ends it.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (flight, member) = (std::mem::take(&mut self.flight), std::mem::take(&mut self.member));
+        let inner = self.inner.clone();
+        runtime.spawn(async move {
+            let mut end = redis::cmd("ZREM");
+            end.arg(flight).arg(member);
+            // Failing, the record stays until its lease ends: other replicas'
+            // raises of the key wait longer, none goes early.
+            if let Err(e) = inner.query::<i64>(&end, "ending a write's record").await {
+                tracing::debug!(error = %e, "a write's record in the Redis fence store stays until its lease ends");
+            }
+        });
+    }
+}
+
+impl Inner {
+    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.known.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd, context: &'static str) -> Result<T, StoreError> {
+        let mut con = self.con.clone();
+        let answer = tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut con)).await;
+        self.answered(answer, context)
+    }
+
+    fn answered<T>(
+        &self,
+        answer: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
+        context: &'static str,
+    ) -> Result<T, StoreError> {
+        let result = match answer {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading) => {
+                Err(StoreError::redis(context, &e))
+            }
+            Ok(Err(e)) => Err(StoreError::redis(context, &e)),
+            Err(_) => Err(StoreError::RedisTimeout { context, after: self.timeout }),
+        };
+        let was = self.reachable.swap(result.is_ok(), Ordering::AcqRel);
+        match (&result, was) {
+            (Err(e), true) => warn!(error = %e, "the Redis fence store stopped answering: fenced writes get 503"),
+            (Ok(_), false) => info!("the Redis fence store answers"),
+            _ => {}
+        }
+        result
+    }
+
+    /// Runs `script` with this replica's identity first in its arguments,
+    /// adopting (or distrusting) what the store says when it differs.
+    async fn run(&self, script: &Script, keys: &[String], args: &[String]) -> Result<Reply, StoreError> {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.run_bytes(script, keys, &args).await
+    }
+
+    async fn run_bytes(&self, script: &Script, keys: &[String], args: &[&[u8]]) -> Result<Reply, StoreError> {
+        Ok(self.run_inner(script, keys, args, false).await?.0)
+    }
+
+    /// [`run`](Self::run), then `WAIT` for `min_replicas` in the same
+    /// pipeline (so on the same connection), when they are asked for.
+    async fn run_waiting(&self, script: &Script, keys: &[String], args: &[String]) -> Result<(Reply, Option<i64>), StoreError> {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.run_inner(script, keys, &args, self.min_replicas > 0).await
+    }
+
+    async fn run_inner(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[&[u8]],
+        wait: bool,
+    ) -> Result<(Reply, Option<i64>), StoreError> {
+        // An identity that changed is adopted (or distrusted) and the script
+        // runs again: at most twice.
+        for _ in 0..2 {
+            let id = self.identity().await?;
+            let mut invocation = script.prepare_invoke();
+            for key in keys {
+                invocation.key(key.as_str());
+            }
+            invocation.arg(id.as_str());
+            for arg in args {
+                invocation.arg(*arg);
+            }
+            let (values, acked) = self.invoke(&invocation, wait).await?;
+            let reply = Reply::parse(values)?;
+            if reply.verdict == "identity" {
+                self.judge().await?;
+                continue;
+            }
+            self.note_deletions(reply.deletions);
+            return Ok((reply, acked));
+        }
+        Err(StoreError::Distrusted("the Redis fence store's identity keeps changing".into()))
+    }
+
+    async fn invoke(&self, invocation: &ScriptInvocation<'_>, wait: bool) -> Result<(Vec<String>, Option<i64>), StoreError> {
+        let mut con = self.con.clone();
+        if !wait {
+            let answer = tokio::time::timeout(self.timeout, invocation.invoke_async::<Vec<String>>(&mut con)).await;
+            return self.answered(answer, "running a fence script").map(|v| (v, None));
+        }
+        let within = self.timeout + self.replica_timeout;
+        let replica_ms = self.replica_timeout.as_millis().max(1);
+        for attempt in 0..2 {
+            let mut pipe = redis::pipe();
+            pipe.invoke_script(invocation).cmd("WAIT").arg(self.min_replicas).arg(replica_ms as u64);
+            let answer = tokio::time::timeout(within, pipe.query_async::<(Vec<String>, i64)>(&mut con)).await;
+            match answer {
+                Ok(Err(e)) if attempt == 0 && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    let load = tokio::time::timeout(self.timeout, invocation.load_async(&mut con)).await;
+                    self.answered(load, "loading a fence script")?;
+                }
+                answer => return self.answered(answer, "running a fence script").map(|(v, n)| (v, Some(n))),
+            }
+        }
+        unreachable!("the second attempt returns")
+    }
+
+    /// The identity to run scripts with: the one adopted, or the store's
+    /// (created at first use).
+    async fn identity(&self) -> Result<String, StoreError> {
+        {
+            let known = self.known();
+            if let Some(why) = &known.distrust {
+                return Err(StoreError::Distrusted(why.clone()));
+            }
+            if let Some(id) = &known.id {
+                return Ok(id.clone());
+            }
+        }
+        self.judge().await?;
+        let known = self.known();
+        match (&known.distrust, &known.id) {
+            (Some(why), _) => Err(StoreError::Distrusted(why.clone())),
+            (None, Some(id)) => Ok(id.clone()),
+            (None, None) => Err(StoreError::Distrusted("the Redis fence store has no identity yet".into())),
+        }
+    }
+
+    async fn read_identity(&self) -> Result<(Option<String>, Option<String>, u64), StoreError> {
+        let mut read = redis::cmd("HMGET");
+        read.arg(self.names.identity()).arg("id").arg("previous").arg("deletions");
+        let (id, previous, deletions): (Option<String>, Option<String>, Option<u64>) =
+            self.query(&read, "reading the fence store's identity").await?;
+        Ok((id.filter(|s| !s.is_empty()), previous.filter(|s| !s.is_empty()), deletions.unwrap_or_default()))
+    }
+
+    /// What the store's identity means for this replica, read afresh under
+    /// the transition lock (another task may have adopted one meanwhile).
+    async fn judge(&self) -> Result<(), StoreError> {
+        let _one = self.transition.lock().await;
+        let (id, previous, deletions) = self.read_identity().await?;
+        let ours = self.known().id.clone();
+        match (ours, (id, previous)) {
+            (None, (None, _)) => {
+                // First use: whoever writes it first, every replica adopts it.
+                let mut create = redis::cmd("HSETNX");
+                create.arg(self.names.identity()).arg("id").arg(new_identity());
+                self.query::<i64>(&create, "writing the fence store's identity").await?;
+                let (id, _, deletions) = self.read_identity().await?;
+                let Some(id) = id else {
+                    return Err(StoreError::Distrusted("the Redis fence store's identity vanished as it was written".into()));
+                };
+                info!(identity = %id, "the Redis fence store has an identity now (its first use by fencegate)");
+                self.adopt(id, deletions);
+            }
+            (None, (Some(id), _)) => {
+                info!(identity = %id, "using the Redis fence store");
+                self.adopt(id, deletions);
+            }
+            (Some(ours), (Some(id), _)) if id == ours => {}
+            (Some(ours), (Some(id), Some(previous))) if previous == ours => {
+                // An operator confirmed the store through another replica.
+                // Until this replica's own marks are back in it, nothing goes.
+                self.distrust(format!(
+                    "restoring this replica's marks into the Redis fence store, which an operator confirmed (identity {id})"
+                ));
+                let restored = self.restore().await?;
+                warn!(identity = %id, restored, "adopting the Redis fence store's identity an operator confirmed");
+                self.adopt(id, deletions);
+            }
+            (Some(ours), (found, _)) => {
+                self.distrust(match found {
+                    None => format!(
+                        "the Redis fence store lost its identity (was {ours}): it was restarted without its data, \
+                         flushed, or replaced, and its marks may have gone back"
+                    ),
+                    Some(id) => format!(
+                        "the Redis fence store's identity changed from {ours} to {id}: it is not the store this replica used"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn adopt(&self, id: String, deletions: u64) {
+        let mut known = self.known();
+        known.id = Some(id);
+        known.deletions = deletions;
+        known.distrust = None;
+        self.distrusted.store(false, Ordering::Release);
+    }
+
+    /// Refuses every fenced write until an operator confirms the store.
+    fn distrust(&self, why: String) {
+        let mut known = self.known();
+        if known.distrust.is_none() {
+            error!(
+                "{why}. Fenced writes are refused (503) until an operator restores the fences or confirms the store: \
+                 `fencegate fence confirm-store` or POST /fences/store/confirm on the admin listener"
+            );
+        }
+        known.distrust = Some(why);
+        self.distrusted.store(true, Ordering::Release);
+    }
+
+    /// The store answered `mark` for `key`: below what this replica saw,
+    /// it lost writes.
+    fn observe(&self, key: &str, mark: Option<u64>, deletions: u64) -> Result<(), StoreError> {
+        if deletions != self.known().deletions {
+            return Ok(());
+        }
+        let Some(seen) = self.seen.get(key).map(|m| *m) else { return Ok(()) };
+        if mark.is_none_or(|m| m < seen) {
+            let shown = mark.map_or_else(|| "no mark".to_owned(), |m| format!("mark {m}"));
+            self.distrust(format!(
+                "the Redis fence store answered {shown} for key {key:?}, below the mark {seen} this replica saw: \
+                 it lost writes (a restart without persistence, or a failover to a replica that missed them)"
+            ));
+            return Err(StoreError::Distrusted(format!("the Redis fence store lost the mark of {key:?}")));
+        }
+        Ok(())
+    }
+
+    /// Remembers that `key`'s mark reached `mark` (answered with `deletions`).
+    fn remember(&self, key: &str, mark: u64, deletions: u64) {
+        if deletions != self.known().deletions {
+            return;
+        }
+        if let Some(mut m) = self.seen.get_mut(key) {
+            *m = (*m).max(mark);
+        } else if self.seen.len() < self.seen_cap {
+            self.seen.entry(key.into()).and_modify(|m| *m = (*m).max(mark)).or_insert(mark);
+        }
+    }
+
+    fn note_deletions(&self, deletions: u64) {
+        let mut known = self.known();
+        if deletions != known.deletions {
+            known.deletions = deletions;
+            drop(known);
+            self.forget_seen();
+        }
+    }
+
+    fn forget_seen(&self) {
+        self.seen.clear();
+    }
+
+    /// Raises every remembered mark back into the store, whatever its
+    /// identity says (an operator asked for it).
+    async fn restore(&self) -> Result<u64, StoreError> {
+        let marks: Vec<(String, u64)> = self.seen.iter().map(|e| (e.key().to_string(), *e.value())).collect();
+        let mut restored = 0;
+        for chunk in marks.chunks(500) {
+            let mut pipe = redis::pipe();
+            for (key, mark) in chunk {
+                let mut invocation = self.scripts.raise.prepare_invoke();
+                invocation
+                    .key(self.names.mark(key))
+                    .key(self.names.index())
+                    .key(self.names.identity())
+                    .arg("*")
+                    .arg(mark.to_string())
+                    .arg(key.as_str());
+                pipe.invoke_script(&invocation).ignore();
+            }
+            self.query_pipe(&pipe, "restoring marks into the fence store").await?;
+            restored += chunk.len() as u64;
+        }
+        Ok(restored)
+    }
+
+    async fn query_pipe(&self, pipe: &redis::Pipeline, context: &'static str) -> Result<(), StoreError> {
+        let mut con = self.con.clone();
+        // The raise script is loaded first: a restore may be the first use of
+        // a Redis that restarted.
+        let load = tokio::time::timeout(self.timeout, self.scripts.raise.prepare_invoke().load_async(&mut con)).await;
+        self.answered(load, context)?;
+        let answer = tokio::time::timeout(self.timeout * 4, pipe.query_async::<()>(&mut con)).await;
+        self.answered(answer, context)
+    }
+}
+
+impl Reply {
+    fn parse(values: Vec<String>) -> Result<Reply, StoreError> {
+        let mut values = values.into_iter();
+        let verdict = values.next().ok_or_else(|| StoreError::unexpected("an empty answer"))?;
+        if verdict == "identity" {
+            // identity, id, previous, deletions
+            let rest: Vec<String> = values.collect();
+            let deletions = rest.get(2).and_then(|d| d.parse().ok()).unwrap_or_default();
+            return Ok(Reply { verdict, deletions, rest });
+        }
+        let deletions = values.next().and_then(|d| d.parse().ok()).unwrap_or_default();
+        Ok(Reply { verdict, deletions, rest: values.collect() })
+    }
+}
+
+fn parse_mark(value: Option<&String>) -> Result<Option<u64>, StoreError> {
+    match value.map(String::as_str) {
+        None | Some("") => Ok(None),
+        Some(text) => text.parse().map(Some).map_err(|_| StoreError::unexpected("a mark that is not a token")),
+    }
+}
+
+/// `[key`: a lexicographic range bound that includes `key`.
+fn lex_inclusive(key: &str) -> Vec<u8> {
+    let mut bound = Vec::with_capacity(key.len() + 1);
+    bound.push(b'[');
+    bound.extend_from_slice(key.as_bytes());
+    bound
+}
+
+/// The upper bound of the keys starting with `prefix`: every byte of a
+/// UTF-8 key is below 0xff.
+fn upper_bound(prefix: &str) -> Vec<u8> {
+    if prefix.is_empty() {
+        return b"+".to_vec();
+    }
+    let mut bound = lex_inclusive(prefix);
+    bound.push(0xff);
+    bound
+}
+
+fn new_identity() -> String {
+    let (a, b) = (getrandom::u64().unwrap_or_default(), getrandom::u64().unwrap_or_default());
+    format!("{a:016x}{b:016x}")
+}
+
+/// Reads the store's identity and size every [`HEALTH_EVERY`], so readiness
+/// follows Redis going and coming back with no traffic, and a flushed store
+/// is noticed before the next write.
+async fn health(inner: Weak<Inner>) {
+    loop {
+        if let Some(inner) = inner.upgrade() {
+            inner.check().await;
+        } else {
+            return;
+        }
+        tokio::time::sleep(HEALTH_EVERY).await;
+    }
+}
+
+impl Inner {
+    /// One health check: is the store there, is it the one we know, and how
+    /// many keys has it.
+    async fn check(&self) {
+        let Ok((id, _, deletions)) = self.read_identity().await else { return };
+        self.note_deletions(deletions);
+        let adopted = self.known().id.is_some();
+        // Before its first use the store may have no identity yet; after,
+        // an identity that is gone or another one is judged at once.
+        if adopted || id.is_some() {
+            if let Err(e) = self.judge().await {
+                tracing::debug!(error = %e, "checking the Redis fence store's identity");
+            }
+        }
+        let mut count = redis::cmd("ZCARD");
+        count.arg(self.names.index());
+        if let Ok(n) = self.query::<usize>(&count, "counting the fence store's keys").await {
+            self.tracked.store(n, Ordering::Relaxed);
+        }
+    }
+}

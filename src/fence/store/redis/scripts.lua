@@ -1,0 +1,129 @@
+-- (Not loaded as one file: mod.rs cuts it at the "-- script:" lines and
+-- prefixes each script with the shared part above the first of them.)
+--
+-- Tokens travel as canonical base-10 strings (no sign, no leading zero):
+-- Lua's numbers are doubles, exact only below 2^53, and a token is a u64.
+local function below(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+
+-- The store's identity (KEYS[id]) must be the one this replica knows
+-- (ARGV[1]); when it is not, nothing is read or written and the caller is
+-- told what is there now. The deletions counter comes back with every
+-- answer, so a replica forgets the marks it remembers when an operator
+-- deleted some through any replica.
+local function identity(key, expected)
+  local found = redis.call('HMGET', key, 'id', 'previous', 'deletions')
+  if found[1] ~= expected then
+    return {'identity', found[1] or '', found[2] or '', found[3] or '0'}
+  end
+  return nil, found[3] or '0'
+end
+
+-- script: enter
+-- One fenced write's turn of a key, across replicas: the compare-and-raise
+-- and the record of the write in flight, in one step.
+-- KEYS: mark, flight, wait, index, identity
+-- ARGV: identity, token, member, lease ms, alone ('1'/'0'), wait ms, key
+local refused, deletions = identity(KEYS[5], ARGV[1])
+if refused then return refused end
+local token = ARGV[2]
+local mark = redis.call('GET', KEYS[1])
+if mark and below(token, mark) then return {'stale', deletions, mark} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Writes whose replica ended them, or whose lease ran out (a replica that
+-- died mid-write), are gone.
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local waiting = redis.call('GET', KEYS[3])
+if waiting and below(token, waiting) then return {'superseded', deletions, waiting} end
+local lease = tonumber(ARGV[4])
+local function record()
+  redis.call('ZADD', KEYS[2], now + lease, ARGV[3])
+  if redis.call('PTTL', KEYS[2]) < lease then redis.call('PEXPIRE', KEYS[2], lease) end
+end
+-- The holder's own writes share the key, on every replica.
+if ARGV[5] == '0' and mark == token then
+  record()
+  return {'ok', deletions, mark}
+end
+-- A raise (and a write that holds its key alone) waits until no write of
+-- the key is in flight anywhere; meanwhile its token is the one waiting,
+-- and older tokens that arrive are refused.
+if redis.call('ZCARD', KEYS[2]) > 0 then
+  if not waiting or not below(token, waiting) then
+    redis.call('SET', KEYS[3], token, 'PX', ARGV[6])
+  end
+  return {'busy', deletions}
+end
+if waiting == token then redis.call('DEL', KEYS[3]) end
+if not mark or below(mark, token) then
+  redis.call('SET', KEYS[1], token)
+  if not mark then redis.call('ZADD', KEYS[4], 0, ARGV[7]) end
+end
+record()
+return {'ok', deletions, mark or ''}
+
+-- script: raise
+-- The fence API's raise, and a restore: compare-and-raise, no turn. A
+-- restore (identity '*') raises whatever the store's identity says: an
+-- operator asked for it.
+-- KEYS: mark, index, identity
+-- ARGV: identity, token, key
+local refused, deletions = nil, '0'
+if ARGV[1] ~= '*' then refused, deletions = identity(KEYS[3], ARGV[1]) end
+if refused then return refused end
+local mark = redis.call('GET', KEYS[1])
+if mark and below(ARGV[2], mark) then return {'stale', deletions, mark} end
+if not mark or below(mark, ARGV[2]) then
+  redis.call('SET', KEYS[1], ARGV[2])
+  if not mark then redis.call('ZADD', KEYS[2], 0, ARGV[3]) end
+end
+return {'ok', deletions, mark or ''}
+
+-- script: get
+-- KEYS: mark, identity
+-- ARGV: identity
+local refused, deletions = identity(KEYS[2], ARGV[1])
+if refused then return refused end
+return {'ok', deletions, redis.call('GET', KEYS[1]) or ''}
+
+-- script: list
+-- Up to ARGV[4] keys from ARGV[2] (exclusive when ARGV[3] is '1') to the
+-- end of prefix range ARGV[5], with their marks.
+-- KEYS: index, identity
+-- ARGV: identity, from, exclusive, limit, to, mark key prefix
+local refused, deletions = identity(KEYS[2], ARGV[1])
+if refused then return refused end
+local from = (ARGV[3] == '1' and '(' or '[') .. ARGV[2]
+local keys = redis.call('ZRANGEBYLEX', KEYS[1], from, ARGV[5], 'LIMIT', 0, tonumber(ARGV[4]))
+local out = {'ok', deletions}
+for _, k in ipairs(keys) do
+  local mark = redis.call('GET', ARGV[6] .. k)
+  if mark then
+    out[#out + 1] = k
+    out[#out + 1] = mark
+  end
+end
+return out
+
+-- script: delete
+-- Drops up to ARGV[4] marks from ARGV[2] to ARGV[3] (a range of the index,
+-- as in list), and counts a deletion in the identity so every replica
+-- forgets the marks it remembers.
+-- KEYS: index, identity
+-- ARGV: identity, from, to, limit, mark key prefix
+local refused, deletions = identity(KEYS[2], ARGV[1])
+if refused then return refused end
+local keys = redis.call('ZRANGEBYLEX', KEYS[1], ARGV[2], ARGV[3], 'LIMIT', 0, tonumber(ARGV[4]))
+local single = ''
+for _, k in ipairs(keys) do
+  if #keys == 1 then single = redis.call('GET', ARGV[5] .. k) or '' end
+  redis.call('DEL', ARGV[5] .. k)
+  redis.call('ZREM', KEYS[1], k)
+end
+if #keys > 0 then
+  deletions = tostring(redis.call('HINCRBY', KEYS[2], 'deletions', 1))
+end
+return {'ok', deletions, tostring(#keys), single}
