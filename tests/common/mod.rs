@@ -559,3 +559,4 @@ pub mod hold;
 pub mod process;
 pub mod raw;
 pub mod realistic;
+pub mod redis;
