@@ -163,8 +163,9 @@ where
             let ask = if keys.len() > 1 || r.strict { Ask::Alone } else { Ask::Share };
             let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
             // A store replicas share records the write in flight for as long
-            // as it may take and settle, should this process die mid-write.
-            let lease = route.timeout + settle;
+            // as it may take, should this process die mid-write: a wait for
+            // an upstream connection, the exchange, and the settle period.
+            let lease = route.queue_timeout + route.timeout + settle;
             match store.enter(k, token, ask, lease, wait).await {
                 // A strict route takes one write per token, and the advance is
                 // where that is decided for good: the fence API may have raised

@@ -164,6 +164,13 @@ struct Inner {
     tracked: AtomicUsize,
 }
 
+/// What this replica knew of a key before a call ([`Inner::before`]).
+#[derive(Clone, Copy)]
+struct Before {
+    seen: Option<u64>,
+    deletions: u64,
+}
+
 /// One script's answer: its verdict, the store's deletions counter, and the rest.
 struct Reply {
     verdict: String,
@@ -233,9 +240,10 @@ impl RedisStore {
 
     pub async fn get(&self, key: &str) -> Result<Option<u64>, StoreError> {
         let inner = &self.inner;
+        let before = inner.before(key);
         let reply = inner.run(&inner.scripts.get, &[inner.names.mark(key), inner.names.identity()], &[]).await?;
         let mark = parse_mark(reply.rest.first())?;
-        inner.observe(key, mark, reply.deletions)?;
+        inner.observe(key, mark, before, &reply)?;
         Ok(mark)
     }
 
@@ -243,12 +251,13 @@ impl RedisStore {
     pub async fn advance(&self, key: &str, token: u64) -> Result<Advance, StoreError> {
         let inner = &self.inner;
         let keys = [inner.names.mark(key), inner.names.index(), inner.names.identity()];
+        let before = inner.before(key);
         let reply = inner.run(&inner.scripts.raise, &keys, &[token.to_string(), key.to_owned()]).await?;
         let mark = parse_mark(reply.rest.first())?;
-        inner.observe(key, mark, reply.deletions)?;
+        inner.observe(key, mark, before, &reply)?;
         match reply.verdict.as_str() {
             "ok" => {
-                inner.remember(key, token, reply.deletions);
+                inner.remember(key, token, &reply);
                 Ok(Advance::Accepted { previous: mark })
             }
             "stale" => Ok(Advance::Stale { current: mark.unwrap_or_default() }),
@@ -278,6 +287,7 @@ impl RedisStore {
         let mut pause = Duration::from_millis(1);
         loop {
             let wait_ms = deadline.saturating_duration_since(Instant::now()).as_millis().max(1).to_string();
+            let before = inner.before(key);
             let args = [token.to_string(), member.clone(), lease_ms.clone(), alone.into(), wait_ms, key.to_owned()];
             let (reply, acked) = inner.run_waiting(&inner.scripts.enter, &keys, &args).await?;
             match reply.verdict.as_str() {
@@ -285,8 +295,8 @@ impl RedisStore {
                     // Ends the record on any way out from here.
                     let in_flight = InFlight::redis(Flight { inner: self.inner.clone(), flight, member });
                     let previous = parse_mark(reply.rest.first())?;
-                    inner.observe(key, previous, reply.deletions)?;
-                    inner.remember(key, token, reply.deletions);
+                    inner.observe(key, previous, before, &reply)?;
+                    inner.remember(key, token, &reply);
                     if let Some(acked) = acked {
                         if acked < i64::from(inner.min_replicas) {
                             return Err(StoreError::Replicas { acked, wanted: inner.min_replicas, within: inner.replica_timeout });
@@ -296,8 +306,8 @@ impl RedisStore {
                 }
                 "stale" => {
                     let current = parse_mark(reply.rest.first())?.unwrap_or_default();
-                    inner.observe(key, Some(current), reply.deletions)?;
-                    inner.remember(key, current, reply.deletions);
+                    inner.observe(key, Some(current), before, &reply)?;
+                    inner.remember(key, current, &reply);
                     return Ok(Entered::Stale { current });
                 }
                 "superseded" => {
@@ -632,13 +642,24 @@ impl Inner {
         self.distrusted.store(true, Ordering::Release);
     }
 
-    /// The store answered `mark` for `key`: below what this replica saw,
-    /// it lost writes.
-    fn observe(&self, key: &str, mark: Option<u64>, deletions: u64) -> Result<(), StoreError> {
-        if deletions != self.known().deletions {
+    /// What this replica knew of `key` before a call: the call's answer
+    /// must not be below it.
+    fn before(&self, key: &str) -> Before {
+        // The deletions first: a mark remembered after them is from a reply
+        // at least as new.
+        let deletions = self.known().deletions;
+        Before { seen: self.seen.get(key).map(|m| *m), deletions }
+    }
+
+    /// The store answered `mark` for `key` to a call sent after `before` was
+    /// taken. Redis runs a connection's calls in the order sent, and the
+    /// mark `before` saw was answered before this call was sent: a healthy
+    /// store cannot answer less (unless an operator deleted marks since).
+    fn observe(&self, key: &str, mark: Option<u64>, before: Before, reply: &Reply) -> Result<(), StoreError> {
+        let Some(seen) = before.seen else { return Ok(()) };
+        if reply.deletions != before.deletions {
             return Ok(());
         }
-        let Some(seen) = self.seen.get(key).map(|m| *m) else { return Ok(()) };
         if mark.is_none_or(|m| m < seen) {
             let shown = mark.map_or_else(|| "no mark".to_owned(), |m| format!("mark {m}"));
             self.distrust(format!(
@@ -650,9 +671,11 @@ impl Inner {
         Ok(())
     }
 
-    /// Remembers that `key`'s mark reached `mark` (answered with `deletions`).
-    fn remember(&self, key: &str, mark: u64, deletions: u64) {
-        if deletions != self.known().deletions {
+    /// Remembers that `key`'s mark reached `mark` (in `reply`).
+    fn remember(&self, key: &str, mark: u64, reply: &Reply) {
+        // Held while remembering: a deletion seen meanwhile clears after.
+        let known = self.known();
+        if reply.deletions != known.deletions {
             return;
         }
         if let Some(mut m) = self.seen.get_mut(key) {
@@ -660,14 +683,18 @@ impl Inner {
         } else if self.seen.len() < self.seen_cap {
             self.seen.entry(key.into()).and_modify(|m| *m = (*m).max(mark)).or_insert(mark);
         }
+        drop(known);
     }
 
+    /// The store's deletions counter only grows: a larger one means marks
+    /// were deleted, and the remembered ones may be gone for good.
     fn note_deletions(&self, deletions: u64) {
         let mut known = self.known();
-        if deletions != known.deletions {
+        if deletions > known.deletions {
             known.deletions = deletions;
-            drop(known);
-            self.forget_seen();
+            // Under the lock: a reply that saw the old count no longer
+            // remembers anything once this returns.
+            self.seen.clear();
         }
     }
 
