@@ -525,4 +525,47 @@ mod tests {
         );
         assert_eq!(f, vec!["route 'a'.name".to_string(), "route 'a'.prefix".to_string()]);
     }
+
+    #[test]
+    fn the_redis_store_takes_its_fields_and_defaults() {
+        let c = Config::from_toml_str(&format!("[fences]\nstore = \"redis\"\nurl = \"redis://u:p@r:6380/2\"\n{MINIMAL}"))
+            .unwrap();
+        let StoreKind::Redis(r) = &c.fences.store else { panic!("{:?}", c.fences.store) };
+        assert_eq!(r.url, "redis://u:p@r:6380/2");
+        assert_eq!(r.key_prefix, "fencegate:");
+        assert_eq!(r.timeout, std::time::Duration::from_millis(250));
+        assert_eq!((r.min_replicas, r.replica_timeout), (0, std::time::Duration::from_millis(250)));
+        assert_eq!(r.cache_keys, 1_000_000);
+        // The password never reaches a log through Debug.
+        assert!(!format!("{r:?}").contains("u:p@"));
+        let c = Config::from_toml_str(&format!(
+            "[fences]\nstore = \"redis\"\nurl = \"rediss://r\"\nkey_prefix = \"fg:a:\"\ntimeout = \"1s\"\n\
+             min_replicas = 2\nreplica_timeout = \"50ms\"\ncache_keys = 7\n{MINIMAL}"
+        ))
+        .unwrap();
+        let StoreKind::Redis(r) = &c.fences.store else { panic!() };
+        assert_eq!((r.key_prefix.as_str(), r.min_replicas, r.cache_keys), ("fg:a:", 2, 7));
+        assert_eq!((r.timeout, r.replica_timeout), (std::time::Duration::from_secs(1), std::time::Duration::from_millis(50)));
+    }
+
+    #[test]
+    fn redis_fields_name_themselves_when_wrong_or_misplaced() {
+        let fields_of = |fences: &str| -> Vec<String> {
+            match Config::from_toml_str(&format!("[fences]\n{fences}\n{MINIMAL}")) {
+                Ok(_) => vec![],
+                Err(e) => e.problems.iter().map(|p| p.field.clone()).collect(),
+            }
+        };
+        assert_eq!(fields_of("store = \"redis\""), ["fences.url"]);
+        assert_eq!(fields_of("store = \"redis\"\nurl = \"http://x\""), ["fences.url"]);
+        assert_eq!(fields_of("store = \"redis\"\nurl = \"redis://x\"\ntimeout = \"soon\""), ["fences.timeout"]);
+        assert_eq!(fields_of("store = \"redis\"\nurl = \"redis://x\"\npath = \"d\""), ["fences.path"]);
+        assert_eq!(fields_of("store = \"file\"\nurl = \"redis://x\""), ["fences.url"]);
+        assert_eq!(fields_of("store = \"memory\"\nmin_replicas = 1"), ["fences.min_replicas"]);
+        assert_eq!(fields_of("store = \"memory\"\ncache_keys = 5"), ["fences.cache_keys"]);
+        // A bad URL's message never repeats it: it may carry a password.
+        let e = Config::from_toml_str(&format!("[fences]\nstore = \"redis\"\nurl = \"redis://u:secret@[x\"\n{MINIMAL}"))
+            .unwrap_err();
+        assert!(!e.to_string().contains("secret"), "{e}");
+    }
 }

@@ -316,7 +316,7 @@ mod tests {
     use crate::fence::head::check_jump;
     use crate::fence::signature::sign;
     use crate::fence::signature::SigningKey;
-    use crate::fence::store::{Deleted, MemoryStore, Selection, StoreError};
+    use crate::fence::store::{Advance, Deleted, MemoryStore, Selection, StoreError};
     use crate::route::Route;
 
     const SECRET: &[u8] = b"service-test-secret-0123";
