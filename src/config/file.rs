@@ -79,6 +79,7 @@ pub struct FencesSection {
     pub timeout: Option<String>,
     pub min_replicas: Option<u64>,
     pub replica_timeout: Option<String>,
+    pub ca_file: Option<String>,
 }
 
 /// `[log]`: tracing output.

@@ -122,6 +122,8 @@ pub struct RedisConfig {
     /// Marks this replica remembers (its fast path, and how it notices a
     /// store that lost writes).
     pub cache_keys: usize,
+    /// PEM roots to verify a `rediss://` server with, instead of the system's.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -134,6 +136,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("min_replicas", &self.min_replicas)
             .field("replica_timeout", &self.replica_timeout)
             .field("cache_keys", &self.cache_keys)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }

@@ -221,6 +221,7 @@ fn store(f: &FencesSection, p: &mut Problems) -> StoreKind {
         ("timeout", f.timeout.is_some(), &["redis"]),
         ("min_replicas", f.min_replicas.is_some(), &["redis"]),
         ("replica_timeout", f.replica_timeout.is_some(), &["redis"]),
+        ("ca_file", f.ca_file.is_some(), &["redis"]),
     ] {
         if set && ["file", "memory", "redis"].contains(&kind) && !applies.contains(&kind) {
             let stores = applies.iter().map(|s| format!("store = \"{s}\"")).collect::<Vec<_>>().join(" and ");
@@ -284,7 +285,11 @@ fn redis(f: &FencesSection, cache_keys: usize, p: &mut Problems) -> RedisConfig 
             0
         }),
     };
-    RedisConfig { url, key_prefix, timeout, min_replicas, replica_timeout, cache_keys }
+    let ca_file = f.ca_file.as_deref().map(PathBuf::from);
+    if ca_file.is_some() && !url.starts_with("rediss://") {
+        p.add("fences.ca_file", "applies to a rediss:// url (Redis over TLS) only");
+    }
+    RedisConfig { url, key_prefix, timeout, min_replicas, replica_timeout, cache_keys, ca_file }
 }
 
 fn log(s: LogSection, p: &mut Problems) -> LogConfig {

@@ -51,7 +51,7 @@ pub enum StartError {
     Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Store(#[from] OpenError),
-    #[error("fences.url: {0}")]
+    #[error("[fences] (store = \"redis\"): {0}")]
     Redis(crate::fence::store::StoreError),
     #[error("route '{0}' names a signing key file that was never read: load the config with its secrets")]
     UnreadSigningKey(String),

@@ -182,7 +182,18 @@ impl RedisStore {
     /// Connects lazily (fencegate starts, unready, while Redis is down) and
     /// starts the health check on the current runtime.
     pub fn open(config: &RedisConfig) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(config.url.as_str()).map_err(|e| StoreError::redis("opening the Redis client", &e))?;
+        let client = match &config.ca_file {
+            None => redis::Client::open(config.url.as_str()),
+            Some(path) => {
+                let roots = std::fs::read(path).map_err(|e| StoreError::Io {
+                    context: "reading [fences] ca_file",
+                    source: Arc::new(std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+                })?;
+                let certificates = redis::TlsCertificates { client_tls: None, root_cert: Some(roots) };
+                redis::Client::build_with_tls(config.url.as_str(), certificates)
+            }
+        }
+        .map_err(|e| StoreError::redis("opening the Redis client", &e))?;
         let manager = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.timeout))
             .set_response_timeout(Some(config.timeout + config.replica_timeout))
