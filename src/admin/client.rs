@@ -52,7 +52,12 @@ impl AdminClient {
         self.call_at(method, &format!("/fences?{query}"), body).await
     }
 
-    async fn call_at(&self, method: Method, target: &str, body: Option<Value>) -> Result<(StatusCode, Value), CliError> {
+    async fn call_at(
+        &self,
+        method: Method,
+        target: &str,
+        body: Option<Value>,
+    ) -> Result<(StatusCode, Value), CliError> {
         let unreachable = |detail: String| CliError::Unreachable { addr: self.addr, detail };
         let mut req = Request::builder().method(method).uri(format!("http://{}{target}", self.addr));
         if let Some(token) = &self.token {

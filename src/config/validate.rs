@@ -533,8 +533,9 @@ mod tests {
 
     #[test]
     fn the_redis_store_takes_its_fields_and_defaults() {
-        let c = Config::from_toml_str(&format!("[fences]\nstore = \"redis\"\nurl = \"redis://u:p@r:6380/2\"\n{MINIMAL}"))
-            .unwrap();
+        let c =
+            Config::from_toml_str(&format!("[fences]\nstore = \"redis\"\nurl = \"redis://u:p@r:6380/2\"\n{MINIMAL}"))
+                .unwrap();
         let StoreKind::Redis(r) = &c.fences.store else { panic!("{:?}", c.fences.store) };
         assert_eq!(r.url, "redis://u:p@r:6380/2");
         assert_eq!(r.key_prefix, "fencegate:");
@@ -550,7 +551,10 @@ mod tests {
         .unwrap();
         let StoreKind::Redis(r) = &c.fences.store else { panic!() };
         assert_eq!((r.key_prefix.as_str(), r.min_replicas, r.cache_keys), ("fg:a:", 2, 7));
-        assert_eq!((r.timeout, r.replica_timeout), (std::time::Duration::from_secs(1), std::time::Duration::from_millis(50)));
+        assert_eq!(
+            (r.timeout, r.replica_timeout),
+            (std::time::Duration::from_secs(1), std::time::Duration::from_millis(50))
+        );
     }
 
     #[test]
@@ -569,8 +573,9 @@ mod tests {
         assert_eq!(fields_of("store = \"memory\"\nmin_replicas = 1"), ["fences.min_replicas"]);
         assert_eq!(fields_of("store = \"memory\"\ncache_keys = 5"), ["fences.cache_keys"]);
         // A bad URL's message never repeats it: it may carry a password.
-        let e = Config::from_toml_str(&format!("[fences]\nstore = \"redis\"\nurl = \"redis://u:secret@[x\"\n{MINIMAL}"))
-            .unwrap_err();
+        let e =
+            Config::from_toml_str(&format!("[fences]\nstore = \"redis\"\nurl = \"redis://u:secret@[x\"\n{MINIMAL}"))
+                .unwrap_err();
         assert!(!e.to_string().contains("secret"), "{e}");
     }
 }

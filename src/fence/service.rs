@@ -176,7 +176,9 @@ where
                 }
                 Ok(Entered::Accepted { in_flight, .. }) => turns.record(in_flight),
                 Ok(Entered::Stale { current }) => return Err(reject(ProxyError::StaleToken { token, current }, k)),
-                Ok(Entered::Superseded { waiting }) => return Err(reject(ProxyError::Superseded { token, waiting }, k)),
+                Ok(Entered::Superseded { waiting }) => {
+                    return Err(reject(ProxyError::Superseded { token, waiting }, k))
+                }
                 Ok(Entered::TimedOut) => return Err(reject(ProxyError::QueueTimeout(route.queue_timeout), &key)),
                 Err(e) => return Err(reject(e.into(), k)),
             }

@@ -17,6 +17,9 @@ pub struct Redis {
     durable: bool,
     /// `--replicaof` this port.
     replica_of: Option<u16>,
+    /// More server arguments (TLS, users), and what redis-cli then needs.
+    extra: Vec<String>,
+    cli_extra: Vec<String>,
 }
 
 /// A port nothing listens on now (bound, learned, released).
@@ -47,16 +50,76 @@ impl Redis {
         replica
     }
 
+    /// A Redis that speaks only TLS (`rediss://`) with the certificate and
+    /// key files given, and whose only user is `user` with `password` (the
+    /// default user is off).
+    pub fn start_tls(cert: &Path, key: &Path, ca: &Path, user: &str, password: &str) -> Redis {
+        let path = |p: &Path| p.display().to_string();
+        let extra = vec![
+            "--tls-cert-file".into(),
+            path(cert),
+            "--tls-key-file".into(),
+            path(key),
+            "--tls-ca-cert-file".into(),
+            path(ca),
+            "--tls-auth-clients".into(),
+            "no".into(),
+            "--user".into(),
+            "default".into(),
+            "off".into(),
+            "--user".into(),
+            user.into(),
+            "on".into(),
+            format!(">{password}"),
+            "~*".into(),
+            "+@all".into(),
+        ];
+        let cli_extra = vec![
+            "--tls".into(),
+            "--cacert".into(),
+            path(ca),
+            "--user".into(),
+            user.into(),
+            "--pass".into(),
+            password.into(),
+            "--no-auth-warning".into(),
+        ];
+        let mut redis = Redis {
+            child: None,
+            port: free_port(),
+            dir: TempDir::new(),
+            durable: false,
+            replica_of: None,
+            extra,
+            cli_extra,
+        };
+        redis.run();
+        redis
+    }
+
     fn launch(durable: bool, replica_of: Option<u16>) -> Redis {
-        let mut redis = Redis { child: None, port: free_port(), dir: TempDir::new(), durable, replica_of };
+        let mut redis = Redis {
+            child: None,
+            port: free_port(),
+            dir: TempDir::new(),
+            durable,
+            replica_of,
+            extra: vec![],
+            cli_extra: vec![],
+        };
         redis.run();
         redis
     }
 
     fn run(&mut self) {
         let mut cmd = Command::new("redis-server");
+        let tls = !self.extra.is_empty();
+        let (port, tls_port) = if tls { (0, self.port) } else { (self.port, 0) };
         cmd.arg("--port")
-            .arg(self.port.to_string())
+            .arg(port.to_string())
+            .arg("--tls-port")
+            .arg(tls_port.to_string())
+            .args(&self.extra)
             .arg("--bind")
             .arg("127.0.0.1")
             .arg("--dir")
@@ -100,7 +163,13 @@ impl Redis {
     }
 
     fn try_cli(&self, args: &[&str]) -> Option<String> {
-        let out = Command::new("redis-cli").arg("-p").arg(self.port.to_string()).args(args).output().ok()?;
+        let out = Command::new("redis-cli")
+            .arg("-p")
+            .arg(self.port.to_string())
+            .args(&self.cli_extra)
+            .args(args)
+            .output()
+            .ok()?;
         let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
         (out.status.success() && !text.starts_with("Could not connect") && !text.starts_with("ERR")).then_some(text)
     }

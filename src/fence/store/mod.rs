@@ -49,6 +49,16 @@ pub enum Entered {
     TimedOut,
 }
 
+impl Entered {
+    /// The outcome of a store of one process's advance.
+    fn local(advance: Advance) -> Entered {
+        match advance {
+            Advance::Accepted { previous } => Entered::Accepted { previous, in_flight: InFlight::default() },
+            Advance::Stale { current } => Entered::Stale { current },
+        }
+    }
+}
+
 /// A fenced write in flight, as a store replicas share records it (nothing
 /// for a store of one process, whose turns are all in its gate). Dropped
 /// when the request's turn ends: response head, failure, or the end of its
@@ -215,20 +225,15 @@ pub trait FenceStore: Send + Sync + 'static {
         _lease: std::time::Duration,
         _wait: std::time::Duration,
     ) -> impl Future<Output = Result<Entered, StoreError>> + Send {
-        async move {
-            Ok(match self.advance(key, token).await? {
-                Advance::Accepted { previous } => Entered::Accepted { previous, in_flight: InFlight::default() },
-                Advance::Stale { current } => Entered::Stale { current },
-            })
-        }
+        async move { self.advance(key, token).await.map(Entered::local) }
     }
 
     /// Why fenced writes are refused now, when they are: `/readyz` answers
     /// 503 with it.
     fn unready(&self) -> Option<String> {
-        self.stats().filter(|s| s.is_failing()).map(|_| {
-            "the last fence store commit failed; fenced writes are refused until one succeeds".to_owned()
-        })
+        self.stats()
+            .filter(|s| s.is_failing())
+            .map(|_| "the last fence store commit failed; fenced writes are refused until one succeeds".to_owned())
     }
 
     /// Up to `limit` marks whose keys start with `prefix` and sort after `after`,
@@ -366,11 +371,14 @@ impl FenceStore for AnyStore {
         lease: std::time::Duration,
         wait: std::time::Duration,
     ) -> Result<Entered, StoreError> {
-        match self {
-            AnyStore::Memory(s) => s.enter(key, token, ask, lease, wait).await,
-            AnyStore::File(s) => s.enter(key, token, ask, lease, wait).await,
-            AnyStore::Redis(s) => s.enter(key, token, ask, lease, wait).await,
-        }
+        // The stores of one process take no turn of their own: their advance
+        // is the whole step.
+        let advanced = match self {
+            AnyStore::Memory(s) => s.advance(key, token).await,
+            AnyStore::File(s) => s.advance(key, token).await,
+            AnyStore::Redis(s) => return s.enter(key, token, ask, lease, wait).await,
+        };
+        advanced.map(Entered::local)
     }
 
     fn unready(&self) -> Option<String> {

@@ -84,7 +84,13 @@ impl Scripts {
             named.insert(name.trim(), Script::new(&format!("{shared}\n{body}")));
         }
         let mut take = |name: &str| named.remove(name).unwrap_or_else(|| panic!("scripts.lua has no '{name}' script"));
-        Scripts { enter: take("enter"), raise: take("raise"), get: take("get"), list: take("list"), delete: take("delete") }
+        Scripts {
+            enter: take("enter"),
+            raise: take("raise"),
+            get: take("get"),
+            list: take("list"),
+            delete: take("delete"),
+        }
     }
 }
 
@@ -280,7 +286,14 @@ impl RedisStore {
     /// shared) and the write recorded in flight until the returned
     /// [`InFlight`] is dropped, or its lease ends. Waits up to `wait` while
     /// other replicas' writes of the key are in flight.
-    pub async fn enter(&self, key: &str, token: u64, ask: Ask, lease: Duration, wait: Duration) -> Result<Entered, StoreError> {
+    pub async fn enter(
+        &self,
+        key: &str,
+        token: u64,
+        ask: Ask,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Entered, StoreError> {
         let inner = &self.inner;
         let deadline = Instant::now() + wait;
         let n = inner.next_write.fetch_add(1, Ordering::Relaxed);
@@ -310,7 +323,11 @@ impl RedisStore {
                     inner.remember(key, token, &reply);
                     if let Some(acked) = acked {
                         if acked < i64::from(inner.min_replicas) {
-                            return Err(StoreError::Replicas { acked, wanted: inner.min_replicas, within: inner.replica_timeout });
+                            return Err(StoreError::Replicas {
+                                acked,
+                                wanted: inner.min_replicas,
+                                within: inner.replica_timeout,
+                            });
                         }
                     }
                     return Ok(Entered::Accepted { previous, in_flight });
@@ -337,7 +354,12 @@ impl RedisStore {
         }
     }
 
-    pub async fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<(String, u64)>, StoreError> {
+    pub async fn list(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, u64)>, StoreError> {
         let inner = &self.inner;
         let (from, exclusive) = match after {
             Some(a) if a >= prefix => (a, "1"),
@@ -495,7 +517,12 @@ impl Inner {
 
     /// [`run`](Self::run), then `WAIT` for `min_replicas` in the same
     /// pipeline (so on the same connection), when they are asked for.
-    async fn run_waiting(&self, script: &Script, keys: &[String], args: &[String]) -> Result<(Reply, Option<i64>), StoreError> {
+    async fn run_waiting(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<(Reply, Option<i64>), StoreError> {
         let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
         self.run_inner(script, keys, &args, self.min_replicas > 0).await
     }
@@ -531,7 +558,11 @@ impl Inner {
         Err(StoreError::Distrusted("the Redis fence store's identity keeps changing".into()))
     }
 
-    async fn invoke(&self, invocation: &ScriptInvocation<'_>, wait: bool) -> Result<(Vec<String>, Option<i64>), StoreError> {
+    async fn invoke(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+        wait: bool,
+    ) -> Result<(Vec<String>, Option<i64>), StoreError> {
         let mut con = self.con.clone();
         if !wait {
             let answer = tokio::time::timeout(self.timeout, invocation.invoke_async::<Vec<String>>(&mut con)).await;
@@ -544,7 +575,9 @@ impl Inner {
             pipe.invoke_script(invocation).cmd("WAIT").arg(self.min_replicas).arg(replica_ms as u64);
             let answer = tokio::time::timeout(within, pipe.query_async::<(Vec<String>, i64)>(&mut con)).await;
             match answer {
-                Ok(Err(e)) if attempt == 0 && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                Ok(Err(e))
+                    if attempt == 0 && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
                     let load = tokio::time::timeout(self.timeout, invocation.load_async(&mut con)).await;
                     self.answered(load, "loading a fence script")?;
                 }
@@ -597,7 +630,9 @@ impl Inner {
                 self.query::<i64>(&create, "writing the fence store's identity").await?;
                 let (id, _, deletions) = self.read_identity().await?;
                 let Some(id) = id else {
-                    return Err(StoreError::Distrusted("the Redis fence store's identity vanished as it was written".into()));
+                    return Err(StoreError::Distrusted(
+                        "the Redis fence store's identity vanished as it was written".into(),
+                    ));
                 };
                 info!(identity = %id, "the Redis fence store has an identity now (its first use by fencegate)");
                 self.adopt(id, deletions);
