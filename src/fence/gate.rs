@@ -14,9 +14,10 @@
 //!   `Destination`), always hold their keys alone.
 //! - A request whose token is below the mark the sharers carry is refused at
 //!   once ([`NoTurn::Stale`]), and so is one whose token is below a token
-//!   already waiting ([`NoTurn::Superseded`]): it would be stale by the time
-//!   its turn came, and refusing it keeps a flow of the old holder's writes
-//!   from starving the new holder.
+//!   already waiting, or holding the key alone while it decides
+//!   ([`NoTurn::Superseded`]): it would be stale by the time its turn came,
+//!   and refusing it keeps a flow of the old holder's writes from starving
+//!   the new holder.
 //!
 //! Waiters get their turns first in, first out. The gate does not know a
 //! key's mark until a request has raised (or confirmed) it under a turn, so
@@ -98,6 +99,9 @@ struct KeyTurns {
     holders: u32,
     /// When the holders share: the token they carry, the key's mark.
     shared: Option<u64>,
+    /// When one request holds the key alone (deciding, or for good): its
+    /// token. The mark will be at least this once it is done.
+    alone: Option<u64>,
     /// First in, first out. Tokens never go down from front to back: a
     /// request below the last waiter's token is refused, not queued.
     queue: VecDeque<Waiter>,
@@ -126,9 +130,15 @@ impl KeyTurns {
             }
             return Ok(None);
         }
+        // Below a token that holds the key alone: as below one waiting (a
+        // shared store's raise may hold it a while, waiting for the others).
+        if let Some(alone) = self.alone.filter(|&t| self.holders > 0 && t > token) {
+            return Err(NoTurn::Superseded { waiting: alone });
+        }
         if self.holders == 0 {
             self.holders = 1;
             self.shared = None;
+            self.alone = Some(token);
             return Ok(Some(match ask {
                 Ask::Share => Held::Deciding,
                 Ask::Alone => Held::Alone,
@@ -160,6 +170,7 @@ impl KeyTurns {
             self.holders += 1;
             if held != Held::Shared {
                 self.shared = None;
+                self.alone = Some(waiter.token);
             }
             let turn = Turn { gate: gate.clone(), key: key.clone(), token: waiter.token, held };
             if let Err(turn) = waiter.wake.send(turn) {
@@ -274,14 +285,22 @@ impl Turn {
         if self.held == Held::Deciding {
             self.held = Held::Shared;
             let token = self.token;
-            self.gate.update(&self.key, |turns| turns.shared = Some(token));
+            self.gate.update(&self.key, |turns| {
+                turns.shared = Some(token);
+                turns.alone = None;
+            });
         }
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        self.gate.update(&self.key, |turns| turns.holders = turns.holders.saturating_sub(1));
+        self.gate.update(&self.key, |turns| {
+            turns.holders = turns.holders.saturating_sub(1);
+            if turns.holders == 0 {
+                turns.alone = None;
+            }
+        });
     }
 }
 
@@ -566,6 +585,40 @@ mod tests {
         let third = third.await.unwrap().unwrap();
         assert_eq!(third.held, Held::Shared);
         drop((second, third));
+        assert_eq!(gate.active_keys(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lower_token_is_refused_while_a_higher_one_decides() {
+        let gate = Arc::new(KeyGate::default());
+        // A raise deciding (with a shared store, it may wait there for other
+        // replicas' writes): a lower token would be stale by its turn.
+        let deciding = gate.acquire(&"k".into(), 6, Ask::Share, LONG).await.unwrap();
+        assert_eq!(
+            gate.acquire(&"k".into(), 5, Ask::Share, LONG).await.unwrap_err(),
+            NoTurn::Superseded { waiting: 6 }
+        );
+        assert_eq!(
+            gate.acquire(&"k".into(), 5, Ask::Alone, LONG).await.unwrap_err(),
+            NoTurn::Superseded { waiting: 6 }
+        );
+        // Its own token, or a higher one, waits for the decision.
+        assert_eq!(
+            gate.acquire(&"k".into(), 6, Ask::Share, Duration::from_millis(10)).await.unwrap_err(),
+            NoTurn::Timeout
+        );
+        drop(deciding);
+        // Once nobody holds the key, the lower token may decide.
+        let lower = gate.acquire(&"k".into(), 5, Ask::Share, LONG).await.unwrap();
+        assert_eq!(lower.held, Held::Deciding);
+        drop(lower);
+        // The same while a request holds the key alone for good.
+        let alone = gate.acquire(&"k".into(), 8, Ask::Alone, LONG).await.unwrap();
+        assert_eq!(
+            gate.acquire(&"k".into(), 7, Ask::Share, LONG).await.unwrap_err(),
+            NoTurn::Superseded { waiting: 8 }
+        );
+        drop(alone);
         assert_eq!(gate.active_keys(), 0);
     }
 

@@ -343,7 +343,7 @@ impl FenceStore for AnyStore {
         match self {
             AnyStore::Memory(s) => s.get(key).await,
             AnyStore::File(s) => s.get(key).await,
-            AnyStore::Redis(s) => s.get(key).await,
+            AnyStore::Redis(s) => Box::pin(s.get(key)).await,
         }
     }
 
@@ -376,7 +376,9 @@ impl FenceStore for AnyStore {
         let advanced = match self {
             AnyStore::Memory(s) => s.advance(key, token).await,
             AnyStore::File(s) => s.advance(key, token).await,
-            AnyStore::Redis(s) => return s.enter(key, token, ask, lease, wait).await,
+            // Boxed: its future (a round trip, a retry's sleep) would size
+            // every fenced request's future, whatever its store.
+            AnyStore::Redis(s) => return Box::pin(s.enter(key, token, ask, lease, wait)).await,
         };
         advanced.map(Entered::local)
     }
@@ -393,7 +395,7 @@ impl FenceStore for AnyStore {
         match self {
             AnyStore::Memory(s) => s.advance(key, token).await,
             AnyStore::File(s) => s.advance(key, token).await,
-            AnyStore::Redis(s) => s.advance(key, token).await,
+            AnyStore::Redis(s) => Box::pin(s.advance(key, token)).await,
         }
     }
 
@@ -401,7 +403,7 @@ impl FenceStore for AnyStore {
         match self {
             AnyStore::Memory(s) => s.list(prefix, after, limit).await,
             AnyStore::File(s) => s.list(prefix, after, limit).await,
-            AnyStore::Redis(s) => s.list(prefix, after, limit).await,
+            AnyStore::Redis(s) => Box::pin(s.list(prefix, after, limit)).await,
         }
     }
 
@@ -409,7 +411,7 @@ impl FenceStore for AnyStore {
         match self {
             AnyStore::Memory(s) => s.delete(which).await,
             AnyStore::File(s) => s.delete(which).await,
-            AnyStore::Redis(s) => s.delete(which).await,
+            AnyStore::Redis(s) => Box::pin(s.delete(which)).await,
         }
     }
 

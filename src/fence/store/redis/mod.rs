@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, ScriptInvocation};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
@@ -41,6 +42,9 @@ use crate::fence::gate::Ask;
 use crate::fence::KeyMap;
 
 const SCRIPTS: &str = include_str!("scripts.lua");
+
+/// Records of ended writes removed in one pipeline at most.
+const END_BATCH: usize = 256;
 
 /// Keys a prefix delete drops per script call: each call holds Redis alone.
 const DELETE_BATCH: usize = 1000;
@@ -168,6 +172,8 @@ struct Inner {
     reachable: AtomicBool,
     /// Keys with a mark in the store, as last counted.
     tracked: AtomicUsize,
+    /// Records of writes whose turns ended, to [`end_records`].
+    ends: mpsc::UnboundedSender<(String, String)>,
 }
 
 /// What this replica knew of a key before a call ([`Inner::before`]).
@@ -208,6 +214,7 @@ impl RedisStore {
             .set_number_of_retries(usize::MAX);
         let con = ConnectionManager::new_lazy_with_config(client, manager)
             .map_err(|e| StoreError::redis("opening the Redis connection", &e))?;
+        let (ends, ended) = mpsc::unbounded_channel();
         let inner = Arc::new(Inner {
             con,
             names: Names { prefix: config.key_prefix.clone() },
@@ -224,8 +231,10 @@ impl RedisStore {
             transition: tokio::sync::Mutex::new(()),
             reachable: AtomicBool::new(false),
             tracked: AtomicUsize::new(0),
+            ends,
         });
         tokio::spawn(health(Arc::downgrade(&inner)));
+        tokio::spawn(end_records(Arc::downgrade(&inner), ended));
         Ok(RedisStore { inner })
     }
 
@@ -455,19 +464,30 @@ impl std::fmt::Debug for Flight {
 
 impl Drop for Flight {
     fn drop(&mut self) {
-        // No runtime left: the process is stopping, and the lease ends it.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (flight, member) = (std::mem::take(&mut self.flight), std::mem::take(&mut self.member));
-        let inner = self.inner.clone();
-        runtime.spawn(async move {
-            let mut end = redis::cmd("ZREM");
-            end.arg(flight).arg(member);
-            // Failing, the record stays until its lease ends: other replicas'
-            // raises of the key wait longer, none goes early.
-            if let Err(e) = inner.query::<i64>(&end, "ending a write's record").await {
-                tracing::debug!(error = %e, "a write's record in the Redis fence store stays until its lease ends");
-            }
-        });
+        let record = (std::mem::take(&mut self.flight), std::mem::take(&mut self.member));
+        // The task that ends records is gone only when the store is: the
+        // process is stopping, and the lease ends the record.
+        let _ = self.inner.ends.send(record);
+    }
+}
+
+/// Ends the records of writes whose turns ended, as many as have queued in
+/// one pipeline: under load, one write to Redis for many of them.
+async fn end_records(inner: Weak<Inner>, mut ended: mpsc::UnboundedReceiver<(String, String)>) {
+    let mut batch = Vec::new();
+    while ended.recv_many(&mut batch, END_BATCH).await > 0 {
+        let Some(inner) = inner.upgrade() else { return };
+        let mut pipe = redis::pipe();
+        for (flight, member) in batch.drain(..) {
+            pipe.cmd("ZREM").arg(flight).arg(member).ignore();
+        }
+        let mut con = inner.con.clone();
+        let answer = tokio::time::timeout(inner.timeout, pipe.query_async::<()>(&mut con)).await;
+        // Failing, the records stay until their leases end: other replicas'
+        // raises of the keys wait longer, none goes early.
+        if let Err(e) = inner.answered(answer, "ending writes' records") {
+            tracing::debug!(error = %e, "records of writes in the Redis fence store stay until their leases end");
+        }
     }
 }
 
@@ -624,7 +644,8 @@ impl Inner {
         let ours = self.known().id.clone();
         match (ours, (id, previous)) {
             (None, (None, _)) => {
-                // First use: whoever writes it first, every replica adopts it.
+                // First contact with an empty store: whoever writes it
+                // first, every replica adopts it.
                 let mut create = redis::cmd("HSETNX");
                 create.arg(self.names.identity()).arg("id").arg(new_identity());
                 self.query::<i64>(&create, "writing the fence store's identity").await?;
@@ -634,7 +655,7 @@ impl Inner {
                         "the Redis fence store's identity vanished as it was written".into(),
                     ));
                 };
-                info!(identity = %id, "the Redis fence store has an identity now (its first use by fencegate)");
+                info!(identity = %id, "the Redis fence store had no identity: it has one now, taken as a new store");
                 self.adopt(id, deletions);
             }
             (None, (Some(id), _)) => {
@@ -847,15 +868,13 @@ impl Inner {
     /// One health check: is the store there, is it the one we know, and how
     /// many keys has it.
     async fn check(&self) {
-        let Ok((id, _, deletions)) = self.read_identity().await else { return };
+        let Ok((_, _, deletions)) = self.read_identity().await else { return };
         self.note_deletions(deletions);
-        let adopted = self.known().id.is_some();
-        // Before its first use the store may have no identity yet; after,
-        // an identity that is gone or another one is judged at once.
-        if adopted || id.is_some() {
-            if let Err(e) = self.judge().await {
-                tracing::debug!(error = %e, "checking the Redis fence store's identity");
-            }
+        // From the first contact on, not from the first write: a replica
+        // that took no write yet must still notice the store emptied under
+        // it. (An empty store at the first contact is taken as new.)
+        if let Err(e) = self.judge().await {
+            tracing::debug!(error = %e, "checking the Redis fence store's identity");
         }
         let mut count = redis::cmd("ZCARD");
         count.arg(self.names.index());
