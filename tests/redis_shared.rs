@@ -1,0 +1,637 @@
+//! Shared fences on Redis (`[fences] store = "redis"`): real `redis-server`
+//! processes, real fencegate processes as replicas in front of one recording
+//! upstream, which is the witness of what was really written.
+//!
+//! Each test has its own Redis, its own replicas and its own upstream.
+
+mod common;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use common::process::*;
+use common::redis::*;
+use common::*;
+
+const SECRET: &str = "redis-admin-secret";
+const KEY: &str = "/objects/a";
+
+fn admin() -> String {
+    format!("auth_token = {}", toml_string(SECRET))
+}
+
+fn bearer() -> String {
+    format!("Bearer {SECRET}")
+}
+
+fn objects(up: &RecordingUpstream, extra: &str) -> String {
+    route("objects", "/objects/", up, extra)
+}
+
+/// A replica of fencegate on `redis` in front of `up`.
+async fn replica(redis: &Redis, fences_extra: &str, up: &RecordingUpstream, route_extra: &str) -> Running {
+    Running::start(&config_text(&admin(), &redis_store(redis, fences_extra), &objects(up, route_extra))).await
+}
+
+/// Two replicas with the same config.
+async fn replicas(redis: &Redis, fences_extra: &str, up: &RecordingUpstream, route_extra: &str) -> (Running, Running) {
+    let a = replica(redis, fences_extra, up, route_extra).await;
+    let b = replica(redis, fences_extra, up, route_extra).await;
+    (a, b)
+}
+
+/// The tokens the upstream applied to `key`, in order.
+fn tokens(up: &RecordingUpstream, key: &str) -> Vec<String> {
+    up.applied_for(key).into_iter().map(|a| a.token.unwrap_or_default()).collect()
+}
+
+/// Writes to `key` the upstream ever saw (applied or not).
+fn seen_writes(up: &RecordingUpstream, key: &str) -> usize {
+    up.seen().iter().filter(|(m, p, _)| *m != http::Method::GET && p == key).count()
+}
+
+/// Asserts a 409 stale-token refusal naming the current mark `current`.
+fn assert_stale(r: &Reply, current: u64) {
+    let p = r.problem(409);
+    assert_eq!(p["type"], "urn:fencegate:problem:stale-token", "{p}");
+    assert_eq!(r.header("x-fencing-token-current"), Some(current.to_string().as_str()), "{p}");
+    assert_eq!(p["current"], current, "{p}");
+}
+
+/// Asserts a 503 store-unavailable refusal with `Retry-After`; returns the problem.
+fn assert_store_unavailable(r: &Reply) -> Value {
+    let p = r.problem(503);
+    assert!(p["type"].as_str().unwrap().ends_with("store-unavailable"), "{p}");
+    assert!(r.header("retry-after").is_some(), "a 503 without Retry-After: {:?}", r.headers);
+    p
+}
+
+/// Polls `check` every 50 ms until it is true; fails after `within`.
+async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `put` on a task of its own.
+fn spawn_put(url: String, token: u64, body: &'static str) -> tokio::task::JoinHandle<Reply> {
+    tokio::spawn(async move { put(&url, token, body).await })
+}
+
+async fn readyz(fg: &Running) -> Reply {
+    get(&fg.admin_url("/readyz")).await
+}
+
+async fn wait_ready(fg: &Running, ready: bool, within: Duration) {
+    let want = if ready { 200 } else { 503 };
+    eventually(&format!("/readyz of {} answering {want}", fg.pid()), within, || async {
+        readyz(fg).await.status == want
+    })
+    .await;
+}
+
+fn fences_url(fg: &Running, key: &str) -> String {
+    fg.admin_url(&format!("/fences?key={}", enc(key)))
+}
+
+async fn confirm(fg: &Running, auth: Option<&str>) -> Reply {
+    let headers: Vec<(&str, &str)> = auth.map(|a| vec![("authorization", a)]).unwrap_or_default();
+    send("POST", &fg.admin_url("/fences/store/confirm"), &headers, "").await
+}
+
+fn identity(redis: &Redis, prefix: &str) -> String {
+    redis.cli(&["HGET", &format!("{prefix}identity"), "id"])
+}
+
+// ---------------------------------------------------------------- config
+
+/// `--check` names the field that is wrong for the store.
+#[test]
+fn config_checks_name_the_fields_of_the_redis_store() {
+    let dir = TempDir::new();
+    let route = "[[route]]\nname = \"o\"\nprefix = \"/\"\nupstream = \"http://127.0.0.1:9\"\n";
+    let cases: &[(&str, Option<&str>)] = &[
+        ("[fences]\nstore = \"redis\"\nurl = \"redis://127.0.0.1:6379/0\"\n", None),
+        (
+            "[fences]\nstore = \"redis\"\nurl = \"redis://127.0.0.1:6379/0\"\nkey_prefix = \"x:\"\ntimeout = \"1s\"\n\
+             min_replicas = 1\nreplica_timeout = \"100ms\"\ncache_keys = 10\n",
+            None,
+        ),
+        ("[fences]\nstore = \"redis\"\n", Some("fences.url")),
+        ("[fences]\nstore = \"redis\"\nurl = \"redis://127.0.0.1:6379/0\"\npath = \"x\"\n", Some("fences.path")),
+        (
+            "[fences]\nstore = \"redis\"\nurl = \"redis://127.0.0.1:6379/0\"\nrequire_existing = true\n",
+            Some("fences.require_existing"),
+        ),
+        (
+            "[fences]\nstore = \"redis\"\nurl = \"redis://127.0.0.1:6379/0\"\ncache_bytes = \"1MiB\"\n",
+            Some("fences.cache_bytes"),
+        ),
+        ("[fences]\nstore = \"memory\"\nurl = \"redis://127.0.0.1:6379/0\"\n", Some("fences.url")),
+        ("[fences]\nstore = \"file\"\npath = \"f\"\nkey_prefix = \"x:\"\n", Some("fences.key_prefix")),
+        ("[fences]\nstore = \"file\"\npath = \"f\"\ntimeout = \"1s\"\n", Some("fences.timeout")),
+        ("[fences]\nstore = \"memory\"\nmin_replicas = 1\n", Some("fences.min_replicas")),
+        ("[fences]\nstore = \"memory\"\nreplica_timeout = \"1s\"\n", Some("fences.replica_timeout")),
+        ("[fences]\nstore = \"redis\"\nurl = \"http://127.0.0.1:6379/\"\n", Some("fences.url")),
+    ];
+    for (i, (fences, field)) in cases.iter().enumerate() {
+        let path = dir.write(&format!("c{i}.toml"), &config_text("", fences, route));
+        let out = run_to_exit(fencegate(dir.path()).arg("--config").arg(&path).arg("--check"));
+        let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        match field {
+            None => assert!(out.status.success(), "{fences}\nfailed --check: {said}"),
+            Some(field) => {
+                assert!(!out.status.success(), "{fences}\npassed --check: {said}");
+                assert!(said.contains(field), "{fences}\n--check does not name {field}: {said}");
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- sharing
+
+/// A token seen through replica A fences replica B; the marks live in Redis
+/// under the default prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_seen_through_one_replica_fences_the_other() {
+    let redis = Redis::start();
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&redis, "", &up, "").await;
+
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+    let r = put(&b.url(KEY), 4, "four").await;
+    assert_stale(&r, 5);
+    assert_eq!(tokens(&up, KEY), ["5"], "the stale write through B reached the upstream");
+    assert_eq!(seen_writes(&up, KEY), 1);
+
+    // The equal token shares the key; a higher one raises it, through either.
+    assert_eq!(put(&b.url(KEY), 5, "five again").await.status, 200);
+    assert_eq!(put(&b.url(KEY), 6, "six").await.status, 200);
+    assert_stale(&put(&a.url(KEY), 5, "five late").await, 6);
+    assert_eq!(tokens(&up, KEY), ["5", "5", "6"]);
+
+    // What is in Redis: the mark, the index, the identity; no write left in flight.
+    assert_eq!(redis.cli(&["GET", "fencegate:mark:/objects/a"]), "6");
+    assert_eq!(redis.cli(&["ZRANGE", "fencegate:keys", "0", "-1"]), KEY);
+    assert_eq!(identity(&redis, "fencegate:").len(), 32, "identity {:?}", identity(&redis, "fencegate:"));
+    eventually("the write records to end", Duration::from_secs(5), || async {
+        redis.cli(&["ZCARD", "fencegate:flight:/objects/a"]) == "0"
+    })
+    .await;
+}
+
+/// Invariant 2 across replicas: a raise through B waits for A's write in
+/// flight; meanwhile the old mark is refused through either replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_through_one_replica_waits_for_the_others_write_in_flight() {
+    let redis = Redis::start();
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&redis, "", &up, "").await;
+
+    let gate = up.hold(KEY);
+    let five = spawn_put(a.url(KEY), 5, "five");
+    gate.wait_arrived().await;
+    let six = spawn_put(b.url(KEY), 6, "six");
+    // 6 is waiting once it is the token waiting in Redis.
+    eventually("token 6 waiting in Redis", Duration::from_secs(10), || async {
+        redis.cli(&["GET", "fencegate:wait:/objects/a"]) == "6"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!six.is_finished(), "token 6 was answered while 5 was in flight: {:?}", six.await);
+    assert_eq!(seen_writes(&up, KEY), 1, "token 6 reached the upstream while 5 was held there");
+
+    // The old mark is superseded, through A (another replica's raise waits)...
+    let r = put(&a.url(KEY), 5, "five again via A").await;
+    let p = r.problem(409);
+    assert_eq!(p["type"], "urn:fencegate:problem:stale-token", "{p}");
+    assert_eq!(p["waiting"], 6, "{p}");
+    // ... and through B, promptly (its own raise waits).
+    let five_b = spawn_put(b.url(KEY), 5, "five again via B");
+    let r = tokio::time::timeout(Duration::from_secs(3), five_b)
+        .await
+        .expect("token 5 through B was not answered while 6 waited there")
+        .unwrap();
+    let p = r.problem(409);
+    assert_eq!(p["type"], "urn:fencegate:problem:stale-token", "{p}");
+    assert_eq!(seen_writes(&up, KEY), 1, "a superseded write reached the upstream");
+
+    gate.release();
+    assert_eq!(five.await.unwrap().status, 200);
+    assert_eq!(six.await.unwrap().status, 200);
+    assert_eq!(tokens(&up, KEY), ["5", "6"]);
+    let applied = up.applied_for(KEY);
+    assert!(applied[1].started >= applied[0].ended, "6 started before 5 ended: {applied:?}");
+    assert!(up.overlaps().is_empty(), "writes of different tokens overlapped: {:?}", up.overlaps());
+    assert_stale(&put(&a.url(KEY), 5, "late").await, 6);
+}
+
+/// Requests carrying the key's mark share it across replicas: both in flight at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holders_writes_share_the_key_across_replicas() {
+    let redis = Redis::start();
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&redis, "", &up, "").await;
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+
+    let gate = up.hold_next(KEY, 2);
+    let via_a = spawn_put(a.url(KEY), 5, "five a");
+    let via_b = spawn_put(b.url(KEY), 5, "five b");
+    gate.wait_arrivals(2).await;
+    assert_eq!(up.in_flight(KEY), 2);
+    gate.release();
+    assert_eq!(via_a.await.unwrap().status, 200);
+    assert_eq!(via_b.await.unwrap().status, 200);
+    assert_eq!(tokens(&up, KEY), ["5", "5", "5"]);
+    assert!(up.overlaps().is_empty());
+}
+
+/// A raise through B that waits longer than `queue_timeout` for A's write in
+/// flight gets 503 queue-timeout, and nothing is forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_waiting_past_queue_timeout_gets_503() {
+    let redis = Redis::start();
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&redis, "", &up, "queue_timeout = \"1s\"").await;
+
+    let gate = up.hold(KEY);
+    let five = spawn_put(a.url(KEY), 5, "five");
+    gate.wait_arrived().await;
+    let start = Instant::now();
+    let r = put(&b.url(KEY), 6, "six").await;
+    let waited = start.elapsed();
+    let p = r.problem(503);
+    assert_eq!(p["type"], "urn:fencegate:problem:queue-timeout", "{p}");
+    assert!(r.header("retry-after").is_some());
+    assert!(waited >= Duration::from_millis(900), "gave up after {waited:?}, before queue_timeout");
+    assert_eq!(seen_writes(&up, KEY), 1, "token 6 reached the upstream");
+
+    gate.release();
+    assert_eq!(five.await.unwrap().status, 200);
+    // Once 5 is done, 6 goes.
+    assert_eq!(put(&b.url(KEY), 6, "six").await.status, 200);
+    assert_eq!(tokens(&up, KEY), ["5", "6"]);
+    assert!(up.overlaps().is_empty());
+}
+
+/// A replica killed with -9 mid-write leaves its record in Redis; other
+/// replicas' raises of the key wait for it (503 past their queue_timeout)
+/// until it expires (route timeout + settle + 1 s), then go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replicas_write_holds_the_key_until_its_lease_ends() {
+    let redis = Redis::start();
+    let up = RecordingUpstream::start().await;
+    // Lease of A's writes: 1s + 500ms + 1s.
+    let mut a = replica(&redis, "", &up, "timeout = \"1s\"\nsettle = \"500ms\"\nqueue_timeout = \"5s\"").await;
+    let b = replica(&redis, "", &up, "timeout = \"1s\"\nsettle = \"500ms\"\nqueue_timeout = \"1s\"").await;
+
+    let gate = up.hold(KEY);
+    let sent = Instant::now();
+    let five = spawn_put(a.url(KEY), 5, "five");
+    gate.wait_arrived().await;
+    a.kill();
+    let _ = five.await;
+    // The write A forwarded lands after A died.
+    gate.release();
+    eventually("5 applied", Duration::from_secs(5), || async { tokens(&up, KEY) == ["5"] }).await;
+    assert_eq!(redis.cli(&["ZCARD", "fencegate:flight:/objects/a"]), "1", "A's record is not in Redis");
+
+    // B's queue_timeout (1s) is shorter than what is left of the lease.
+    let r = put(&b.url(KEY), 6, "six").await;
+    assert!(sent.elapsed() < Duration::from_millis(2400), "too slow a machine to tell: {:?}", sent.elapsed());
+    assert_eq!(r.problem(503)["type"], "urn:fencegate:problem:queue-timeout");
+    assert_eq!(seen_writes(&up, KEY), 1, "token 6 went while A's record stood");
+
+    let mut refused = 1;
+    let passed = loop {
+        let r = put(&b.url(KEY), 6, "six").await;
+        if r.status == 200 {
+            break sent.elapsed();
+        }
+        assert_eq!(r.problem(503)["type"], "urn:fencegate:problem:queue-timeout");
+        refused += 1;
+        assert!(refused < 10, "token 6 never went after A's lease");
+    };
+    let six = &up.applied_for(KEY)[1];
+    let after = six.started.duration_since(sent);
+    assert!(
+        after >= Duration::from_millis(2400),
+        "token 6 reached the upstream {after:?} after A's write, before its lease ended"
+    );
+    assert!(passed < Duration::from_secs(6), "token 6 went only {passed:?} after A's write");
+    assert_eq!(put(&b.url(KEY), 7, "seven").await.status, 200);
+    assert_eq!(tokens(&up, KEY), ["5", "6", "7"]);
+    assert!(up.overlaps().is_empty());
+}
+
+// ---------------------------------------------------------------- fail closed
+
+/// Redis down: fenced writes 503 (nothing forwarded), a token below a mark
+/// this replica saw still 409, reads pass, /readyz 503. Redis back with its
+/// data: writes resume, marks intact, /readyz 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_fails_closed_and_redis_back_with_its_data_resumes() {
+    let mut redis = Redis::start_durable();
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&redis, "", &up, "").await;
+    wait_ready(&a, true, Duration::from_secs(5)).await;
+    wait_ready(&b, true, Duration::from_secs(5)).await;
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+
+    redis.kill();
+    let down = Instant::now();
+    wait_ready(&a, false, Duration::from_secs(3)).await;
+    wait_ready(&b, false, Duration::from_secs(3)).await;
+    eprintln!("/readyz 503 on both {:?} after Redis died", down.elapsed());
+    let r = readyz(&a).await;
+    assert_eq!(r.status, 503);
+    assert!(r.text().contains("unreachable"), "{}", r.text());
+
+    for fg in [&a, &b] {
+        let r = put(&fg.url(KEY), 6, "six").await;
+        assert_store_unavailable(&r);
+    }
+    // B never saw the mark: it cannot tell, so it fails closed.
+    assert_store_unavailable(&put(&b.url(KEY), 4, "four").await);
+    // A saw 5: below it is stale without asking Redis.
+    assert_stale(&put(&a.url(KEY), 4, "four").await, 5);
+    assert_eq!(seen_writes(&up, KEY), 1, "a write reached the upstream while Redis was down");
+    // Safe methods pass.
+    let r = get(&b.url(KEY)).await;
+    assert_eq!((r.status.as_u16(), r.text()), (200, "five".to_string()));
+
+    redis.restart();
+    wait_ready(&a, true, Duration::from_secs(5)).await;
+    wait_ready(&b, true, Duration::from_secs(5)).await;
+    // The mark came back from disk: B, which never saw it, refuses below it.
+    assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
+    assert_eq!(put(&b.url(KEY), 6, "six").await.status, 200);
+    assert_stale(&put(&a.url(KEY), 5, "five").await, 6);
+    assert_eq!(tokens(&up, KEY), ["5", "6"]);
+}
+
+/// A Redis call slower than `[fences] timeout` refuses the write (503) in
+/// about that time; nothing is forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_slower_than_timeout_refuses_the_write() {
+    let redis = Redis::start();
+    let up = RecordingUpstream::start().await;
+    let a = replica(&redis, "timeout = \"250ms\"", &up, "").await;
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "3000", "ALL"]), "OK");
+    let start = Instant::now();
+    let r = put(&a.url(KEY), 6, "six").await;
+    let took = start.elapsed();
+    assert_store_unavailable(&r);
+    assert!(took < Duration::from_millis(1500), "the refusal took {took:?}, timeout is 250ms");
+    assert_eq!(seen_writes(&up, KEY), 1);
+
+    // After the pause, writes resume.
+    eventually("writes to resume", Duration::from_secs(10), || async {
+        put(&a.url(KEY), 6, "six").await.status == 200
+    })
+    .await;
+    assert_eq!(tokens(&up, KEY), ["5", "6"]);
+}
+
+// ---------------------------------------------------------------- a Redis that forgets
+
+/// FLUSHALL under the replicas: every replica distrusts the store (503,
+/// /readyz 503 naming the identity, an ERROR line) until an operator
+/// confirms; then the marks the replicas remember are back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_store_is_refused_until_an_operator_confirms_it() {
+    let redis = Redis::start();
+    let up = RecordingUpstream::start().await;
+    let (mut a, mut b) = replicas(&redis, "", &up, "").await;
+    // A remembers /objects/a at 5, B remembers /objects/b at 3.
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+    assert_eq!(put(&b.url("/objects/b"), 3, "three").await.status, 200);
+    let old = identity(&redis, "fencegate:");
+
+    redis.flush();
+    for fg in [&a, &b] {
+        wait_ready(fg, false, Duration::from_secs(3)).await;
+        let detail = readyz(fg).await.json()["detail"].as_str().unwrap().to_string();
+        assert!(detail.contains("identity"), "{detail}");
+    }
+    for fg in [&a, &b] {
+        assert_store_unavailable(&put(&fg.url(KEY), 6, "six").await);
+        assert_store_unavailable(&put(&fg.url("/objects/b"), 4, "four").await);
+        assert_store_unavailable(&put(&fg.url("/objects/c"), 1, "new key").await);
+        // Below the old mark: refused, one way or the other.
+        let r = put(&fg.url(KEY), 4, "stale").await;
+        assert!([409, 503].contains(&r.status.as_u16()), "{}", r.text());
+    }
+    assert_eq!(seen_writes(&up, KEY), 1, "a write reached the upstream through a flushed store");
+    assert_eq!(seen_writes(&up, "/objects/b"), 1);
+    assert_eq!(seen_writes(&up, "/objects/c"), 0);
+    let loud = |e: &Value| e["level"] == "ERROR" && e["message"].as_str().is_some_and(|m| m.contains("identity"));
+    a.wait_event("an ERROR about the store's identity", loud).await;
+    b.wait_event("an ERROR about the store's identity", loud).await;
+
+    // Confirming needs the admin token.
+    assert_eq!(confirm(&a, None).await.status, 401);
+    assert_eq!(confirm(&a, Some("Bearer wrong")).await.status, 401);
+    assert_store_unavailable(&put(&a.url(KEY), 6, "six").await);
+
+    let r = confirm(&a, Some(&bearer())).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let done = r.json();
+    let new = done["identity"].as_str().unwrap().to_string();
+    assert_ne!(new, old);
+    assert_eq!(done["previous"], old, "{done}");
+    assert_eq!(done["restored"], 1, "A remembers one mark: {done}");
+    assert_eq!(identity(&redis, "fencegate:"), new);
+    assert_eq!(redis.cli(&["HGET", "fencegate:identity", "previous"]), old);
+    wait_ready(&a, true, Duration::from_secs(1)).await;
+    // B adopts the confirmed identity after raising its own remembered marks.
+    wait_ready(&b, true, Duration::from_secs(3)).await;
+    assert_eq!(redis.cli(&["GET", "fencegate:mark:/objects/b"]), "3", "B did not restore its mark");
+    assert_eq!(redis.cli(&["GET", "fencegate:mark:/objects/a"]), "5", "A did not restore its mark");
+
+    // The old marks are back: B never saw /objects/a, A never saw /objects/b.
+    assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
+    assert_stale(&put(&a.url("/objects/b"), 2, "two").await, 3);
+    assert_eq!(put(&a.url(KEY), 6, "six").await.status, 200);
+    assert_eq!(put(&b.url(KEY), 7, "seven").await.status, 200);
+    assert_eq!(put(&b.url("/objects/c"), 1, "one").await.status, 200);
+    assert_eq!(tokens(&up, KEY), ["5", "6", "7"]);
+    assert_eq!(tokens(&up, "/objects/b"), ["3"]);
+}
+
+/// A Redis without persistence restarted: the same as a flush, confirmed
+/// with the CLI this time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_empty_redis_is_confirmed_with_the_cli() {
+    let mut redis = Redis::start();
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&redis, "", &up, "").await;
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+
+    redis.restart();
+    wait_ready(&a, false, Duration::from_secs(3)).await;
+    wait_ready(&b, false, Duration::from_secs(3)).await;
+    assert_store_unavailable(&put(&b.url(KEY), 6, "six").await);
+    // B never saw 5: without the store it cannot tell 4 is stale, and refuses it.
+    assert_store_unavailable(&put(&b.url(KEY), 4, "four").await);
+    assert_eq!(seen_writes(&up, KEY), 1);
+
+    let dir = TempDir::new();
+    let cli_config = dir.write(
+        "cli.toml",
+        &format!(
+            "[admin]\nlisten = \"{}\"\n{}\n{}[[route]]\nname = \"o\"\nprefix = \"/\"\nupstream = \"http://127.0.0.1:9\"\n",
+            a.admin,
+            admin(),
+            redis_store(&redis, "")
+        ),
+    );
+    let out = run_to_exit(fencegate(dir.path()).arg("--config").arg(&cli_config).args(["fence", "confirm-store"]));
+    assert!(out.status.success(), "confirm-store failed: {}{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stdout).contains("confirmed"), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("1 mark"), "{}", text(&out.stdout));
+
+    wait_ready(&a, true, Duration::from_secs(2)).await;
+    wait_ready(&b, true, Duration::from_secs(3)).await;
+    assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
+    assert_eq!(put(&b.url(KEY), 6, "six").await.status, 200);
+    assert_eq!(tokens(&up, KEY), ["5", "6"]);
+}
+
+/// The store answering a mark below one this replica saw (a failover to a
+/// replica that missed writes, simulated with SET): the replica distrusts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mark_below_one_seen_makes_the_replica_distrust_the_store() {
+    let redis = Redis::start();
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&redis, "", &up, "").await;
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+
+    assert_eq!(redis.cli(&["SET", "fencegate:mark:/objects/a", "1"]), "OK");
+    assert_store_unavailable(&put(&a.url(KEY), 6, "six").await);
+    let r = readyz(&a).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    // Still refused: the store is distrusted, not just this key.
+    assert_store_unavailable(&put(&a.url(KEY), 6, "six").await);
+    assert_store_unavailable(&put(&a.url("/objects/other"), 1, "other").await);
+    assert_eq!(seen_writes(&up, KEY), 1, "a write went through a store that lost marks");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(readyz(&a).await.status, 503, "A trusted the store again on its own");
+
+    let r = confirm(&a, Some(&bearer())).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_ready(&a, true, Duration::from_secs(1)).await;
+    wait_ready(&b, true, Duration::from_secs(3)).await;
+    assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
+    assert_eq!(put(&a.url(KEY), 6, "six").await.status, 200);
+    assert_eq!(tokens(&up, KEY), ["5", "6"]);
+}
+
+/// Only a shared store is confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirming_a_store_that_is_not_shared_is_409() {
+    let up = RecordingUpstream::start().await;
+    let fg = Running::start(&config_text(&admin(), MEMORY_STORE, &objects(&up, ""))).await;
+    let r = confirm(&fg, Some(&bearer())).await;
+    assert_eq!(r.status, 409, "{}", r.text());
+}
+
+// ---------------------------------------------------------------- Redis replicas
+
+/// `min_replicas = 1`: a decision no Redis replica acknowledged is not acted on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_refuses_writes_no_redis_replica_acknowledged() {
+    let primary = Redis::start();
+    let mut copy = Redis::start_replica_of(&primary);
+    let up = RecordingUpstream::start().await;
+    let a = replica(&primary, "min_replicas = 1\nreplica_timeout = \"250ms\"", &up, "").await;
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+    eventually("the mark on the Redis replica", Duration::from_secs(5), || async {
+        copy.cli(&["GET", "fencegate:mark:/objects/a"]) == "5"
+    })
+    .await;
+
+    copy.kill();
+    let r = put(&a.url(KEY), 6, "six").await;
+    let p = assert_store_unavailable(&r);
+    assert!(p["detail"].as_str().unwrap().contains("replica"), "{p}");
+    assert_store_unavailable(&put(&a.url(KEY), 5, "five").await);
+    assert_eq!(seen_writes(&up, KEY), 1, "a write no replica acknowledged was forwarded");
+    let r = get(&a.url(KEY)).await;
+    assert_eq!((r.status.as_u16(), r.text()), (200, "five".to_string()));
+}
+
+// ---------------------------------------------------------------- fence API, strict
+
+/// The fence API reads and changes the shared marks, through any replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_api_works_on_the_shared_store() {
+    let redis = Redis::start();
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&redis, "", &up, "").await;
+    let auth = bearer();
+    let auth = [("authorization", auth.as_str())];
+
+    let r = send("PUT", &fences_url(&a, KEY), &auth, json!({ "token": 7 }).to_string()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(&fences_url(&b, KEY)).await;
+    assert_eq!(r.json(), json!({ "key": KEY, "token": 7 }));
+    assert_stale(&put(&b.url(KEY), 6, "six").await, 7);
+    assert_eq!(seen_writes(&up, KEY), 0);
+    // A lower raise changes nothing.
+    let r = send("PUT", &fences_url(&b, KEY), &auth, json!({ "token": 3 }).to_string()).await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert_eq!(put(&b.url(KEY), 8, "eight").await.status, 200);
+    assert_eq!(put(&b.url("/objects/z"), 2, "two").await.status, 200);
+
+    let r = get(&a.admin_url("/fences?prefix=/")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["fences"], json!([{ "key": KEY, "token": 8 }, { "key": "/objects/z", "token": 2 }]));
+
+    // Deleting needs the token; then the key takes any token, on both replicas.
+    assert_eq!(send("DELETE", &fences_url(&a, KEY), &[], "").await.status, 401);
+    let r = send("DELETE", &fences_url(&a, KEY), &auth, "").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json(), json!({ "key": KEY, "deleted": 1, "token": 8 }));
+    assert_eq!(get(&fences_url(&b, KEY)).await.json()["token"], Value::Null);
+    assert_eq!(put(&a.url(KEY), 1, "one").await.status, 200);
+    // B remembered 8: it forgets once it sees the deletion counted.
+    eventually("B to accept token 1 after the delete", Duration::from_secs(3), || async {
+        let r = put(&b.url(KEY), 1, "one via B").await;
+        assert!([200, 409].contains(&r.status.as_u16()), "{}", r.text());
+        r.status == 200
+    })
+    .await;
+    assert_eq!(tokens(&up, KEY), ["8", "1", "1"]);
+    assert_eq!(get(&fences_url(&a, "/objects/z")).await.json()["token"], 2);
+}
+
+/// A strict route on Redis: one write per token, across replicas; and a
+/// `key_prefix` of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_route_takes_one_write_per_token_across_replicas() {
+    let redis = Redis::start();
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&redis, "key_prefix = \"strict-test:\"", &up, "strict = true").await;
+
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+    // B never saw 5: the store refuses the equal token.
+    assert_stale(&put(&b.url(KEY), 5, "five via B").await, 5);
+    assert_stale(&put(&a.url(KEY), 5, "five again").await, 5);
+    assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
+    assert_eq!(put(&b.url(KEY), 6, "six").await.status, 200);
+    assert_stale(&put(&a.url(KEY), 6, "six via A").await, 6);
+    assert_eq!(tokens(&up, KEY), ["5", "6"]);
+    assert_eq!(redis.cli(&["GET", "strict-test:mark:/objects/a"]), "6");
+    assert_eq!(redis.cli(&["EXISTS", "fencegate:mark:/objects/a"]), "0");
+}
