@@ -209,19 +209,13 @@ async fn a_raise_through_one_replica_waits_for_the_others_write_in_flight() {
     assert!(!six.is_finished(), "token 6 was answered while 5 was in flight: {:?}", six.await);
     assert_eq!(seen_writes(&up, KEY), 1, "token 6 reached the upstream while 5 was held there");
 
-    // The old mark is superseded, through A (another replica's raise waits)...
+    // The old mark is superseded through A: another replica's raise waits.
+    // (fencegate answers a superseded token as stale-token, with `waiting`.)
     let r = put(&a.url(KEY), 5, "five again via A").await;
     let p = r.problem(409);
     assert_eq!(p["type"], "urn:fencegate:problem:stale-token", "{p}");
     assert_eq!(p["waiting"], 6, "{p}");
-    // ... and through B, promptly (its own raise waits).
-    let five_b = spawn_put(b.url(KEY), 5, "five again via B");
-    let r = tokio::time::timeout(Duration::from_secs(3), five_b)
-        .await
-        .expect("token 5 through B was not answered while 6 waited there")
-        .unwrap();
-    let p = r.problem(409);
-    assert_eq!(p["type"], "urn:fencegate:problem:stale-token", "{p}");
+    assert!(p["detail"].as_str().unwrap().contains("waiting"), "{p}");
     assert_eq!(seen_writes(&up, KEY), 1, "a superseded write reached the upstream");
 
     gate.release();
@@ -232,6 +226,49 @@ async fn a_raise_through_one_replica_waits_for_the_others_write_in_flight() {
     assert!(applied[1].started >= applied[0].ended, "6 started before 5 ended: {applied:?}");
     assert!(up.overlaps().is_empty(), "writes of different tokens overlapped: {:?}", up.overlaps());
     assert_stale(&put(&a.url(KEY), 5, "late").await, 6);
+}
+
+/// While B's raise to 6 waits for A's write of 5, token 5 sent through B
+/// itself must be refused at once, as it is through A.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_old_mark_through_the_waiting_replica_is_refused_at_once() {
+    let redis = Redis::start();
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&redis, "", &up, "").await;
+
+    let gate = up.hold(KEY);
+    let five = spawn_put(a.url(KEY), 5, "five");
+    gate.wait_arrived().await;
+    let six = spawn_put(b.url(KEY), 6, "six");
+    eventually("token 6 waiting in Redis", Duration::from_secs(10), || async {
+        redis.cli(&["GET", "fencegate:wait:/objects/a"]) == "6"
+    })
+    .await;
+
+    let sent = Instant::now();
+    let five_b = spawn_put(b.url(KEY), 5, "five again via B");
+    let answered_in_time = tokio::time::timeout(Duration::from_secs(3), async {
+        while !five_b.is_finished() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .is_ok();
+    gate.release();
+    let r = five_b.await.unwrap();
+    let took = sent.elapsed();
+    assert_eq!(five.await.unwrap().status, 200);
+    assert_eq!(six.await.unwrap().status, 200);
+    assert_eq!(tokens(&up, KEY), ["5", "6"], "token 5 through B reached the upstream");
+    assert!(
+        answered_in_time,
+        "token 5 through B was not answered while 6 waited there: it was answered only after the release, \
+         {took:?} after it was sent, with {} {}",
+        r.status,
+        r.text()
+    );
+    let p = r.problem(409);
+    assert_eq!(p["type"], "urn:fencegate:problem:stale-token", "{p}");
 }
 
 /// Requests carrying the key's mark share it across replicas: both in flight at once.
@@ -345,6 +382,13 @@ async fn redis_down_fails_closed_and_redis_back_with_its_data_resumes() {
     wait_ready(&a, true, Duration::from_secs(5)).await;
     wait_ready(&b, true, Duration::from_secs(5)).await;
     assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+    // Redis dies while the key is idle: the write's record is gone. (A record
+    // whose end never reached Redis stays until its lease ends, by design:
+    // raises of the key would wait that long after Redis is back.)
+    eventually("the write's record to end", Duration::from_secs(5), || async {
+        redis.cli(&["ZCARD", "fencegate:flight:/objects/a"]) == "0"
+    })
+    .await;
 
     redis.kill();
     let down = Instant::now();
@@ -373,7 +417,8 @@ async fn redis_down_fails_closed_and_redis_back_with_its_data_resumes() {
     wait_ready(&b, true, Duration::from_secs(5)).await;
     // The mark came back from disk: B, which never saw it, refuses below it.
     assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
-    assert_eq!(put(&b.url(KEY), 6, "six").await.status, 200);
+    let r = put(&b.url(KEY), 6, "six").await;
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_stale(&put(&a.url(KEY), 5, "five").await, 6);
     assert_eq!(tokens(&up, KEY), ["5", "6"]);
 }
@@ -477,6 +522,8 @@ async fn a_restarted_empty_redis_is_confirmed_with_the_cli() {
     let up = RecordingUpstream::start().await;
     let (a, b) = replicas(&redis, "", &up, "").await;
     assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+    // B has used the store too (so it knows the store's identity).
+    assert_eq!(put(&b.url("/objects/b"), 1, "one").await.status, 200);
 
     redis.restart();
     wait_ready(&a, false, Duration::from_secs(3)).await;
@@ -508,6 +555,43 @@ async fn a_restarted_empty_redis_is_confirmed_with_the_cli() {
     assert_eq!(tokens(&up, KEY), ["5", "6"]);
 }
 
+/// A replica that has not yet learned the store's identity when Redis
+/// forgets (it started before the identity was first written, and its
+/// once-a-second check has not run since: SIGSTOP makes that window
+/// certain) must not take the emptied Redis for a new store: a token below
+/// the mark A saw must not reach the upstream through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_never_used_the_store_does_not_trust_it_once_emptied() {
+    let mut redis = Redis::start();
+    let up = RecordingUpstream::start().await;
+    let (a, mut b) = replicas(&redis, "", &up, "").await;
+    // B's first check reached Redis, which had no identity yet.
+    b.wait_event("B reaching Redis", |e| e["message"] == "the Redis fence store answers").await;
+    assert_eq!(redis.cli(&["EXISTS", "fencegate:identity"]), "0");
+    b.signal("STOP");
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+    redis.restart();
+    b.signal("CONT");
+    wait_ready(&a, false, Duration::from_secs(3)).await;
+
+    // Give B the time to look at the store again.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(3) && readyz(&b).await.status != 200 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = put(&b.url(KEY), 4, "four, below the mark 5").await;
+    assert!(
+        !tokens(&up, KEY).contains(&"4".to_string()),
+        "token 4 reached the upstream through B after it applied 5 ({} {}); B's /readyz: {}; Redis identity now {:?}",
+        r.status,
+        r.text(),
+        readyz(&b).await.status,
+        identity(&redis, "fencegate:")
+    );
+    assert!([409, 503].contains(&r.status.as_u16()), "{}", r.text());
+    assert_eq!(readyz(&b).await.status, 503, "B trusts the emptied store");
+}
+
 /// The store answering a mark below one this replica saw (a failover to a
 /// replica that missed writes, simulated with SET): the replica distrusts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -532,7 +616,12 @@ async fn a_mark_below_one_seen_makes_the_replica_distrust_the_store() {
     assert_eq!(r.status, 200, "{}", r.text());
     wait_ready(&a, true, Duration::from_secs(1)).await;
     wait_ready(&b, true, Duration::from_secs(3)).await;
-    assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
+    // A's remembered 5 is back (the refused 6 had already raised the store's
+    // mark to 6, nothing forwarded).
+    let r = put(&b.url(KEY), 4, "four").await;
+    r.problem(409);
+    let current: u64 = r.header("x-fencing-token-current").unwrap().parse().unwrap();
+    assert!(current >= 5, "mark {current} after the confirm, A saw 5");
     assert_eq!(put(&a.url(KEY), 6, "six").await.status, 200);
     assert_eq!(tokens(&up, KEY), ["5", "6"]);
 }
@@ -565,7 +654,10 @@ async fn min_replicas_refuses_writes_no_redis_replica_acknowledged() {
     let r = put(&a.url(KEY), 6, "six").await;
     let p = assert_store_unavailable(&r);
     assert!(p["detail"].as_str().unwrap().contains("replica"), "{p}");
-    assert_store_unavailable(&put(&a.url(KEY), 5, "five").await);
+    // The refused 6 raised the mark on the primary all the same (nothing was
+    // forwarded): 5 is now refused as stale, or as unacknowledged.
+    let r = put(&a.url(KEY), 5, "five").await;
+    assert!([409, 503].contains(&r.status.as_u16()), "{}", r.text());
     assert_eq!(seen_writes(&up, KEY), 1, "a write no replica acknowledged was forwarded");
     let r = get(&a.url(KEY)).await;
     assert_eq!((r.status.as_u16(), r.text()), (200, "five".to_string()));
