@@ -574,11 +574,11 @@ async fn a_replica_that_never_used_the_store_does_not_trust_it_once_emptied() {
     b.signal("CONT");
     wait_ready(&a, false, Duration::from_secs(3)).await;
 
-    // Give B the time to look at the store again.
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(3) && readyz(&b).await.status != 200 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // B reconnects to the restarted Redis (its old connection broke), then
+    // looks at the store once more: a full health check period.
+    let answers = |fg: &Running| fg.events().iter().filter(|e| e["message"] == "the Redis fence store answers").count();
+    eventually("B reconnecting to Redis", Duration::from_secs(5), || async { answers(&b) >= 2 }).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     let r = put(&b.url(KEY), 4, "four, below the mark 5").await;
     assert!(
         !tokens(&up, KEY).contains(&"4".to_string()),
