@@ -46,6 +46,9 @@ const SCRIPTS: &str = include_str!("scripts.lua");
 /// Records of ended writes removed in one pipeline at most.
 const END_BATCH: usize = 256;
 
+/// How long records Redis did not take are sent again.
+const END_RETRIES_FOR: Duration = Duration::from_secs(60);
+
 /// Keys a prefix delete drops per script call: each call holds Redis alone.
 const DELETE_BATCH: usize = 1000;
 
@@ -472,21 +475,49 @@ impl Drop for Flight {
 }
 
 /// Ends the records of writes whose turns ended, as many as have queued in
-/// one pipeline: under load, one write to Redis for many of them.
+/// one pipeline: under load, one write to Redis for many of them. A batch
+/// Redis did not take (it was down) is sent again, with backoff, for up to
+/// [`END_RETRIES_FOR`]: a record left behind would hold every other
+/// replica's raise of its key until its lease ends.
 async fn end_records(inner: Weak<Inner>, mut ended: mpsc::UnboundedReceiver<(String, String)>) {
     let mut batch = Vec::new();
-    while ended.recv_many(&mut batch, END_BATCH).await > 0 {
+    let mut failing_since: Option<Instant> = None;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        if batch.is_empty() && ended.recv_many(&mut batch, END_BATCH).await == 0 {
+            return;
+        }
+        while batch.len() < END_BATCH {
+            match ended.try_recv() {
+                Ok(record) => batch.push(record),
+                Err(_) => break,
+            }
+        }
         let Some(inner) = inner.upgrade() else { return };
         let mut pipe = redis::pipe();
-        for (flight, member) in batch.drain(..) {
+        for (flight, member) in &batch {
             pipe.cmd("ZREM").arg(flight).arg(member).ignore();
         }
         let mut con = inner.con.clone();
         let answer = tokio::time::timeout(inner.timeout, pipe.query_async::<()>(&mut con)).await;
-        // Failing, the records stay until their leases end: other replicas'
-        // raises of the keys wait longer, none goes early.
-        if let Err(e) = inner.answered(answer, "ending writes' records") {
-            tracing::debug!(error = %e, "records of writes in the Redis fence store stay until their leases end");
+        match inner.answered(answer, "ending writes' records") {
+            Ok(()) => {
+                batch.clear();
+                failing_since = None;
+                pause = Duration::from_millis(50);
+            }
+            Err(e) => {
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > END_RETRIES_FOR {
+                    // They end with their leases.
+                    warn!(error = %e, records = batch.len(), "records of writes in the Redis fence store stay until their leases end");
+                    batch.clear();
+                    failing_since = None;
+                }
+                drop(inner);
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
         }
     }
 }
