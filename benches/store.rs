@@ -1,13 +1,18 @@
 //! Raising-token write throughput, end to end through fencegate: the durable file
-//! store against the memory store, side by side in one run.
+//! store and the Redis store against the memory store, side by side in one run.
 //!
 //! `cargo bench --bench store`. One process, one tokio multi-thread runtime with
-//! 2 workers, holding a minimal upstream (hyper http1, 200 to everything), two
-//! in-process fencegates (store = "memory" and store = "file" in a fresh temp
-//! dir) and the load generator. Every `PUT /objects/k{i}` carries a token one
+//! 2 workers, holding a minimal upstream (hyper http1, 200 to everything), one
+//! in-process fencegate per store (store = "memory"; store = "file" in a fresh
+//! temp dir; store = "redis" on a `redis-server` this bench starts as a child
+//! process on a free loopback port, its dir in the same temp dir, killed at the
+//! end) and the load generator. Every `PUT /objects/k{i}` carries a token one
 //! higher than the previous one for its key, so every request raises a mark and,
-//! with the file store, needs a commit. Rounds are interleaved (memory, file,
-//! memory, file, ...) so drift of a noisy machine hits both alike.
+//! with the file store, needs a commit, and with the Redis store runs the
+//! `enter` script (and a `ZREM` when its turn ends). Rounds are interleaved
+//! (memory, file, redis, memory, file, redis, ...) so drift of a noisy machine
+//! hits all alike. Redis shares the two cores: its own CPU per request (from
+//! `/proc/<pid>/stat`) is reported beside the bench process's.
 //!
 //! Environment:
 //! - `BENCH_SECONDS` (3): length of one round.
@@ -19,9 +24,14 @@
 //!   time, and time bare fsyncs, to explain the end-to-end numbers. 0 skips.
 //! - `BENCH_DIRECT_TASKS` (64,1024): concurrent tasks for the direct file store
 //!   runs; more tasks make bigger commit batches.
-//! - `BENCH_STORES` (memory,file): which stores, in round order; one alone is
-//!   handy under a profiler.
-//! - `BENCH_DIR`: where the file store goes (default: the system temp dir).
+//! - `BENCH_STORES` (memory,file,redis; memory,file when `redis-server` is not
+//!   on the PATH): which stores, in round order, any of the three in any order;
+//!   one alone is handy under a profiler.
+//! - `BENCH_REDIS_AOF` (off): `always`, `everysec` or `no` runs Redis with
+//!   `appendonly yes` and that `appendfsync` policy (production's advice is an
+//!   AOF); `off` is `--appendonly no`. RDB snapshots are off either way.
+//! - `BENCH_DIR`: where the file store and Redis's dir go (default: the system
+//!   temp dir).
 //!
 //! See benches/README.md for results and how to read them.
 
@@ -41,7 +51,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fencegate::fence::store::{Advance, FenceStore, FileStore, MemoryStore};
+use fencegate::fence::gate::Ask;
+use fencegate::fence::store::{Advance, AnyStore, Entered, FenceStore, FileStore, MemoryStore, RedisStore};
 use http::{HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -62,8 +73,18 @@ struct Settings {
     direct: bool,
     /// Concurrent tasks for the direct runs of the file store.
     direct_tasks: Vec<usize>,
-    /// Which fencegates to run, in round order: "memory", "file" or both.
-    stores: &'static [&'static str],
+    /// Which fencegates to run, in round order: "memory", "file", "redis".
+    stores: Vec<&'static str>,
+    /// `appendfsync` policy of Redis's AOF; `None`: no AOF.
+    redis_aof: Option<&'static str>,
+}
+
+const STORES: [&str; 3] = ["memory", "file", "redis"];
+
+/// Whether `redis-server` is a file on the PATH.
+fn redis_installed() -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("redis-server").is_file()))
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -86,12 +107,34 @@ fn main() {
             .split(',')
             .map(|n| n.trim().parse().expect("BENCH_DIRECT_TASKS: a list of numbers"))
             .collect(),
-        stores: match std::env::var("BENCH_STORES").as_deref() {
-            Err(_) | Ok("memory,file") => &["memory", "file"],
-            Ok("file,memory") => &["file", "memory"],
-            Ok("memory") => &["memory"],
-            Ok("file") => &["file"],
-            Ok(other) => panic!("BENCH_STORES={other:?}: expected memory,file (default), file,memory, memory or file"),
+        stores: match std::env::var("BENCH_STORES") {
+            Err(_) if redis_installed() => STORES.to_vec(),
+            Err(_) => {
+                println!("redis store skipped: no redis-server on the PATH (BENCH_STORES defaults to memory,file)");
+                STORES[..2].to_vec()
+            }
+            Ok(list) => {
+                let mut stores = Vec::new();
+                for name in list.split(',').map(str::trim) {
+                    let Some(&known) = STORES.iter().find(|s| **s == name) else {
+                        panic!("BENCH_STORES={list:?}: {name:?} is not memory, file or redis")
+                    };
+                    assert!(!stores.contains(&known), "BENCH_STORES={list:?} names {name} twice");
+                    stores.push(known);
+                }
+                assert!(
+                    !stores.contains(&"redis") || redis_installed(),
+                    "BENCH_STORES={list:?} asks for redis, and no redis-server is on the PATH"
+                );
+                stores
+            }
+        },
+        redis_aof: match std::env::var("BENCH_REDIS_AOF").as_deref() {
+            Err(_) | Ok("off") => None,
+            Ok("always") => Some("always"),
+            Ok("everysec") => Some("everysec"),
+            Ok("no") => Some("no"),
+            Ok(other) => panic!("BENCH_REDIS_AOF={other:?}: expected off (default), always, everysec or no"),
         },
     };
     assert!(s.conns > 0 && s.keys >= s.conns, "need BENCH_KEYS >= BENCH_CONNS > 0 (each task owns its keys)");
@@ -125,12 +168,15 @@ struct RoundResult {
     p99_us: u64,
     cpu_us_per_req: f64,
     committer_cpu_us_per_req: f64,
+    /// CPU of the `redis-server` process per request (Redis store rounds).
+    redis_cpu_us_per_req: Option<f64>,
     commits: Option<u64>,
     raises: Option<u64>,
     commit_seconds: Option<f64>,
 }
 
 async fn run(s: Settings, dir: &Path) -> u64 {
+    let redis = s.stores.contains(&"redis").then(|| RedisServer::start(&dir.join("redis"), s.redis_aof));
     println!(
         "fencegate store bench: {} round(s) x {}s per store (+{}s warm-up), {} connections, {} keys, every PUT \
          raises its key's token; tokio multi-thread runtime, 2 workers, {} CPUs",
@@ -145,8 +191,12 @@ async fn run(s: Settings, dir: &Path) -> u64 {
     let file_dir = dir.join("fences");
     let mut targets = Vec::new();
     for kind in s.stores.iter().copied() {
-        targets.push(match kind {
-            "memory" => start_fencegate("memory", "store = \"memory\"", upstream, s.keys).await,
+        targets.push(match (kind, &redis) {
+            ("memory", _) => start_fencegate("memory", "store = \"memory\"", upstream, s.keys).await,
+            ("redis", Some(redis)) => {
+                let fences = format!("store = \"redis\"\nurl = \"{}\"", redis.url());
+                start_fencegate("redis", &fences, upstream, s.keys).await
+            }
             _ => {
                 let fences =
                     format!("store = \"file\"\npath = {:?}\ncache_keys = 1000000", file_dir.display().to_string());
@@ -155,6 +205,9 @@ async fn run(s: Settings, dir: &Path) -> u64 {
         });
     }
     println!("upstream {upstream}, file store in {}", file_dir.display());
+    if let Some(redis) = &redis {
+        println!("{redis}");
+    }
     let client: HttpClient = {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -172,9 +225,12 @@ async fn run(s: Settings, dir: &Path) -> u64 {
     for round in 1..=s.rounds {
         for t in targets.iter_mut() {
             let before = scrape(&client, t.admin).await;
+            let redis_cpu = redis.as_ref().filter(|_| t.name == "redis");
+            let redis0 = redis_cpu.map(RedisServer::cpu_ns);
             let cpu0 = process_cpu_ns();
             let r = drive(&client, t, s.conns, Duration::from_secs_f64(s.seconds)).await;
             let cpu1 = process_cpu_ns();
+            let redis1 = redis_cpu.map(RedisServer::cpu_ns);
             let (cpu, committer_cpu) = (cpu1.0.saturating_sub(cpu0.0), cpu1.1.saturating_sub(cpu0.1));
             let after = scrape(&client, t.admin).await;
             failed += r.failed;
@@ -187,12 +243,15 @@ async fn run(s: Settings, dir: &Path) -> u64 {
                 p99_us: percentile(&lat, 0.99),
                 cpu_us_per_req: cpu as f64 / 1e3 / r.done.max(1) as f64,
                 committer_cpu_us_per_req: committer_cpu as f64 / 1e3 / r.done.max(1) as f64,
+                redis_cpu_us_per_req: redis0
+                    .zip(redis1)
+                    .map(|(a, b)| b.saturating_sub(a) as f64 / 1e3 / r.done.max(1) as f64),
                 commits: delta("fencegate_store_commits_total").map(|v| v as u64),
                 raises: delta("fencegate_store_raises_total").map(|v| v as u64),
                 commit_seconds: delta("fencegate_store_commit_duration_seconds_sum"),
             };
             println!(
-                "round {round} {:<6} {:>8.0} req/s  p50 {:>6} us  p99 {:>6} us  {:>5.1} us CPU/req{}{}{}",
+                "round {round} {:<6} {:>8.0} req/s  p50 {:>6} us  p99 {:>6} us  {:>5.1} us CPU/req{}{}{}{}",
                 t.name,
                 rr.rps,
                 rr.p50_us,
@@ -202,6 +261,10 @@ async fn run(s: Settings, dir: &Path) -> u64 {
                     format!(" (committer thread {:.1})", rr.committer_cpu_us_per_req)
                 } else {
                     String::new()
+                },
+                match rr.redis_cpu_us_per_req {
+                    Some(c) => format!(" + redis-server {c:.1} = {:.1}", rr.cpu_us_per_req + c),
+                    None => String::new(),
                 },
                 match (rr.commits, rr.raises) {
                     (Some(c), Some(r)) if c > 0 =>
@@ -222,51 +285,110 @@ async fn run(s: Settings, dir: &Path) -> u64 {
         let _ = t.task.await;
     }
     if s.direct {
-        direct(&s, &dir.join("direct")).await;
+        direct(&s, &dir.join("direct"), redis.as_ref()).await;
         fsync_probe(dir);
     }
+    drop(redis);
     failed
 }
 
 fn report(targets: &[Target], s: &Settings) {
+    struct Summary {
+        best: f64,
+        median: f64,
+        // Latency and CPU of the best round.
+        p50: u64,
+        p99: u64,
+        cpu: f64,
+        redis_cpu: Option<f64>,
+    }
     let summary = |t: &Target| {
         let mut rps: Vec<f64> = t.rounds.iter().map(|r| r.rps).collect();
         rps.sort_by(f64::total_cmp);
-        let best = rps.last().copied().unwrap_or(0.0);
-        let median = rps.get(rps.len() / 2).copied().unwrap_or(0.0);
-        // Latency and CPU of the best round.
         let b = t.rounds.iter().max_by(|a, b| a.rps.total_cmp(&b.rps)).expect("at least one round");
-        (best, median, b.p50_us, b.p99_us, b.cpu_us_per_req)
+        Summary {
+            best: rps.last().copied().unwrap_or(0.0),
+            median: rps.get(rps.len() / 2).copied().unwrap_or(0.0),
+            p50: b.p50_us,
+            p99: b.p99_us,
+            cpu: b.cpu_us_per_req,
+            redis_cpu: b.redis_cpu_us_per_req,
+        }
     };
+    let with_redis = targets.iter().any(|t| t.name == "redis");
     println!();
-    println!("| store | best req/s | median req/s | p50 (best round) | p99 (best round) | CPU/req (best round) |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| store | best req/s | median req/s | p50 (best round) | p99 (best round) | CPU/req (best round){} |",
+        if with_redis { " | redis-server CPU/req (best round)" } else { "" }
+    );
+    println!("|---|---:|---:|---:|---:|---:|{}", if with_redis { "---:|" } else { "" });
     for t in targets {
-        let (best, median, p50, p99, cpu) = summary(t);
-        println!("| {} | {best:.0} | {median:.0} | {p50} µs | {p99} µs | {cpu:.1} µs |", t.name);
+        let x = summary(t);
+        let redis_cell = match (with_redis, x.redis_cpu) {
+            (false, _) => String::new(),
+            (true, None) => " – |".into(),
+            (true, Some(c)) => format!(" {c:.1} µs (total {:.1} µs) |", x.cpu + c),
+        };
+        println!(
+            "| {} | {:.0} | {:.0} | {} µs | {} µs | {:.1} µs |{redis_cell}",
+            t.name, x.best, x.median, x.p50, x.p99, x.cpu
+        );
     }
     let by_name = |name: &str| targets.iter().find(|t| t.name == name);
-    if let (Some(mt), Some(ft)) = (by_name("memory"), by_name("file")) {
-        let (m, f) = (summary(mt), summary(ft));
+    let Some(mt) = by_name("memory") else { return };
+    let m = summary(mt);
+    let mut verdicts = Vec::new();
+    // The targets the project set for each store against the memory store.
+    for (name, target) in [("file", 0.8), ("redis", 0.5)] {
+        let Some(xt) = by_name(name) else { continue };
+        let x = summary(xt);
+        let redis_cell = match (with_redis, x.redis_cpu) {
+            (false, _) => String::new(),
+            (true, None) => " – |".into(),
+            (true, Some(c)) => format!(" total ×{:.2} |", (x.cpu + c) / m.cpu),
+        };
         println!(
-            "| **file / memory** | **×{:.2}** | **×{:.2}** | ×{:.2} | ×{:.2} | ×{:.2} |",
-            f.0 / m.0,
-            f.1 / m.1,
-            f.2 as f64 / m.2.max(1) as f64,
-            f.3 as f64 / m.3.max(1) as f64,
-            f.4 / m.4
+            "| **{name} / memory** | **×{:.2}** | **×{:.2}** | ×{:.2} | ×{:.2} | ×{:.2} |{redis_cell}",
+            x.best / m.best,
+            x.median / m.median,
+            x.p50 as f64 / m.p50.max(1) as f64,
+            x.p99 as f64 / m.p99.max(1) as f64,
+            x.cpu / m.cpu,
         );
-        // Each file round against the memory round next to it in time: the
-        // machine's drift hits both sides of one pair alike.
-        let mut paired: Vec<f64> = mt.rounds.iter().zip(&ft.rounds).map(|(m, f)| f.rps / m.rps).collect();
+        // Each round against the memory round of the same round number, next
+        // to it in time: the machine's drift hits both sides of one pair alike.
+        let mut paired: Vec<f64> = mt.rounds.iter().zip(&xt.rounds).map(|(m, x)| x.rps / m.rps).collect();
         paired.sort_by(f64::total_cmp);
-        let ratio = f.0 / m.0;
-        println!(
-            "\nfile/memory: best rounds ×{ratio:.2}, per round pair {} (median ×{:.2}); target ≥ ×0.80: {}",
+        let ratio = x.best / m.best;
+        verdicts.push(format!(
+            "{name}/memory: best rounds ×{ratio:.2}, per round pair {} (median ×{:.2}); target ≥ ×{target:.2}: {}",
             paired.iter().map(|r| format!("×{r:.2}")).collect::<Vec<_>>().join(" "),
             paired[paired.len() / 2],
-            if ratio >= 0.8 { "MET" } else { "MISSED" }
-        );
+            if ratio >= target { "MET" } else { "MISSED" }
+        ));
+    }
+    println!();
+    for v in verdicts {
+        println!("{v}");
+    }
+    if let Some(rt) = by_name("redis") {
+        let mut cpu: Vec<f64> = rt.rounds.iter().filter_map(|r| r.redis_cpu_us_per_req).collect();
+        cpu.sort_by(f64::total_cmp);
+        let mut own: Vec<f64> = rt.rounds.iter().map(|r| r.cpu_us_per_req).collect();
+        own.sort_by(f64::total_cmp);
+        let mut mem: Vec<f64> = mt.rounds.iter().map(|r| r.cpu_us_per_req).collect();
+        mem.sort_by(f64::total_cmp);
+        if let (Some(&c), Some(&o), Some(&mm)) =
+            (cpu.get(cpu.len() / 2), own.get(own.len() / 2), mem.get(mem.len() / 2))
+        {
+            println!(
+                "redis-server CPU per request (median round): {c:.1} µs ({}); this process {o:.1} µs, together \
+                 {:.1} µs against the memory store's {mm:.1} µs (×{:.2})",
+                cpu.iter().map(|c| format!("{c:.1}")).collect::<Vec<_>>().join(", "),
+                c + o,
+                (c + o) / mm
+            );
+        }
     }
     let Some(file) = targets.iter().find(|t| t.name == "file") else { return };
     let (c, r, secs) = file.rounds.iter().fold((0u64, 0u64, 0f64), |(c, r, sec), x| {
@@ -406,6 +528,106 @@ async fn start_upstream() -> SocketAddr {
     addr
 }
 
+/// A `redis-server` of the bench's own: a child process on a free loopback
+/// port, its files in `dir`; killed when dropped.
+struct RedisServer {
+    child: std::process::Child,
+    port: u16,
+    aof: Option<&'static str>,
+    version: String,
+}
+
+impl RedisServer {
+    fn start(dir: &Path, aof: Option<&'static str>) -> RedisServer {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        // A port nothing listens on now (bound, learned, released).
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+        let log = dir.join("redis.log");
+        let mut cmd = std::process::Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .arg("--logfile")
+            .arg(&log);
+        match aof {
+            Some(fsync) => cmd.args(["--appendonly", "yes", "--appendfsync", fsync]),
+            None => cmd.args(["--appendonly", "no"]),
+        };
+        let child = cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start redis-server: {e}"));
+        let mut server = RedisServer { child, port, aof, version: String::new() };
+        let started = Instant::now();
+        loop {
+            if let Some(info) = server.call("INFO server") {
+                server.version =
+                    info.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("?").trim().to_owned();
+                return server;
+            }
+            let exited = server.child.try_wait().ok().flatten();
+            if exited.is_some() || started.elapsed() > Duration::from_secs(10) {
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("redis-server did not answer on port {port} ({exited:?}); its log:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// One inline command on a connection of its own; the reply as text
+    /// (the first reply's bytes, enough for `INFO`).
+    fn call(&self, command: &str) -> Option<String> {
+        use std::io::{Read, Write};
+        let mut con = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        con.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        con.write_all(format!("{command}\r\n").as_bytes()).ok()?;
+        let mut buf = vec![0u8; 64 * 1024];
+        let n = con.read(&mut buf).ok()?;
+        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+        (n > 0 && !text.starts_with('-')).then_some(text)
+    }
+
+    /// CPU time so far of the whole `redis-server` process (all its threads),
+    /// user + system from `/proc/<pid>/stat`, in ns (clock-tick resolution).
+    fn cpu_ns(&self) -> u64 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())) else { return 0 };
+        // After "pid (comm) ": state is field 3, utime 14, stime 15.
+        let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+        let ticks: u64 = fields.get(11..13).map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
+        // SAFETY: sysconf reads a constant of the system, touching no memory of ours.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        ticks * 1_000_000_000 / per_second
+    }
+}
+
+impl std::fmt::Display for RedisServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "redis-server {} (pid {}) on 127.0.0.1:{}, {}",
+            self.version,
+            self.child.id(),
+            self.port,
+            match self.aof {
+                Some(fsync) => format!("appendonly yes, appendfsync {fsync} (BENCH_REDIS_AOF)"),
+                None => "no persistence (BENCH_REDIS_AOF=always|everysec|no for an AOF)".to_owned(),
+            }
+        )
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 async fn start_fencegate(name: &'static str, fences: &str, upstream: SocketAddr, keys: usize) -> Target {
     let text = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"2s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
@@ -456,23 +678,25 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 }
 
 /// The stores alone, no HTTP: the same raising workload through
-/// `FenceStore::advance`, to separate the store's cost from the proxy's.
-async fn direct(s: &Settings, dir: &Path) {
+/// `FenceStore::advance`, to separate the store's cost from the proxy's. For
+/// Redis also through `FenceStore::enter`, the fenced path: its script records
+/// the write in flight, and dropping the record sends a `ZREM`.
+async fn direct(s: &Settings, dir: &Path, redis: Option<&RedisServer>) {
     let keys: Arc<Vec<String>> = Arc::new((0..s.keys).map(|i| format!("/objects/k{i}")).collect());
     let length = Duration::from_secs_f64(s.seconds);
     println!("\nstores driven directly through FenceStore::advance (no HTTP), {} keys, {}s each:", s.keys, s.seconds);
     let memory = Arc::new(MemoryStore::default());
-    let (n, secs) = advance_for(&memory, &keys, s.conns, length).await;
+    let (n, secs) = advance_for(&memory, &keys, s.conns, length, Op::Advance).await;
     let memory_rate = n as f64 / secs;
     println!("  memory, {:>5} tasks {memory_rate:>10.0} advances/s", s.conns);
     let file = Arc::new(FileStore::open(dir, false, 1_000_000).expect("open the file store"));
     // First raise of every key (inserts), unmeasured; then measured runs of updates.
-    advance_for(&file, &keys, s.conns, Duration::from_secs_f64(s.warmup.max(0.5))).await;
+    advance_for(&file, &keys, s.conns, Duration::from_secs_f64(s.warmup.max(0.5)), Op::Advance).await;
     let stats = file.stats().expect("the file store has commit stats");
     for &tasks in &s.direct_tasks {
         let (c0, r0, sum0) = (stats.commits(), stats.raises(), histogram_sum(&stats.commit_seconds));
         let cpu0 = process_cpu_ns();
-        let (n, secs) = advance_for(&file, &keys, tasks, length).await;
+        let (n, secs) = advance_for(&file, &keys, tasks, length, Op::Advance).await;
         let cpu1 = process_cpu_ns();
         let (c, r) = (stats.commits() - c0, stats.raises() - r0);
         let sum = histogram_sum(&stats.commit_seconds) - sum0;
@@ -488,15 +712,56 @@ async fn direct(s: &Settings, dir: &Path) {
         );
     }
     file.close().await;
+    let Some(redis) = redis else { return };
+    // A prefix of its own: its own identity and marks, apart from the
+    // fencegate's. The rest as that fencegate has it: `[fences]` defaults.
+    let config = fencegate::Config::from_toml_str(&format!(
+        "[fences]\nstore = \"redis\"\nurl = \"{}\"\nkey_prefix = \"fencegate-bench-direct:\"\n\
+         [[route]]\nname = \"objects\"\nprefix = \"/objects/\"\nupstream = \"http://127.0.0.1:9\"\n",
+        redis.url()
+    ))
+    .expect("a Redis store config");
+    let fencegate::config::StoreKind::Redis(config) = &config.fences.store else { unreachable!("store = redis") };
+    let store = Arc::new(AnyStore::Redis(RedisStore::open(config).expect("open the Redis store")));
+    // First raise of every key (inserts: the index too), unmeasured.
+    advance_for(&store, &keys, s.conns, Duration::from_secs_f64(s.warmup.max(0.5)), Op::Advance).await;
+    for op in [Op::Advance, Op::Enter] {
+        let (cpu0, redis0) = (process_cpu_ns(), redis.cpu_ns());
+        let (n, secs) = advance_for(&store, &keys, s.conns, length, op).await;
+        let (cpu1, redis1) = (process_cpu_ns(), redis.cpu_ns());
+        let per = |ns: u64| ns as f64 / 1e3 / n.max(1) as f64;
+        let (own, theirs) = (per(cpu1.0 - cpu0.0), per(redis1.saturating_sub(redis0)));
+        println!(
+            "  redis,  {:>5} tasks {:>10.0} {}/s (×{:.3} of memory's advances); CPU per call {own:.1} us here + \
+             {theirs:.1} us redis-server = {:.1} us",
+            s.conns,
+            n as f64 / secs,
+            if op == Op::Enter { "enters (+ ZREM)" } else { "advances" },
+            n as f64 / secs / memory_rate,
+            own + theirs
+        );
+    }
 }
 
-/// `tasks` tasks raising their own keys' tokens through `advance` for `length`.
-/// Returns how many advances were done and in how many seconds.
+/// What [`advance_for`] calls.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// `FenceStore::advance`: the fence API's compare-and-raise.
+    Advance,
+    /// `FenceStore::enter` as a fenced write takes its turn (sharing its key),
+    /// its record of the write in flight dropped at once.
+    Enter,
+}
+
+/// `tasks` tasks raising their own keys' tokens through `advance` (or
+/// `enter`) for `length`. Returns how many calls were done and in how many
+/// seconds.
 async fn advance_for<S: FenceStore>(
     store: &Arc<S>,
     keys: &Arc<Vec<String>>,
     tasks: usize,
     length: Duration,
+    op: Op,
 ) -> (u64, f64) {
     static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     let epoch = *EPOCH.get_or_init(Instant::now);
@@ -519,9 +784,19 @@ async fn advance_for<S: FenceStore>(
                     // call sent for this key, and one more than the last at least.
                     let token = (epoch.elapsed().as_nanos() as u64).max(tokens[slot] + 1);
                     tokens[slot] = token;
-                    match store.advance(&keys[key], token).await {
-                        Ok(Advance::Accepted { .. }) => {}
-                        other => panic!("advance {} {token}: {other:?}", keys[key]),
+                    if op == Op::Enter {
+                        // The lease (timeout + settle) and wait (queue_timeout)
+                        // a route's defaults give.
+                        let (lease, wait) = (Duration::from_secs(32), Duration::from_secs(10));
+                        match store.enter(&keys[key], token, Ask::Share, lease, wait).await {
+                            Ok(Entered::Accepted { in_flight, .. }) => drop(in_flight),
+                            other => panic!("enter {} {token}: {other:?}", keys[key]),
+                        }
+                    } else {
+                        match store.advance(&keys[key], token).await {
+                            Ok(Advance::Accepted { .. }) => {}
+                            other => panic!("advance {} {token}: {other:?}", keys[key]),
+                        }
                     }
                     n += 1;
                     slot += 1;
