@@ -15,6 +15,8 @@
 //!   leaves entries that expire;
 //! - `P wait:<key>`: the highest token waiting to raise the key, for as long
 //!   as it waits, so the old holder's writes are refused meanwhile;
+//! - `P shared:<key>`: the token the writes in flight carry: only writes
+//!   with that token join them;
 //! - `P keys`: every key with a mark, for listings and prefix deletes;
 //! - `P identity`: the store's identity (`id`, `previous`, `deletions`),
 //!   written at first use. A Redis that lost it (restarted without
@@ -317,6 +319,7 @@ impl RedisStore {
             inner.names.of("wait:", key),
             inner.names.index(),
             inner.names.identity(),
+            inner.names.of("shared:", key),
         ];
         let lease_ms = (lease + LEASE_MARGIN).as_millis().max(1).to_string();
         let alone = if ask == Ask::Alone { "1" } else { "0" };

@@ -24,7 +24,7 @@ end
 -- script: enter
 -- One fenced write's turn of a key, across replicas: the compare-and-raise
 -- and the record of the write in flight, in one step.
--- KEYS: mark, flight, wait, index, identity
+-- KEYS: mark, flight, wait, index, identity, shared
 -- ARGV: identity, token, member, lease ms, alone ('1'/'0'), wait ms, key
 local refused, deletions = identity(KEYS[5], ARGV[1])
 if refused then return refused end
@@ -39,19 +39,25 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local waiting = redis.call('GET', KEYS[3])
 if waiting and below(token, waiting) then return {'superseded', deletions, waiting} end
 local lease = tonumber(ARGV[4])
+local in_flight = redis.call('ZCARD', KEYS[2])
 local function record()
   redis.call('ZADD', KEYS[2], now + lease, ARGV[3])
   if redis.call('PTTL', KEYS[2]) < lease then redis.call('PEXPIRE', KEYS[2], lease) end
+  -- The token the writes in flight carry.
+  redis.call('SET', KEYS[6], token, 'PX', lease)
 end
--- The holder's own writes share the key, on every replica.
-if ARGV[5] == '0' and mark == token then
+-- The holder's own writes share the key, on every replica: a write that
+-- carries the mark joins the writes in flight when they carry it too. (The
+-- fence API may have raised the mark to this token while older writes are
+-- still in flight: then it waits for them, as a raise does.)
+if ARGV[5] == '0' and mark == token and (in_flight == 0 or redis.call('GET', KEYS[6]) == token) then
   record()
   return {'ok', deletions, mark}
 end
 -- A raise (and a write that holds its key alone) waits until no write of
 -- the key is in flight anywhere; meanwhile its token is the one waiting,
 -- and older tokens that arrive are refused.
-if redis.call('ZCARD', KEYS[2]) > 0 then
+if in_flight > 0 then
   if not waiting or not below(token, waiting) then
     redis.call('SET', KEYS[3], token, 'PX', ARGV[6])
   end
