@@ -33,16 +33,22 @@ local mark = redis.call('GET', KEYS[1])
 if mark and below(token, mark) then return {'stale', deletions, mark} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Writes whose replica ended them, or whose lease ran out (a replica that
--- died mid-write), are gone.
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local waiting = redis.call('GET', KEYS[3])
 if waiting and below(token, waiting) then return {'superseded', deletions, waiting} end
 local lease = tonumber(ARGV[4])
-local in_flight = redis.call('ZCARD', KEYS[2])
+-- The writes in flight: those whose replica has not ended them and whose
+-- lease has not run out (a replica that died mid-write). Records whose
+-- lease ran out stay until the set expires with its last lease.
+local in_flight = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 local function record()
   redis.call('ZADD', KEYS[2], now + lease, ARGV[3])
-  if redis.call('PTTL', KEYS[2]) < lease then redis.call('PEXPIRE', KEYS[2], lease) end
+  -- The set lives as long as its longest lease: with writes in flight it
+  -- has a TTL already, and only a longer one replaces it.
+  if in_flight == 0 then
+    redis.call('PEXPIRE', KEYS[2], lease)
+  else
+    redis.call('PEXPIRE', KEYS[2], lease, 'GT')
+  end
   -- The token the writes in flight carry.
   redis.call('SET', KEYS[6], token, 'PX', lease)
 end
