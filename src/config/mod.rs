@@ -121,7 +121,31 @@ pub fn secret_files(text: &str) -> Vec<std::path::PathBuf> {
 }
 
 fn parse(text: &str, name: &str) -> Result<FileConfig, ConfigError> {
-    toml::from_str(text).map_err(|e| ConfigError::whole_file(name, e.to_string().trim_end().to_string()))
+    toml::from_str(text).map_err(|e| ConfigError::whole_file(name, redact_userinfo(e.to_string().trim_end())))
+}
+
+/// `text` with the user and password of every `scheme://user:password@`
+/// it quotes replaced: a parse error quotes the line it failed on, which
+/// may be `[fences] url` with a Redis password in it.
+fn redact_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        // The authority ends at the first '/', quote or whitespace; its
+        // userinfo at its last '@'.
+        let end = tail.find(|c: char| c == '/' || c == '"' || c == '\'' || c.is_whitespace()).unwrap_or(tail.len());
+        match tail[..end].rfind('@') {
+            Some(userinfo) => {
+                out.push_str("<redacted>");
+                rest = &tail[userinfo..];
+            }
+            None => rest = tail,
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 fn admin_token_from_env() -> Option<String> {
@@ -292,5 +316,15 @@ pub(super) mod tests {
         let f: Vec<_> = err.problems.iter().map(|p| p.field.as_str()).collect();
         assert_eq!(f, ["route[0] 'objects'.timeout", "route[0] 'objects'.signing_key_file"]);
         assert!(err.problems[1].message.starts_with("cannot read '/nonexistent/fencegate/key'"), "{err}");
+    }
+
+    #[test]
+    fn a_parse_error_never_quotes_a_url_password() {
+        let e = Config::from_toml_str("[fences]\nstore = \"redis\"\nurl = \"rediss://fg:hunter2@r:6379/0\" x\n")
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(text.contains("rediss://<redacted>@r:6379/0"), "{text}");
+        assert_eq!(super::redact_userinfo("a http://h/x b://u:p@h c"), "a http://h/x b://<redacted>@h c");
     }
 }

@@ -146,10 +146,12 @@ where
         }
         // The checks that count happen with the turns held: a newer token may have
         // won while this request waited. Every mark is read first, so a request
-        // refused on one key raises none. The jump is measured against the mark
-        // as it is now; between this read and the advance only the fence API can
-        // move a mark (fenced requests for these keys wait for the turn), and
-        // raising it only makes the jump smaller.
+        // refused on one key raises none (with a store replicas share, another
+        // replica may still raise the second key between this read and its
+        // advance: then the first key's mark moved, and nothing is forwarded).
+        // The jump is measured against the mark as it is now; between this
+        // read and the advance only the fence API (or another replica) can
+        // move a mark, and raising it only makes the jump smaller.
         // One key of a route without a jump limit or strictness: its advance
         // refuses exactly what the read would (a token below the mark), so the
         // read is skipped.
@@ -163,9 +165,11 @@ where
             let ask = if keys.len() > 1 || r.strict { Ask::Alone } else { Ask::Share };
             let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
             // A store replicas share records the write in flight for as long
-            // as it may take, should this process die mid-write: a wait for
-            // an upstream connection, the exchange, and the settle period.
-            let lease = route.queue_timeout + route.timeout + settle;
+            // as it may take, should this process die mid-write: what is left
+            // of the wait for the keys' turns (a second key's may follow), a
+            // wait for an upstream connection, the exchange, and the settle
+            // period. (The store adds its own replica wait and a margin.)
+            let lease = wait + route.queue_timeout + route.timeout + settle;
             match store.enter(k, token, ask, lease, wait).await {
                 // A strict route takes one write per token, and the advance is
                 // where that is decided for good: the fence API may have raised

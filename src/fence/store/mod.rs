@@ -329,11 +329,13 @@ pub enum AnyStore {
 }
 
 impl AnyStore {
-    /// Stops the store's threads once their work is on disk; see [`FileStore::close`].
+    /// Stops the store's threads once their work is on disk (see
+    /// [`FileStore::close`]); lets the Redis store end its writes' records.
     pub async fn close(&self) {
         match self {
-            AnyStore::Memory(_) | AnyStore::Redis(_) => {}
+            AnyStore::Memory(_) => {}
             AnyStore::File(s) => s.close().await,
+            AnyStore::Redis(s) => s.close().await,
         }
     }
 }

@@ -177,6 +177,8 @@ struct Inner {
     reachable: AtomicBool,
     /// Keys with a mark in the store, as last counted.
     tracked: AtomicUsize,
+    /// Records sent to [`end_records`] and not yet taken by Redis (or given up).
+    ending: AtomicUsize,
     /// Records of writes whose turns ended, to [`end_records`].
     ends: mpsc::UnboundedSender<(String, String)>,
 }
@@ -227,7 +229,7 @@ impl RedisStore {
             timeout: config.timeout,
             min_replicas: config.min_replicas,
             replica_timeout: config.replica_timeout,
-            replica: format!("{:016x}", getrandom::u64().unwrap_or_else(|_| std::process::id().into())),
+            replica: new_identity()?,
             next_write: AtomicU64::new(0),
             seen: KeyMap::default(),
             seen_cap: config.cache_keys,
@@ -236,11 +238,22 @@ impl RedisStore {
             transition: tokio::sync::Mutex::new(()),
             reachable: AtomicBool::new(false),
             tracked: AtomicUsize::new(0),
+            ending: AtomicUsize::new(0),
             ends,
         });
         tokio::spawn(health(Arc::downgrade(&inner)));
         tokio::spawn(end_records(Arc::downgrade(&inner), ended));
         Ok(RedisStore { inner })
+    }
+
+    /// Waits (at most a few calls' `timeout`) until the records of writes
+    /// that ended are gone from Redis: at shutdown, so other replicas'
+    /// raises of those keys need not wait for their leases.
+    pub async fn close(&self) {
+        let deadline = Instant::now() + self.inner.timeout * 4;
+        while self.inner.ending.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// The mark this replica last saw for `key`: a token below it is stale
@@ -283,12 +296,16 @@ impl RedisStore {
         let inner = &self.inner;
         let keys = [inner.names.mark(key), inner.names.index(), inner.names.identity()];
         let before = inner.before(key);
-        let reply = inner.run(&inner.scripts.raise, &keys, &[token.to_string(), key.to_owned()]).await?;
+        let (reply, acked) =
+            inner.run_waiting(&inner.scripts.raise, &keys, &[token.to_string(), key.to_owned()]).await?;
         let mark = parse_mark(reply.rest.first())?;
         inner.observe(key, mark, before, &reply)?;
         match reply.verdict.as_str() {
             "ok" => {
                 inner.remember(key, token, &reply);
+                // An operator's raise shuts out an old holder only once the
+                // replicas asked for have it, as a write's does.
+                inner.replicas_acked(acked)?;
                 Ok(Advance::Accepted { previous: mark })
             }
             "stale" => Ok(Advance::Stale { current: mark.unwrap_or_default() }),
@@ -321,14 +338,25 @@ impl RedisStore {
             inner.names.identity(),
             inner.names.of("shared:", key),
         ];
-        let lease_ms = (lease + LEASE_MARGIN).as_millis().max(1).to_string();
+        // The decision's answer may wait for the replicas first.
+        let replicas = if inner.min_replicas > 0 { inner.replica_timeout } else { Duration::ZERO };
+        let lease_ms = (lease + replicas + LEASE_MARGIN).as_millis().max(1).to_string();
         let alone = if ask == Ask::Alone { "1" } else { "0" };
         let mut pause = Duration::from_millis(1);
         loop {
             let wait_ms = deadline.saturating_duration_since(Instant::now()).as_millis().max(1).to_string();
             let before = inner.before(key);
             let args = [token.to_string(), member.clone(), lease_ms.clone(), alone.into(), wait_ms, key.to_owned()];
-            let (reply, acked) = inner.run_waiting(&inner.scripts.enter, &keys, &args).await?;
+            let (reply, acked) = match inner.run_waiting(&inner.scripts.enter, &keys, &args).await {
+                Ok(answer) => answer,
+                Err(e) => {
+                    // The script may have run before the answer was lost: its
+                    // record, if any, must not hold the key for its whole
+                    // lease. (Ending a record that is not there does nothing.)
+                    inner.end((flight, member));
+                    return Err(e);
+                }
+            };
             match reply.verdict.as_str() {
                 "ok" => {
                     // Ends the record on any way out from here.
@@ -336,15 +364,7 @@ impl RedisStore {
                     let previous = parse_mark(reply.rest.first())?;
                     inner.observe(key, previous, before, &reply)?;
                     inner.remember(key, token, &reply);
-                    if let Some(acked) = acked {
-                        if acked < i64::from(inner.min_replicas) {
-                            return Err(StoreError::Replicas {
-                                acked,
-                                wanted: inner.min_replicas,
-                                within: inner.replica_timeout,
-                            });
-                        }
-                    }
+                    inner.replicas_acked(acked)?;
                     return Ok(Entered::Accepted { previous, in_flight });
                 }
                 "stale" => {
@@ -411,7 +431,7 @@ impl RedisStore {
             }
             // This replica's own remembered marks go now; the others' when
             // they see the deletions counter move.
-            inner.forget_seen();
+            inner.seen.clear();
             inner.note_deletions(reply.deletions);
             if count == 0 || matches!(which, Selection::Key(_)) {
                 return Ok(deleted);
@@ -432,16 +452,27 @@ impl RedisStore {
             let known = inner.known();
             known.id.clone()
         };
-        let found = inner.read_identity().await?;
-        let previous = previous.or(found.0).unwrap_or_default();
-        let id = new_identity();
+        let (found, _, deletions) = inner.read_identity().await?;
+        let previous = previous.or(found).unwrap_or_default();
+        let id = new_identity()?;
+        // Held until the other replicas had the time to see the new identity
+        // and raise their own remembered marks back (their health check runs
+        // every second): this replica's writes must not pass below them.
+        inner.distrust(
+            format!("an operator confirmed the Redis fence store (identity {id}); waiting for the other replicas"),
+            false,
+        );
         let mut set = redis::cmd("HSET");
         set.arg(inner.names.identity()).arg("id").arg(&id).arg("previous").arg(&previous);
         inner.query::<i64>(&set, "writing the fence store's identity").await?;
-        let mut known = inner.known();
-        known.id = Some(id.clone());
-        known.distrust = None;
-        inner.distrusted.store(false, Ordering::Release);
+        {
+            let mut known = inner.known();
+            known.id = Some(id.clone());
+            // A flushed store counts its deletions from nothing again.
+            known.deletions = deletions;
+        }
+        tokio::time::sleep(HEALTH_EVERY + inner.timeout * 2).await;
+        inner.adopt(id.clone(), deletions);
         warn!(identity = %id, %previous, restored, "an operator confirmed the Redis fence store: fenced writes resume");
         Ok(Confirmed { identity: id, previous, restored })
     }
@@ -473,7 +504,7 @@ impl Drop for Flight {
         let record = (std::mem::take(&mut self.flight), std::mem::take(&mut self.member));
         // The task that ends records is gone only when the store is: the
         // process is stopping, and the lease ends the record.
-        let _ = self.inner.ends.send(record);
+        self.inner.end(record);
     }
 }
 
@@ -505,6 +536,7 @@ async fn end_records(inner: Weak<Inner>, mut ended: mpsc::UnboundedReceiver<(Str
         let answer = tokio::time::timeout(inner.timeout, pipe.query_async::<()>(&mut con)).await;
         match inner.answered(answer, "ending writes' records") {
             Ok(()) => {
+                inner.ending.fetch_sub(batch.len(), Ordering::AcqRel);
                 batch.clear();
                 failing_since = None;
                 pause = Duration::from_millis(50);
@@ -514,6 +546,7 @@ async fn end_records(inner: Weak<Inner>, mut ended: mpsc::UnboundedReceiver<(Str
                 if since.elapsed() > END_RETRIES_FOR {
                     // They end with their leases.
                     warn!(error = %e, records = batch.len(), "records of writes in the Redis fence store stay until their leases end");
+                    inner.ending.fetch_sub(batch.len(), Ordering::AcqRel);
                     batch.clear();
                     failing_since = None;
                 }
@@ -530,6 +563,25 @@ impl Inner {
         self.known.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Queues the record of a write whose turn ended for [`end_records`].
+    fn end(&self, record: (String, String)) {
+        self.ending.fetch_add(1, Ordering::AcqRel);
+        // The task is gone only when the store is: the lease ends the record.
+        if self.ends.send(record).is_err() {
+            self.ending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Refuses a decision fewer Redis replicas than `min_replicas` acknowledged.
+    fn replicas_acked(&self, acked: Option<i64>) -> Result<(), StoreError> {
+        match acked {
+            Some(acked) if acked < i64::from(self.min_replicas) => {
+                Err(StoreError::Replicas { acked, wanted: self.min_replicas, within: self.replica_timeout })
+            }
+            _ => Ok(()),
+        }
+    }
+
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd, context: &'static str) -> Result<T, StoreError> {
         let mut con = self.con.clone();
         let answer = tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut con)).await;
@@ -543,9 +595,6 @@ impl Inner {
     ) -> Result<T, StoreError> {
         let result = match answer {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading) => {
-                Err(StoreError::redis(context, &e))
-            }
             Ok(Err(e)) => Err(StoreError::redis(context, &e)),
             Err(_) => Err(StoreError::RedisTimeout { context, after: self.timeout }),
         };
@@ -681,7 +730,7 @@ impl Inner {
                 // First contact with an empty store: whoever writes it
                 // first, every replica adopts it.
                 let mut create = redis::cmd("HSETNX");
-                create.arg(self.names.identity()).arg("id").arg(new_identity());
+                create.arg(self.names.identity()).arg("id").arg(new_identity()?);
                 self.query::<i64>(&create, "writing the fence store's identity").await?;
                 let (id, _, deletions) = self.read_identity().await?;
                 let Some(id) = id else {
@@ -700,15 +749,19 @@ impl Inner {
             (Some(ours), (Some(id), Some(previous))) if previous == ours => {
                 // An operator confirmed the store through another replica.
                 // Until this replica's own marks are back in it, nothing goes.
-                self.distrust(format!(
-                    "restoring this replica's marks into the Redis fence store, which an operator confirmed (identity {id})"
-                ));
+                self.distrust(
+                    format!(
+                        "restoring this replica's marks into the Redis fence store, which an operator confirmed \
+                         (identity {id})"
+                    ),
+                    false,
+                );
                 let restored = self.restore().await?;
                 warn!(identity = %id, restored, "adopting the Redis fence store's identity an operator confirmed");
                 self.adopt(id, deletions);
             }
             (Some(ours), (found, _)) => {
-                self.distrust(match found {
+                let why = match found {
                     None => format!(
                         "the Redis fence store lost its identity (was {ours}): it was restarted without its data, \
                          flushed, or replaced, and its marks may have gone back"
@@ -716,7 +769,8 @@ impl Inner {
                     Some(id) => format!(
                         "the Redis fence store's identity changed from {ours} to {id}: it is not the store this replica used"
                     ),
-                });
+                };
+                self.distrust(why, true);
             }
         }
         Ok(())
@@ -730,10 +784,12 @@ impl Inner {
         self.distrusted.store(false, Ordering::Release);
     }
 
-    /// Refuses every fenced write until an operator confirms the store.
-    fn distrust(&self, why: String) {
+    /// Refuses every fenced write until an operator confirms the store
+    /// (`loud`: with an ERROR line the first time), or the replica adopts the
+    /// identity it confirmed.
+    fn distrust(&self, why: String, loud: bool) {
         let mut known = self.known();
-        if known.distrust.is_none() {
+        if loud && known.distrust.is_none() {
             error!(
                 "{why}. Fenced writes are refused (503) until an operator restores the fences or confirms the store: \
                  `fencegate fence confirm-store` or POST /fences/store/confirm on the admin listener"
@@ -763,10 +819,13 @@ impl Inner {
         }
         if mark.is_none_or(|m| m < seen) {
             let shown = mark.map_or_else(|| "no mark".to_owned(), |m| format!("mark {m}"));
-            self.distrust(format!(
-                "the Redis fence store answered {shown} for key {key:?}, below the mark {seen} this replica saw: \
-                 it lost writes (a restart without persistence, or a failover to a replica that missed them)"
-            ));
+            self.distrust(
+                format!(
+                    "the Redis fence store answered {shown} for key {key:?}, below the mark {seen} this replica saw: \
+                     it lost writes (a restart without persistence, or a failover to a replica that missed them)"
+                ),
+                true,
+            );
             return Err(StoreError::Distrusted(format!("the Redis fence store lost the mark of {key:?}")));
         }
         Ok(())
@@ -799,10 +858,6 @@ impl Inner {
         }
     }
 
-    fn forget_seen(&self) {
-        self.seen.clear();
-    }
-
     /// Raises every remembered mark back into the store, whatever its
     /// identity says (an operator asked for it).
     async fn restore(&self) -> Result<u64, StoreError> {
@@ -821,6 +876,10 @@ impl Inner {
                     .arg(key.as_str());
                 pipe.invoke_script(&invocation).ignore();
             }
+            // Restored marks, like raised ones, reach the replicas asked for.
+            if self.min_replicas > 0 {
+                pipe.cmd("WAIT").arg(self.min_replicas).arg(self.replica_timeout.as_millis().max(1) as u64);
+            }
             self.query_pipe(&pipe, "restoring marks into the fence store").await?;
             restored += chunk.len() as u64;
         }
@@ -833,8 +892,15 @@ impl Inner {
         // a Redis that restarted.
         let load = tokio::time::timeout(self.timeout, self.scripts.raise.prepare_invoke().load_async(&mut con)).await;
         self.answered(load, context)?;
-        let answer = tokio::time::timeout(self.timeout * 4, pipe.query_async::<()>(&mut con)).await;
-        self.answered(answer, context)
+        let within = self.timeout * 4 + self.replica_timeout;
+        let answer = tokio::time::timeout(within, pipe.query_async::<Vec<i64>>(&mut con)).await;
+        let acked = self.answered(answer, context)?;
+        match acked.last() {
+            Some(&acked) if self.min_replicas > 0 && acked < i64::from(self.min_replicas) => {
+                Err(StoreError::Replicas { acked, wanted: self.min_replicas, within: self.replica_timeout })
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -879,9 +945,16 @@ fn upper_bound(prefix: &str) -> Vec<u8> {
     bound
 }
 
-fn new_identity() -> String {
-    let (a, b) = (getrandom::u64().unwrap_or_default(), getrandom::u64().unwrap_or_default());
-    format!("{a:016x}{b:016x}")
+/// A random identity for a store. Random or nothing: two stores (or two
+/// replicas' records) must never be named alike.
+fn new_identity() -> Result<String, StoreError> {
+    let random = || {
+        getrandom::u64().map_err(|e| StoreError::Io {
+            context: "reading the system's random source",
+            source: Arc::new(std::io::Error::other(e.to_string())),
+        })
+    };
+    Ok(format!("{:016x}{:016x}", random()?, random()?))
 }
 
 /// Reads the store's identity and size every [`HEALTH_EVERY`], so readiness
@@ -902,13 +975,19 @@ impl Inner {
     /// One health check: is the store there, is it the one we know, and how
     /// many keys has it.
     async fn check(&self) {
-        let Ok((_, _, deletions)) = self.read_identity().await else { return };
-        self.note_deletions(deletions);
         // From the first contact on, not from the first write: a replica
         // that took no write yet must still notice the store emptied under
         // it. (An empty store at the first contact is taken as new.)
         if let Err(e) = self.judge().await {
             tracing::debug!(error = %e, "checking the Redis fence store's identity");
+            return;
+        }
+        // Deletions counted by the store this replica trusts only: another
+        // store's count must not clear the marks a confirm would restore.
+        if let Ok((Some(id), _, deletions)) = self.read_identity().await {
+            if self.known().id.as_deref() == Some(id.as_str()) {
+                self.note_deletions(deletions);
+            }
         }
         let mut count = redis::cmd("ZCARD");
         count.arg(self.names.index());

@@ -49,8 +49,13 @@ local function record()
   else
     redis.call('PEXPIRE', KEYS[2], lease, 'GT')
   end
-  -- The token the writes in flight carry.
-  redis.call('SET', KEYS[6], token, 'PX', lease)
+  -- The token the writes in flight carry; none for a write that holds the
+  -- key alone, which nothing joins.
+  if ARGV[5] == '1' then
+    redis.call('DEL', KEYS[6])
+  else
+    redis.call('SET', KEYS[6], token, 'PX', lease)
+  end
 end
 -- The holder's own writes share the key, on every replica: a write that
 -- carries the mark joins the writes in flight when they carry it too. (The
