@@ -278,9 +278,10 @@ fn take(route: &Arc<Pool>, authority: &Authority, workers: Workers) -> Option<(A
 ///
 /// A request the upstream did not take is sent again on another connection
 /// (or a new one, if a slot is free now: this request's timeout is running,
-/// so it does not wait; a connection that refused a stream takes no new one): once if the connection handed it back unsent (it
-/// was closing), and once if the upstream refused it unprocessed and its
-/// body can be sent again (read whole, or empty). An upstream that closes
+/// so it does not wait; a connection that refused a stream takes no new
+/// one): once if the connection handed it back unsent (it was closing), and
+/// once if the upstream refused it unprocessed and its body can be sent
+/// again (read whole, or empty), then on a new connection first. An upstream that closes
 /// a connection after so many requests (nginx's `keepalive_requests`) refuses
 /// the streams above the last it took; those go out again.
 pub(super) async fn send(
@@ -332,14 +333,24 @@ pub(super) async fn send(
             }
             Err(e) => return Err(e),
         };
-        (mux, stream) = match take(slots.pool(), authority, Workers::Any) {
-            Some(found) => found,
-            None => match slots.pool().free.clone().try_acquire_owned() {
-                Ok(permit) => open(authority, tls, Slot::of_route(slots, permit)),
-                // No connection for it now: the upstream's refusal stands,
-                // if it refused it (it reached the upstream, unprocessed).
-                Err(_) => return Err(refusal.unwrap_or_else(|| UpstreamError::busy(slots.cap(), Duration::ZERO))),
-            },
+        let fresh = || {
+            let permit = slots.pool().free.clone().try_acquire_owned().ok()?;
+            Some(open(authority, tls, Slot::of_route(slots, permit)))
+        };
+        let next = if refusal.is_some() {
+            // A refused stream goes out as the first stream of a new
+            // connection when a slot is free: no limit on a connection's
+            // streams (nginx's `keepalive_requests`) refuses it again there,
+            // as one on another old connection might.
+            fresh().or_else(|| take(slots.pool(), authority, Workers::Any))
+        } else {
+            take(slots.pool(), authority, Workers::Any).or_else(fresh)
+        };
+        (mux, stream) = match next {
+            Some(next) => next,
+            // No connection for it now: the upstream's refusal stands, if it
+            // refused it (it reached the upstream, unprocessed).
+            None => return Err(refusal.unwrap_or_else(|| UpstreamError::busy(slots.cap(), Duration::ZERO))),
         };
     }
 }
