@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -68,19 +67,6 @@ fn assert_store_unavailable(r: &Reply) -> Value {
     p
 }
 
-/// Polls `check` every 50 ms until it is true; fails after `within`.
-async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// `put` on a task of its own.
 fn spawn_put(url: String, token: u64, body: &'static str) -> tokio::task::JoinHandle<Reply> {
     tokio::spawn(async move { put(&url, token, body).await })
@@ -88,14 +74,6 @@ fn spawn_put(url: String, token: u64, body: &'static str) -> tokio::task::JoinHa
 
 async fn readyz(fg: &Running) -> Reply {
     get(&fg.admin_url("/readyz")).await
-}
-
-async fn wait_ready(fg: &Running, ready: bool, within: Duration) {
-    let want = if ready { 200 } else { 503 };
-    eventually(&format!("/readyz of {} answering {want}", fg.pid()), within, || async {
-        readyz(fg).await.status == want
-    })
-    .await;
 }
 
 fn fences_url(fg: &Running, key: &str) -> String {
@@ -406,8 +384,8 @@ async fn redis_down_fails_closed_and_redis_back_with_its_data_resumes() {
     let mut redis = Redis::start_durable();
     let up = RecordingUpstream::start().await;
     let (a, b) = replicas(&redis, "", &up, "").await;
-    wait_ready(&a, true, Duration::from_secs(5)).await;
-    wait_ready(&b, true, Duration::from_secs(5)).await;
+    a.wait_ready(true, Duration::from_secs(5)).await;
+    b.wait_ready(true, Duration::from_secs(5)).await;
     assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
     // Redis dies while the key is idle: the write's record is gone. (A record
     // whose end never reached Redis stays until its lease ends, by design:
@@ -419,8 +397,8 @@ async fn redis_down_fails_closed_and_redis_back_with_its_data_resumes() {
 
     redis.kill();
     let down = Instant::now();
-    wait_ready(&a, false, Duration::from_secs(3)).await;
-    wait_ready(&b, false, Duration::from_secs(3)).await;
+    a.wait_ready(false, Duration::from_secs(3)).await;
+    b.wait_ready(false, Duration::from_secs(3)).await;
     eprintln!("/readyz 503 on both {:?} after Redis died", down.elapsed());
     let r = readyz(&a).await;
     assert_eq!(r.status, 503);
@@ -440,8 +418,8 @@ async fn redis_down_fails_closed_and_redis_back_with_its_data_resumes() {
     assert_eq!((r.status.as_u16(), r.text()), (200, "five".to_string()));
 
     redis.restart();
-    wait_ready(&a, true, Duration::from_secs(5)).await;
-    wait_ready(&b, true, Duration::from_secs(5)).await;
+    a.wait_ready(true, Duration::from_secs(5)).await;
+    b.wait_ready(true, Duration::from_secs(5)).await;
     // The mark came back from disk: B, which never saw it, refuses below it.
     assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
     let r = put(&b.url(KEY), 6, "six").await;
@@ -492,7 +470,7 @@ async fn a_flushed_store_is_refused_until_an_operator_confirms_it() {
 
     redis.flush();
     for fg in [&a, &b] {
-        wait_ready(fg, false, Duration::from_secs(3)).await;
+        fg.wait_ready(false, Duration::from_secs(3)).await;
         let detail = readyz(fg).await.json()["detail"].as_str().unwrap().to_string();
         assert!(detail.contains("identity"), "{detail}");
     }
@@ -525,9 +503,9 @@ async fn a_flushed_store_is_refused_until_an_operator_confirms_it() {
     assert_eq!(done["restored"], 1, "A remembers one mark: {done}");
     assert_eq!(identity(&redis, "fencegate:"), new);
     assert_eq!(redis.cli(&["HGET", "fencegate:identity", "previous"]), old);
-    wait_ready(&a, true, Duration::from_secs(1)).await;
+    a.wait_ready(true, Duration::from_secs(1)).await;
     // B adopts the confirmed identity after raising its own remembered marks.
-    wait_ready(&b, true, Duration::from_secs(3)).await;
+    b.wait_ready(true, Duration::from_secs(3)).await;
     assert_eq!(redis.cli(&["GET", "fencegate:mark:/objects/b"]), "3", "B did not restore its mark");
     assert_eq!(redis.cli(&["GET", "fencegate:mark:/objects/a"]), "5", "A did not restore its mark");
 
@@ -553,8 +531,8 @@ async fn a_restarted_empty_redis_is_confirmed_with_the_cli() {
     assert_eq!(put(&b.url("/objects/b"), 1, "one").await.status, 200);
 
     redis.restart();
-    wait_ready(&a, false, Duration::from_secs(3)).await;
-    wait_ready(&b, false, Duration::from_secs(3)).await;
+    a.wait_ready(false, Duration::from_secs(3)).await;
+    b.wait_ready(false, Duration::from_secs(3)).await;
     assert_store_unavailable(&put(&b.url(KEY), 6, "six").await);
     // B never saw 5: without the store it cannot tell 4 is stale, and refuses it.
     assert_store_unavailable(&put(&b.url(KEY), 4, "four").await);
@@ -575,8 +553,8 @@ async fn a_restarted_empty_redis_is_confirmed_with_the_cli() {
     assert!(text(&out.stdout).contains("confirmed"), "{}", text(&out.stdout));
     assert!(text(&out.stdout).contains("1 mark"), "{}", text(&out.stdout));
 
-    wait_ready(&a, true, Duration::from_secs(2)).await;
-    wait_ready(&b, true, Duration::from_secs(3)).await;
+    a.wait_ready(true, Duration::from_secs(2)).await;
+    b.wait_ready(true, Duration::from_secs(3)).await;
     assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
     assert_eq!(put(&b.url(KEY), 6, "six").await.status, 200);
     assert_eq!(tokens(&up, KEY), ["5", "6"]);
@@ -606,7 +584,7 @@ async fn a_replica_that_never_used_the_store_does_not_trust_it_once_emptied() {
     assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
     redis.restart();
     b.signal("CONT");
-    wait_ready(&a, false, Duration::from_secs(3)).await;
+    a.wait_ready(false, Duration::from_secs(3)).await;
 
     // B reconnects to the restarted Redis (its old connection broke), then
     // looks at the store once more: a full health check period.
@@ -648,8 +626,8 @@ async fn a_mark_below_one_seen_makes_the_replica_distrust_the_store() {
 
     let r = confirm(&a, Some(&bearer())).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    wait_ready(&a, true, Duration::from_secs(1)).await;
-    wait_ready(&b, true, Duration::from_secs(3)).await;
+    a.wait_ready(true, Duration::from_secs(1)).await;
+    b.wait_ready(true, Duration::from_secs(3)).await;
     // A's remembered 5 is back (the refused 6 had already raised the store's
     // mark to 6, nothing forwarded).
     let r = put(&b.url(KEY), 4, "four").await;
@@ -695,6 +673,12 @@ async fn min_replicas_refuses_writes_no_redis_replica_acknowledged() {
     assert_eq!(seen_writes(&up, KEY), 1, "a write no replica acknowledged was forwarded");
     let r = get(&a.url(KEY)).await;
     assert_eq!((r.status.as_u16(), r.text()), (200, "five".to_string()));
+    // The fence API's raise, made to shut out an old holder, is refused
+    // the same way: no Redis replica has it.
+    let auth = bearer();
+    let r =
+        send("PUT", &fences_url(&a, KEY), &[("authorization", auth.as_str())], json!({ "token": 9 }).to_string()).await;
+    assert!(r.problem(503)["detail"].as_str().unwrap().contains("replica"), "{}", r.text());
 }
 
 // ---------------------------------------------------------------- fence API, strict

@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use common::certs::Ca;
 use common::process::*;
 use common::redis::Redis;
@@ -34,19 +32,6 @@ fn fences(redis: &Redis, password: &str, ca_file: Option<&std::path::Path>) -> S
     )
 }
 
-async fn readyz(fg: &Running) -> u16 {
-    get(&fg.admin_url("/readyz")).await.status.as_u16()
-}
-
-/// Polls `/readyz` until it answers `status`, or fails past the deadline.
-async fn wait_ready(fg: &Running, status: u16) {
-    let start = Instant::now();
-    while readyz(fg).await != status {
-        assert!(start.elapsed() < DEADLINE, "/readyz never answered {status}:\n{}", fg.output());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn rediss_with_a_private_ca_and_a_password_fences_writes() {
     let ca = Ca::new("test redis ca");
@@ -58,7 +43,7 @@ async fn rediss_with_a_private_ca_and_a_password_fences_writes() {
         &route("objects", "/objects/", &up, ""),
     );
     let fg = Running::start(&config).await;
-    wait_ready(&fg, 200).await;
+    fg.wait_ready(true, DEADLINE).await;
 
     assert_eq!(put(&fg.url("/objects/a"), 5, "five").await.status, 200);
     put(&fg.url("/objects/a"), 4, "four").await.problem(409);
@@ -78,7 +63,7 @@ async fn a_wrong_password_or_an_unknown_ca_fails_closed() {
     // A wrong password, and the system's roots, which do not know the test's CA.
     for fences in [fences(&redis, "wrong-password", Some(&ca_file)), fences(&redis, PASSWORD, None)] {
         let fg = Running::start(&config_text("", &fences, &routes)).await;
-        wait_ready(&fg, 503).await;
+        fg.wait_ready(false, DEADLINE).await;
         let refused = put(&fg.url("/objects/a"), 5, "five").await;
         let problem = refused.problem(503);
         assert!(problem["type"].as_str().unwrap().ends_with("store-unavailable"), "{problem}");

@@ -553,6 +553,19 @@ pub fn test_seed() -> u64 {
     seed
 }
 
+/// Polls `check` every 50 ms until it is true; fails after `within`.
+pub async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub mod certs;
 pub mod h2;
 pub mod hold;

@@ -302,6 +302,17 @@ impl Running {
         format!("http://{}{path}", self.admin)
     }
 
+    /// Polls the admin `/readyz` until it answers 200 (`ready`) or 503;
+    /// fails after `within`.
+    pub async fn wait_ready(&self, ready: bool, within: Duration) {
+        let want = if ready { 200 } else { 503 };
+        let url = self.admin_url("/readyz");
+        super::eventually(&format!("/readyz of {} answering {want}", self.pid()), within, || async {
+            super::get(&url).await.status == want
+        })
+        .await;
+    }
+
     /// Sends a signal with the `kill` command (no libc in the tests).
     pub fn signal(&self, name: &str) {
         let status = Command::new("kill").arg(format!("-{name}")).arg(self.pid()).status().unwrap();

@@ -285,7 +285,7 @@ impl RedisStore {
     pub async fn get(&self, key: &str) -> Result<Option<u64>, StoreError> {
         let inner = &self.inner;
         let before = inner.before(key);
-        let reply = inner.run(&inner.scripts.get, &[inner.names.mark(key), inner.names.identity()], &[]).await?;
+        let reply = inner.run_bytes(&inner.scripts.get, &[inner.names.mark(key), inner.names.identity()], &[]).await?;
         let mark = parse_mark(reply.rest.first())?;
         inner.observe(key, mark, before, &reply)?;
         Ok(mark)
@@ -609,16 +609,11 @@ impl Inner {
 
     /// Runs `script` with this replica's identity first in its arguments,
     /// adopting (or distrusting) what the store says when it differs.
-    async fn run(&self, script: &Script, keys: &[String], args: &[String]) -> Result<Reply, StoreError> {
-        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-        self.run_bytes(script, keys, &args).await
-    }
-
     async fn run_bytes(&self, script: &Script, keys: &[String], args: &[&[u8]]) -> Result<Reply, StoreError> {
         Ok(self.run_inner(script, keys, args, false).await?.0)
     }
 
-    /// [`run`](Self::run), then `WAIT` for `min_replicas` in the same
+    /// [`run_bytes`](Self::run_bytes), then `WAIT` for `min_replicas` in the same
     /// pipeline (so on the same connection), when they are asked for.
     async fn run_waiting(
         &self,
@@ -745,7 +740,10 @@ impl Inner {
                 info!(identity = %id, "using the Redis fence store");
                 self.adopt(id, deletions);
             }
-            (Some(ours), (Some(id), _)) if id == ours => {}
+            // The store this replica trusts: its deletions counted, and
+            // only its (another store's count must not clear the marks a
+            // confirm would restore).
+            (Some(ours), (Some(id), _)) if id == ours => self.note_deletions(deletions),
             (Some(ours), (Some(id), Some(previous))) if previous == ours => {
                 // An operator confirmed the store through another replica.
                 // Until this replica's own marks are back in it, nothing goes.
@@ -978,16 +976,10 @@ impl Inner {
         // From the first contact on, not from the first write: a replica
         // that took no write yet must still notice the store emptied under
         // it. (An empty store at the first contact is taken as new.)
+        // The same read tells of deletions made through other replicas.
         if let Err(e) = self.judge().await {
             tracing::debug!(error = %e, "checking the Redis fence store's identity");
             return;
-        }
-        // Deletions counted by the store this replica trusts only: another
-        // store's count must not clear the marks a confirm would restore.
-        if let Ok((Some(id), _, deletions)) = self.read_identity().await {
-            if self.known().id.as_deref() == Some(id.as_str()) {
-                self.note_deletions(deletions);
-            }
         }
         let mut count = redis::cmd("ZCARD");
         count.arg(self.names.index());
