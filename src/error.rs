@@ -21,7 +21,7 @@ use crate::outcome::{Decision, Outcome};
 use crate::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
 use crate::proxy::{BoxError, ProxyBody, UpstreamError};
 use crate::route::{KeyError, RouteTag};
-use crate::routing::{DestinationError, HostError};
+use crate::routing::{DestinationError, FoldedHeaders, HostError, TunnelError};
 
 /// Why fencegate answered a request itself instead of the upstream.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +66,10 @@ pub enum ProxyError {
     BadHost(#[from] HostError),
     #[error("header '{0}' has a value with leading or trailing whitespace, which HTTP/2 forbids")]
     BadHeader(HeaderName),
+    #[error(transparent)]
+    FoldedHeaders(#[from] FoldedHeaders),
+    #[error(transparent)]
+    Tunnel(#[from] TunnelError),
     #[error("the method-override headers name different methods ('{first}' and '{second}')")]
     MethodOverride { first: String, second: String },
     #[error("a {0} request carries a body, which this route does not allow for methods it does not fence")]
@@ -119,6 +123,8 @@ impl ProxyError {
             E::BadPath(_) => (O::BadRequest, P::BAD_PATH),
             E::BadHost(_) => (O::BadRequest, P::BAD_HOST),
             E::BadHeader(_) => (O::BadRequest, P::BAD_HEADER),
+            E::FoldedHeaders(_) => (O::BadRequest, P::BAD_HEADER),
+            E::Tunnel(_) => (O::BadRequest, P::TUNNEL_REFUSED),
             E::MethodOverride { .. } => (O::BadRequest, P::METHOD_OVERRIDE),
             E::BodyNotAllowed(_) => (O::BadRequest, P::BODY_NOT_ALLOWED),
             E::BadDestination(_) => (O::BadRequest, P::BAD_DESTINATION),

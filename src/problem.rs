@@ -47,6 +47,8 @@ impl ProblemType {
         Self::urn(StatusCode::BAD_REQUEST, "urn:fencegate:problem:bad-header", "Malformed header value");
     pub const METHOD_OVERRIDE: Self =
         Self::urn(StatusCode::BAD_REQUEST, "urn:fencegate:problem:method-override", "Conflicting method overrides");
+    pub const TUNNEL_REFUSED: Self =
+        Self::urn(StatusCode::BAD_REQUEST, "urn:fencegate:problem:tunnel-refused", "Protocol switch refused");
     pub const BODY_NOT_ALLOWED: Self =
         Self::urn(StatusCode::BAD_REQUEST, "urn:fencegate:problem:body-not-allowed", "Body on an unfenced method");
     pub const BAD_DESTINATION: Self =

@@ -42,6 +42,7 @@ pub struct ServerSection {
     pub max_headers: Option<u64>,
     pub max_upstream_header_rate: Option<Size>,
     pub abuse_penalty: Option<String>,
+    pub underscores_in_headers: Option<bool>,
     pub tls: Option<TlsSection>,
 }
 
@@ -107,6 +108,7 @@ pub struct RouteSection {
     pub key_case: Option<String>,
     pub allow_safe_body: Option<bool>,
     pub stream_body: Option<bool>,
+    pub unfenced_tunnels: Option<bool>,
     pub missing_token: Option<String>,
     pub timeout: Option<String>,
     pub queue_timeout: Option<String>,

@@ -57,6 +57,9 @@ pub struct ServerConfig {
     /// The longest an address whose connection was closed for abuse waits
     /// before its next connection is served; zero: never.
     pub abuse_penalty: Duration,
+    /// Header names containing `_` pass to the upstream (read as servers that
+    /// fold `_` into `-` read them); `false` (default): dropped, as nginx does.
+    pub underscores_in_headers: bool,
     /// TLS for client connections; `None`: plain HTTP.
     pub tls: Option<TlsFiles>,
 }

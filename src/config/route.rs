@@ -181,6 +181,9 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
         fold_key_case,
         allow_safe_body: s.allow_safe_body.unwrap_or(false),
         stream_body: s.stream_body.unwrap_or(false),
+        unfenced_tunnels: s.unfenced_tunnels.unwrap_or(false),
+        // The `[server]` value; set for every route once that section is read.
+        underscores_in_headers: false,
         allow_missing_token,
         timeout,
         queue_timeout,
@@ -360,6 +363,22 @@ mod tests {
         assert_eq!(names, ["GET", "get", "PROPFIND"]);
         let c = Config::from_toml_str(&format!("{MINIMAL}safe_methods = []\n")).unwrap();
         assert!(c.routes[0].safe_methods.is_empty());
+    }
+
+    #[test]
+    fn tunnels_and_underscored_names_are_off_unless_switched_on() {
+        let r = &Config::from_toml_str(MINIMAL).unwrap().routes[0];
+        assert!(!r.unfenced_tunnels && !r.underscores_in_headers);
+        let text = format!("[server]\nunderscores_in_headers = true\n{MINIMAL}unfenced_tunnels = true\n");
+        let r = &Config::from_toml_str(&text).unwrap().routes[0];
+        assert!(r.unfenced_tunnels && r.underscores_in_headers, "the [server] switch reaches every route");
+        for (text, field) in [
+            (format!("{MINIMAL}unfenced_tunnels = \"yes\"\n"), "unfenced_tunnels"),
+            (format!("[server]\nunderscores_in_headers = 1\n{MINIMAL}"), "underscores_in_headers"),
+        ] {
+            let p = problems(&text);
+            assert!(p[0].message.contains(field) || p[0].field.contains(field), "{field}: {p:?}");
+        }
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub(crate) fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
         file.routes.into_iter().enumerate().filter_map(|(i, section)| validate_route(i, section, &mut p)).collect();
     for route in &mut routes {
         route.max_key_bytes = fences.max_key_bytes;
+        route.underscores_in_headers = server.underscores_in_headers;
     }
     across_routes(&routes, &server, &mut p);
     let mut server = server;
@@ -128,6 +129,7 @@ fn server(s: &ServerSection, p: &mut Problems) -> ServerConfig {
             }
             d => d,
         },
+        underscores_in_headers: s.underscores_in_headers.unwrap_or(false),
         tls: s.tls.as_ref().and_then(|t| tls(t, p)),
     }
 }

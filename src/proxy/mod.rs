@@ -294,6 +294,12 @@ fn forward(
             };
 
         let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if switching && !upgrade.asked {
+            // The upstream took over the connection for a request that never
+            // asked it to: whatever it does with the request is unknown (a
+            // fenced write settles), and nothing of the switch is relayed.
+            return Err(UpstreamError::exchange(UNREQUESTED_SWITCH).into());
+        }
         if switching {
             if let Some(client_upgrade) = upgrade.client {
                 let upstream_upgrade = hyper::upgrade::on(&mut response);
@@ -305,6 +311,10 @@ fn forward(
         Ok(response.map(|body| ProxyBody { stream, ..ProxyBody::upstream(body) }))
     }
 }
+
+/// Why a 101 to a request that did not ask to switch protocols is an error.
+const UNREQUESTED_SWITCH: &str =
+    "the upstream answered 101 Switching Protocols to a request that did not ask to switch protocols";
 
 /// What the forward keeps of the client's request besides the request itself.
 struct Upgrade {
@@ -335,9 +345,10 @@ fn prepare(
         (false, _) => Parking::Worker,
     };
 
-    // Only requests the fence does not cover may switch protocols: a fenced
-    // write must end with its response head, or the key's turn would never
-    // pass on. HTTP/2 to the upstream carries no upgrades: `Upgrade` is
+    // Only requests the fence does not cover may switch protocols, and only
+    // on routes with `unfenced_tunnels` (routing refused the others): a
+    // fenced write must end with its response head, or the key's turn would
+    // never pass on. HTTP/2 to the upstream carries no upgrades: `Upgrade` is
     // dropped with the other hop-by-hop fields.
     let asked = wants_upgrade(&parts.headers) && !fenced && !route.upstream_http2;
     let client = if asked { parts.extensions.remove::<OnUpgrade>() } else { None };

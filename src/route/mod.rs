@@ -57,6 +57,12 @@ pub struct Route {
     pub allow_safe_body: bool,
     /// Fenced bodies stream to the upstream instead of being read whole first.
     pub stream_body: bool,
+    /// `unfenced_tunnels = true`: requests may switch protocols (websocket),
+    /// and what passes through the tunnel is not fenced. Off: refused (400).
+    pub unfenced_tunnels: bool,
+    /// `[server] underscores_in_headers`: header names with `_` pass (and are
+    /// read as servers that fold `_` into `-` read them). Off: dropped.
+    pub underscores_in_headers: bool,
     /// `missing_token = "allow"`: a fenced method without a token passes unfenced.
     pub allow_missing_token: bool,
     /// Upstream timeout, from sending the request to its response head (504 past it).
@@ -163,6 +169,8 @@ pub(crate) fn test_route(name: &str, prefix: &str) -> Route {
         fold_key_case: false,
         allow_safe_body: false,
         stream_body: false,
+        unfenced_tunnels: false,
+        underscores_in_headers: false,
         allow_missing_token: false,
         timeout: Duration::from_secs(1),
         queue_timeout: Duration::from_secs(1),

@@ -9,11 +9,14 @@ use crate::route::Route;
 
 /// Headers that common middleware (Rails, Express, Werkzeug, Symfony) honour
 /// as the method a request is to be run as.
-const METHOD_OVERRIDE_HEADERS: [HeaderName; 3] = [
-    HeaderName::from_static("x-http-method-override"),
-    HeaderName::from_static("x-http-method"),
-    HeaderName::from_static("x-method-override"),
-];
+const METHOD_OVERRIDE_HEADERS: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+
+/// Whether `name` is a method override in any spelling a server folds into
+/// one (`x_http_method_override` reaches a WSGI handler as the override).
+fn is_override(name: &HeaderName) -> bool {
+    let name = super::underscores::folded(name);
+    METHOD_OVERRIDE_HEADERS.contains(&&*name)
+}
 
 /// Whether the request may write: its method or a method override is not one
 /// of the route's safe methods.
@@ -22,7 +25,7 @@ pub(super) fn is_fenced(route: &Route, method: &http::Method, headers: &HeaderMa
     let mut first: Option<&HeaderValue> = None;
     // The names the request has, in the order it sent them, rather than a
     // lookup (a hash of each name) for every override most requests lack.
-    for header in headers.keys().filter(|name| METHOD_OVERRIDE_HEADERS.contains(name)) {
+    for header in headers.keys().filter(|name| is_override(name)) {
         for value in headers.get_all(header) {
             match first {
                 Some(first) if !first.as_bytes().eq_ignore_ascii_case(value.as_bytes()) => {
@@ -55,6 +58,11 @@ mod tests {
         assert!(fenced("POST", &[("x-method-override", "GET")]).unwrap());
         assert!(!fenced("GET", &[("x-http-method", "GET")]).unwrap());
         assert!(fenced("GET", &[("x-http-method-override", "put"), ("x-http-method", "PUT")]).unwrap());
+        // Spelled with `_`, as CGI and WSGI servers fold it (routes that pass
+        // such names; by default they are dropped before this check).
+        assert!(is_override(&HeaderName::from_static("x_http_method_override")));
+        assert!(is_override(&HeaderName::from_static("x-http_method")));
+        assert!(!is_override(&HeaderName::from_static("x-http-methods")));
         // Every value counts, exactly as sent: `get` is not a safe method.
         assert!(fenced("GET", &[("x-http-method-override", "GET"), ("x-http-method", "get")]).unwrap());
         assert!(matches!(

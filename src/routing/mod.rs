@@ -13,6 +13,13 @@
 //! - the request is fenced when its method, exactly as sent, or a
 //!   method-override header names a method the route does not list as safe;
 //!   overrides that disagree are refused (400 `method-override`);
+//! - header names spelled with `_` are dropped (servers that fold `_` into `-`
+//!   would read them as other fields), unless `[server]
+//!   underscores_in_headers` passes them; then two that fold into one are
+//!   refused (400 `bad-header`);
+//! - a request that would open a tunnel (`Upgrade`, `CONNECT`, extended
+//!   `CONNECT`) is refused (400 `tunnel-refused`) unless its route allows
+//!   unfenced tunnels; h2c and CONNECT tunnels are refused on every route;
 //! - a fenced request's WebDAV `Destination` is made canonical and routed too:
 //!   its host must be the request's, and its route must send to the same
 //!   upstream (400 `bad-destination` otherwise).
@@ -25,6 +32,8 @@ mod host;
 mod layer;
 mod method;
 mod service;
+mod tunnel;
+mod underscores;
 
 use std::sync::Arc;
 
@@ -35,6 +44,8 @@ pub use destination::{Destination, DestinationError, DESTINATION};
 pub use host::HostError;
 pub use layer::RoutingLayer;
 pub use service::Routing;
+pub use tunnel::TunnelError;
+pub use underscores::FoldedHeaders;
 
 use crate::canonical::{canonical_path, EscapedSlashes, PathOptions};
 use crate::error::ProxyError;
@@ -99,6 +110,12 @@ pub(crate) fn route_request<B>(
     let tag = RouteTag(route.clone());
     let tagged = |e: ProxyError| (e, Some(tag.clone()));
 
+    // Before anything reads a header: names spelled with `_` are dropped, or
+    // refused when they fold into another's (underscores.rs).
+    underscores::apply(&mut parts.headers, route.underscores_in_headers).map_err(|e| tagged(e.into()))?;
+    // A tunnel outlives its token and carries writes no fence sees (tunnel.rs).
+    tunnel::check(&parts.method, &parts.headers, &parts.extensions, route.unfenced_tunnels)
+        .map_err(|e| tagged(e.into()))?;
     let mut fenced = method::is_fenced(&route, &parts.method, &parts.headers).map_err(tagged)?;
     // A COPY or MOVE writes its Destination: the request is fenced when the
     // destination's route fences its method, whatever the source route says.

@@ -79,6 +79,32 @@ pub struct StoreState {
     pub pending: Vec<Write>,
 }
 
+/// Runs `tests/upstreams/{script}` with python3, which serves on
+/// `127.0.0.1:0` and prints its port as its first line; killed on drop.
+pub fn start_python_upstream(script: &str) -> (SocketAddr, ChildGuard) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/upstreams").join(script);
+    let child = Command::new("python3")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start python3 {}: {e}", script.display()));
+    let mut child = ChildGuard(child);
+    let stdout = child.0.stdout.take().expect("piped stdout");
+    // The first line is the port; read it on a thread so a silent upstream
+    // fails the test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(DEADLINE).unwrap_or_else(|_| panic!("{} printed no port", script.display()));
+    let port: u16 = line.trim().parse().unwrap_or_else(|_| panic!("{} printed {line:?}, not a port", script.display()));
+    (SocketAddr::from(([127, 0, 0, 1], port)), child)
+}
+
 /// `tests/upstreams/store.py` as a child process; killed on drop.
 pub struct LegacyStore {
     pub addr: SocketAddr,
@@ -88,27 +114,8 @@ pub struct LegacyStore {
 impl LegacyStore {
     /// Starts the store on `127.0.0.1:0` and learns its port from its first line.
     pub fn start() -> LegacyStore {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/upstreams/store.py");
-        let child = Command::new("python3")
-            .arg(&script)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start python3 {}: {e}", script.display()));
-        let mut child = ChildGuard(child);
-        let stdout = child.0.stdout.take().expect("piped stdout");
-        // The first line is the port; read it on a thread so a silent store fails
-        // the test instead of hanging it.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(DEADLINE).expect("the store printed no port");
-        let port: u16 = line.trim().parse().unwrap_or_else(|_| panic!("the store printed {line:?}, not a port"));
-        LegacyStore { addr: SocketAddr::from(([127, 0, 0, 1], port)), _child: child }
+        let (addr, child) = start_python_upstream("store.py");
+        LegacyStore { addr, _child: child }
     }
 
     pub fn url(&self) -> String {
