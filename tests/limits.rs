@@ -350,7 +350,7 @@ async fn an_upgraded_connection_leaves_the_count_and_the_guards() {
     let up = RecordingUpstream::start().await;
     let proxy = start(
         "max_connections = 1\nidle_timeout = \"300ms\"\nheader_read_timeout = \"300ms\"",
-        &route("objects", "/objects/", &up, ""),
+        &route("objects", "/objects/", &up, "unfenced_tunnels = true"),
     )
     .await;
 

@@ -311,7 +311,8 @@ async fn http2_cleartext_clients_are_fenced_and_served() {
 
 #[tokio::test]
 async fn an_unfenced_upgrade_switches_protocols_end_to_end() {
-    let (up, proxy) = setup("/objects/", "").await;
+    // Only where the route says its tunnels need no fence.
+    let (up, proxy) = setup("/objects/", "unfenced_tunnels = true").await;
     let (mut stream, head) =
         raw_exchange(proxy.addr, "GET /objects/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
             .await;
@@ -330,7 +331,8 @@ async fn an_unfenced_upgrade_switches_protocols_end_to_end() {
 
 #[tokio::test]
 async fn a_fenced_write_never_switches_protocols() {
-    let (up, proxy) = setup("/objects/", "").await;
+    // Not even on a route that lets unfenced requests switch.
+    let (up, proxy) = setup("/objects/", "unfenced_tunnels = true").await;
     let (_stream, head) = raw_exchange(
         proxy.addr,
         "POST /objects/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\

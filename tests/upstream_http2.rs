@@ -645,7 +645,7 @@ fn check_accepts_upstream_http2_and_refuses_one_that_is_not_a_bool() {
 #[tokio::test]
 async fn a_websocket_upgrade_on_an_http2_route_is_forwarded_without_upgrade() {
     let up = H2Upstream::start().await;
-    let proxy = Proxy::start(&route("echo", "/echo/", &up, H2)).await;
+    let proxy = Proxy::start(&route("echo", "/echo/", &up, &format!("{H2}unfenced_tunnels = true\n"))).await;
     let request = RawRequest::new("GET", "/echo/ws")
         .header("Connection", "Upgrade")
         .header("Upgrade", "websocket")
