@@ -341,6 +341,30 @@ mod tests {
     }
 
     #[test]
+    fn non_utf8_is_read_and_an_unknown_value_names_the_field() {
+        assert_eq!(Config::from_toml_str(MINIMAL).unwrap().routes[0].path_options.non_utf8, NonUtf8::Reject);
+        let text = format!("{MINIMAL}non_utf8 = \"raw\"\nkey = \"{{query.id}}\"\n");
+        let r = &Config::from_toml_str(&text).unwrap().routes[0];
+        assert_eq!(r.path_options.non_utf8, NonUtf8::Raw);
+        // The key reads query values as bytes too.
+        let key = r.key_for("/objects/a", Some("id=%FF"), &http::HeaderMap::new()).unwrap();
+        assert_eq!(&*key, "%FF");
+        let p = problems(&format!("{MINIMAL}non_utf8 = \"replace\"\n"));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].field, "route[0] 'objects'.non_utf8");
+        assert!(p[0].message.contains("\"raw\""), "{}", p[0].message);
+    }
+
+    #[test]
+    fn a_key_template_that_could_run_together_names_the_field_and_the_fix() {
+        let p = problems(&format!("{MINIMAL}key = \"{{query.a}}{{query.b}}\"\n"));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].field, "route[0] 'objects'.key");
+        assert!(p[0].message.contains("separator"), "{}", p[0].message);
+        assert!(Config::from_toml_str(&format!("{MINIMAL}key = \"{{header.x-tenant}}:{{path}}\"\n")).is_ok());
+    }
+
+    #[test]
     fn a_pattern_outside_the_prefix_is_rejected() {
         let p = problems(
             r#"
