@@ -18,7 +18,8 @@ use std::cmp::Reverse;
 use std::sync::OnceLock;
 
 use fencegate::canonical::{
-    admin_key, canonical_host, canonical_path, query_param, EscapedSlashes, PathOptions, QueryError,
+    admin_key, canonical_host, canonical_path, query_param, query_param_with, EscapedSlashes, NonUtf8, PathError,
+    PathOptions, QueryError,
 };
 use fencegate::config::{parse_size, Config, FileConfig, StoreKind};
 use fencegate::fence::token::{parse_token, token_from_headers, TokenError};
@@ -220,12 +221,70 @@ enum RefPart {
     Host,
     Header(HeaderName),
     Query(String),
-    Capture(usize),
+    /// The capture's index, and whether it is the `{name*}` rest.
+    Capture(usize, bool),
 }
 
 /// Reference parse of a key template: `Some(parts)` exactly when
-/// `KeyTemplate::parse` must accept it.
+/// `KeyTemplate::parse` must accept it: balanced braces, known placeholders,
+/// at least one, and read back one way only (see [`ref_terminators`]).
 fn ref_template(text: &str, pattern: Option<&[RefSegment]>) -> Option<Vec<RefPart>> {
+    let parts = ref_template_parts(text, pattern)?;
+    ref_terminators(&parts)?;
+    Some(parts)
+}
+
+/// What a placeholder's value ends at in the key, by the rules the key
+/// module documents: `None` last; `Some((t, true))` escaped for `%` and `t`;
+/// `Some((t, false))` written as it is, refused if it holds `t`.
+type RefEnd = Option<(char, bool)>;
+
+/// Whether a value of `part`'s kind can hold `c`, and whether it is a path
+/// (which is never escaped).
+fn ref_can_hold(part: &RefPart, c: char) -> (bool, bool) {
+    let path_char = c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=:@/%".contains(c);
+    match part {
+        RefPart::Path | RefPart::Capture(_, true) => (path_char, true),
+        RefPart::Capture(_, false) => (path_char && c != '/', true),
+        RefPart::Host => (c.is_ascii_alphanumeric() || "-_.[]:".contains(c), false),
+        RefPart::Header(_) => (c == '\t' || (' '..='~').contains(&c), false),
+        _ => (true, false),
+    }
+}
+
+/// Each part's end, or `None` when the template could render two requests
+/// as one key: two placeholders with nothing between them (unless the second
+/// is `{path}`), a path followed by a character it can hold, an escaped value
+/// followed by '%' or a letter or digit.
+fn ref_terminators(parts: &[RefPart]) -> Option<Vec<RefEnd>> {
+    let mut ends = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        if let RefPart::Literal(l) = part {
+            if l.contains('%') {
+                return None;
+            }
+            ends.push(None);
+            continue;
+        }
+        let t = match parts.get(i + 1) {
+            None => {
+                ends.push(None);
+                continue;
+            }
+            Some(RefPart::Literal(l)) => l.chars().next()?,
+            Some(RefPart::Path) => '/',
+            Some(_) => return None,
+        };
+        let (holds, path) = ref_can_hold(part, t);
+        if holds && (path || t == '%' || t.is_ascii_alphanumeric()) {
+            return None;
+        }
+        ends.push(Some((t, holds)));
+    }
+    Some(ends)
+}
+
+fn ref_template_parts(text: &str, pattern: Option<&[RefSegment]>) -> Option<Vec<RefPart>> {
     let mut parts = Vec::new();
     let mut chars = text.chars();
     let mut literal = String::new();
@@ -266,45 +325,26 @@ fn ref_placeholder(inner: &str, pattern: Option<&[RefSegment]>) -> Option<RefPar
     if let Some(name) = inner.strip_prefix("query.") {
         return (!name.is_empty()).then(|| RefPart::Query(name.to_string()));
     }
-    pattern?
-        .iter()
-        .filter(|s| !matches!(s, RefSegment::Literal(_)))
-        .position(|s| matches!(s, RefSegment::Capture(n) | RefSegment::Rest(n) if n == inner))
-        .map(RefPart::Capture)
-}
-
-/// Reference form decoding: `+` is a space, `%XX` with two hex digits a byte,
-/// anything else itself; the bytes read as UTF-8, invalid sequences replaced.
-fn ref_form_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() && hex(bytes[i + 1]).is_some() && hex(bytes[i + 2]).is_some() => {
-                out.push((hex(bytes[i + 1]).unwrap() * 16 + hex(bytes[i + 2]).unwrap()) as u8);
-                i += 2;
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    pattern?.iter().filter(|s| !matches!(s, RefSegment::Literal(_))).enumerate().find_map(|(i, s)| match s {
+        RefSegment::Capture(n) if n == inner => Some(RefPart::Capture(i, false)),
+        RefSegment::Rest(n) if n == inner => Some(RefPart::Capture(i, true)),
+        _ => None,
+    })
 }
 
 /// Reference render: `Some(key)` exactly when `KeyTemplate::render` must succeed.
 fn ref_render(parts: &[RefPart], segs: Option<&[RefSegment]>, uri: &Uri, headers: &HeaderMap) -> Option<String> {
     let captures = match segs {
-        Some(segs) if parts.iter().any(|p| matches!(p, RefPart::Capture(_))) => Some(ref_captures(segs, uri.path())?),
+        Some(segs) if parts.iter().any(|p| matches!(p, RefPart::Capture(..))) => Some(ref_captures(segs, uri.path())?),
         _ => None,
     };
+    let ends = ref_terminators(parts)?;
     let mut key = String::new();
-    for part in parts {
+    for (part, end) in parts.iter().zip(ends) {
+        let mut value = String::new();
         match part {
-            RefPart::Literal(l) => key.push_str(l),
-            RefPart::Path => key.push_str(uri.path()),
+            RefPart::Literal(l) => value.push_str(l),
+            RefPart::Path => value.push_str(uri.path()),
             RefPart::Host => {
                 // The first Host header (a repeated Host is not refused): routing
                 // has made the host canonical and put it there, whatever the
@@ -315,30 +355,34 @@ fn ref_render(parts: &[RefPart], segs: Option<&[RefSegment]>, uri: &Uri, headers
                     Some(end) if host.starts_with('[') => &host[..=end],
                     _ => host.rsplit_once(':').map_or(host.as_str(), |(name, _)| name),
                 };
-                key.push_str(&name.to_ascii_lowercase());
+                value.push_str(&name.to_ascii_lowercase());
             }
             RefPart::Header(name) => {
                 let values: Vec<&HeaderValue> = headers.get_all(name).iter().collect();
                 let [one] = values.as_slice() else { return None };
-                key.push_str(one.to_str().ok()?);
+                value.push_str(one.to_str().ok()?);
             }
             RefPart::Query(name) => {
                 // Names and values decoded as web frameworks decode them.
                 let query = uri.query().unwrap_or("");
-                let found: Vec<String> = query
-                    .split('&')
-                    .filter_map(|pair| {
-                        let (k, v) = match pair.find('=') {
-                            Some(at) => (&pair[..at], &pair[at + 1..]),
-                            None => (pair, ""),
-                        };
-                        (ref_form_decode(k) == *name).then(|| ref_form_decode(v))
-                    })
-                    .collect();
-                let [one] = found.as_slice() else { return None };
-                key.push_str(one);
+                value.push_str(&ref_query_param(query, name).ok()??);
             }
-            RefPart::Capture(i) => key.push_str(&captures.as_ref()?[*i]),
+            RefPart::Capture(i, _) => value.push_str(&captures.as_ref()?[*i]),
+        }
+        match end {
+            None => key.push_str(&value),
+            Some((t, false)) if value.contains(t) => return None,
+            Some((_, false)) => key.push_str(&value),
+            Some((t, true)) => {
+                for c in value.chars() {
+                    if c == '%' || c == t {
+                        let mut buf = [0; 4];
+                        key.extend(c.encode_utf8(&mut buf).bytes().map(|b| format!("%{b:02X}")));
+                    } else {
+                        key.push(c);
+                    }
+                }
+            }
         }
     }
     Some(key)
@@ -711,13 +755,55 @@ pub fn check_journal(data: &[u8]) {
 // canonical
 // ---------------------------------------------------------------------------
 
-/// Every combination of the path switches; each input is checked under all four.
+/// Every combination of the path switches; each input is checked under all
+/// four. Escapes that are not UTF-8 are kept (`NonUtf8::Raw`), so the
+/// reference resolves bytes; [`check_utf8_refusal`] checks the default,
+/// which refuses them.
 pub const PATH_OPTIONS: [PathOptions; 4] = [
-    PathOptions { merge_slashes: true, escaped_slashes: EscapedSlashes::Reject },
-    PathOptions { merge_slashes: true, escaped_slashes: EscapedSlashes::Keep },
-    PathOptions { merge_slashes: false, escaped_slashes: EscapedSlashes::Reject },
-    PathOptions { merge_slashes: false, escaped_slashes: EscapedSlashes::Keep },
+    PathOptions { merge_slashes: true, escaped_slashes: EscapedSlashes::Reject, non_utf8: NonUtf8::Raw },
+    PathOptions { merge_slashes: true, escaped_slashes: EscapedSlashes::Keep, non_utf8: NonUtf8::Raw },
+    PathOptions { merge_slashes: false, escaped_slashes: EscapedSlashes::Reject, non_utf8: NonUtf8::Raw },
+    PathOptions { merge_slashes: false, escaped_slashes: EscapedSlashes::Keep, non_utf8: NonUtf8::Raw },
 ];
+
+/// With `non_utf8: Reject`, a path is refused exactly when its raw-mode
+/// canonical form, fully percent-decoded, is not UTF-8 (ASCII bytes end every
+/// run of high bytes, so the whole string is UTF-8 exactly when every run is);
+/// otherwise both modes agree.
+fn check_utf8_refusal(p: &str, options: PathOptions) {
+    let strict = PathOptions { non_utf8: NonUtf8::Reject, ..options };
+    let want = match canonical_path(p, options) {
+        Ok(c) => {
+            let decoded = ref_percent_decode(c.as_bytes());
+            if std::str::from_utf8(&decoded).is_ok() {
+                Ok(c)
+            } else {
+                Err(PathError::NotUtf8)
+            }
+        }
+        Err(e) => Err(e),
+    };
+    assert_eq!(canonical_path(p, strict), want, "{p:?} with {strict:?}");
+}
+
+/// Every `%XX` with two hex digits as its byte, everything else as it is.
+fn ref_percent_decode(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes.get(i + 1..i + 3).filter(|h| bytes[i] == b'%' && h.iter().all(u8::is_ascii_hexdigit)) {
+            Some(h) => {
+                out.push(u8::from_str_radix(std::str::from_utf8(h).unwrap(), 16).unwrap());
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
 
 /// One unit of a path after the reference decoding: a byte, or an escape the
 /// reference keeps apart from the raw character.
@@ -988,6 +1074,8 @@ pub fn check_canonical(data: &[u8]) {
         (field(0), field(1), f.get(2).copied().unwrap_or_default(), field(3), field(4), field(5));
 
     for options in PATH_OPTIONS {
+        check_utf8_refusal(&path, options);
+        check_utf8_refusal(&second, options);
         let canonical = check_path(&path, options);
         let second_canonical = check_path(&second, options);
 
@@ -1030,7 +1118,9 @@ pub fn check_canonical(data: &[u8]) {
     }
 
     for p in [&path, &second] {
-        let want = if p.starts_with('/') { canonical_path(p, PathOptions::default()) } else { Ok(Cow::Borrowed(&**p)) };
+        // Escapes that are not UTF-8 stay as typed: the keys of a raw route can be named.
+        let options = PathOptions { non_utf8: NonUtf8::Raw, ..PathOptions::default() };
+        let want = if p.starts_with('/') { canonical_path(p, options) } else { Ok(Cow::Borrowed(&**p)) };
         assert_eq!(admin_key(p), want, "admin_key({p:?})");
     }
 
@@ -1122,8 +1212,8 @@ fn check_host(authority: &str, default_port: u16) {
 }
 
 /// Reference form decoding of one name or value: '+' is a space, `%XX` a byte
-/// (a '%' without two hex digits is itself), then UTF-8 with replacement.
-fn ref_query_decode(text: &str) -> String {
+/// (a '%' without two hex digits is itself).
+fn ref_query_decode(text: &str) -> Vec<u8> {
     let bytes = text.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;
@@ -1144,28 +1234,66 @@ fn ref_query_decode(text: &str) -> String {
             }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out
+}
+
+/// Reference `query_param_with`: pairs read left to right, the first problem
+/// found is the answer (a name that is not UTF-8 and, in raw mode, reads as
+/// `name` with U+FFFD; a second `name`); then the value's control bytes, and
+/// its bytes as text (refused, or written one to one in raw mode).
+fn ref_query_param_with(query: &str, name: &str, non_utf8: NonUtf8) -> Result<Option<String>, QueryError> {
+    let mut found = None;
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let n = ref_query_decode(n);
+        let is_name = match String::from_utf8(n.clone()) {
+            Ok(text) => text == name,
+            Err(_) if non_utf8 == NonUtf8::Reject || String::from_utf8_lossy(&n) == name => {
+                return Err(QueryError::NameNotUtf8)
+            }
+            Err(_) => false,
+        };
+        if is_name && found.replace(v).is_some() {
+            return Err(QueryError::Repeated);
+        }
+    }
+    let Some(v) = found else { return Ok(None) };
+    let bytes = ref_query_decode(v);
+    if bytes.iter().any(|b| b.is_ascii_control()) {
+        return Err(QueryError::ControlByte);
+    }
+    if non_utf8 == NonUtf8::Reject {
+        return String::from_utf8(bytes).map(Some).map_err(|_| QueryError::ValueNotUtf8);
+    }
+    // Raw: text as it is but '%' escaped, every other byte as %XX.
+    let mut out = String::new();
+    let mut rest = &bytes[..];
+    while !rest.is_empty() {
+        let (text, bad) = match std::str::from_utf8(rest) {
+            Ok(text) => (text, 0),
+            Err(e) => (
+                std::str::from_utf8(&rest[..e.valid_up_to()]).unwrap(),
+                e.error_len().unwrap_or(rest.len() - e.valid_up_to()),
+            ),
+        };
+        out.push_str(&text.replace('%', "%25"));
+        for b in &rest[text.len()..text.len() + bad] {
+            out.push_str(&format!("%{b:02X}"));
+        }
+        rest = &rest[text.len() + bad..];
+    }
+    Ok(Some(out))
 }
 
 fn ref_query_param(query: &str, name: &str) -> Result<Option<String>, QueryError> {
-    let values: Vec<String> = query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .filter_map(|pair| {
-            let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (ref_query_decode(n) == name).then(|| ref_query_decode(v))
-        })
-        .collect();
-    match values.len() {
-        0 => Ok(None),
-        1 => Ok(values.into_iter().next()),
-        _ => Err(QueryError::Repeated),
-    }
+    ref_query_param_with(query, name, NonUtf8::Reject)
 }
 
 fn check_query(query: &str, name: &str) {
     let got = query_param(query, name).map(|v| v.map(Cow::into_owned));
     assert_eq!(got, ref_query_param(query, name), "query_param({query:?}, {name:?})");
+    let got = query_param_with(query, name, NonUtf8::Raw).map(|v| v.map(Cow::into_owned));
+    assert_eq!(got, ref_query_param_with(query, name, NonUtf8::Raw), "raw query_param({query:?}, {name:?})");
     // The name spelled with escapes, in both hex cases, is the same name.
     let escaped: String = name.bytes().map(|b| format!("%{b:02X}")).collect();
     let lower: String = name.bytes().map(|b| format!("%{b:02x}")).collect();

@@ -30,7 +30,7 @@ use serde_json::json;
 use subtle::ConstantTimeEq;
 
 use super::{json_response, problem, AdminState};
-use crate::canonical::admin_key;
+use crate::canonical::{admin_key, check_query_utf8};
 use crate::fence::store::{Advance, AnyStore, FenceStore, Selection, MAX_LIST_LIMIT};
 use crate::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
 
@@ -73,6 +73,8 @@ impl QueryError {
 /// `/objects/%61` and `/objects/./a` name the fence `/objects/a` has.
 fn parse_query(query: &str) -> Result<Query, QueryError> {
     let mut q = Query::default();
+    // Decoded lossily below: `key=/a/%FF` would name the key of U+FFFD.
+    check_query_utf8(query).map_err(|e| QueryError::Bad(e.to_string()))?;
     let query = query.replace('+', "%2B");
     for (name, value) in form_urlencoded::parse(query.as_bytes()) {
         let slot = match &*name {
@@ -447,5 +449,9 @@ mod tests {
         // Keys of other templates are taken as they are.
         assert_eq!(key("key=tenant:acme+1").as_deref(), Some("tenant:acme+1"));
         assert!(matches!(parse_query("key=/../a"), Err(QueryError::Path(_))));
+        // Not UTF-8 once decoded: refused, not read as U+FFFD's key.
+        assert!(matches!(parse_query("key=/objects/%FF"), Err(QueryError::Bad(d)) if d.contains("UTF-8")));
+        // The keys of a `non_utf8 = "raw"` route are named by escaping their '%'.
+        assert_eq!(parse_query("key=/objects/%25FF").unwrap().key.as_deref(), Some("/objects/%FF"));
     }
 }

@@ -28,6 +28,14 @@
 //! | `path.rs` | request paths and admin keys: escapes, slashes, dot segments |
 //! | `host.rs` | hosts: case, trailing dot, default port, IPv6 literals |
 //! | `query.rs` | one query parameter, form-decoded, refused when repeated |
+//!
+//! Escapes must decode to UTF-8. A path's escapes of bytes above 0x7F stay
+//! encoded, but a run of them (escaped or raw) that is not UTF-8 text
+//! (`%FF`, a lone `%C3`, an overlong or a surrogate) is refused by default:
+//! Werkzeug and its kin decode such bytes to U+FFFD, so `/a%FF` and `/a%FE`
+//! would be two keys for one file, and a query value decoded the same way
+//! would give two resources one key. [`NonUtf8::Raw`] keeps such bytes,
+//! exactly, for upstreams that compare raw bytes.
 
 mod host;
 mod path;
@@ -36,5 +44,22 @@ mod query;
 mod tests;
 
 pub use host::{canonical_host, HostError};
-pub use path::{admin_key, canonical_path, EscapedSlashes, PathError, PathOptions};
-pub use query::{query_param, QueryError};
+pub use path::{admin_key, canonical_path, check_path_utf8, EscapedSlashes, PathError, PathOptions};
+pub use query::{check_query_utf8, query_param, query_param_with, QueryError};
+
+/// What a route does with percent-escapes (and raw bytes) that do not decode
+/// to UTF-8 text, in the path and in a query value its key reads (route
+/// option `non_utf8`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NonUtf8 {
+    /// Refused (400): servers that decode text (Werkzeug, Django, Rails)
+    /// replace each invalid sequence with U+FFFD, so two spellings would name
+    /// one resource under two keys, or two resources under one.
+    #[default]
+    Reject,
+    /// Kept as bytes: a path keeps its escapes as they are (`%FF` stays
+    /// `%FF`), and a keyed query value has each byte that is not part of
+    /// UTF-8 text, and each `%`, written as `%XX`. For upstreams that compare
+    /// raw bytes and never decode to text.
+    Raw,
+}

@@ -2,6 +2,8 @@
 
 use std::borrow::Cow;
 
+use super::NonUtf8;
+
 /// How a route treats `%2F` and `%5C` (an encoded `/` or `\`) in a path.
 ///
 /// Servers disagree on them: nginx decodes `%2F` and then resolves the path with
@@ -26,13 +28,17 @@ pub struct PathOptions {
     pub merge_slashes: bool,
     /// What `%2F` and `%5C` do.
     pub escaped_slashes: EscapedSlashes,
+    /// What escapes of bytes above 0x7F that are not UTF-8 text do
+    /// (refused by default, [`PathError::NotUtf8`]).
+    pub non_utf8: NonUtf8,
 }
 
 impl Default for PathOptions {
-    /// `merge_slashes: true`, `escaped_slashes: Reject`: the safe choice for an
-    /// upstream that resolves paths like nginx does.
+    /// `merge_slashes: true`, `escaped_slashes: Reject`, `non_utf8: Reject`:
+    /// the safe choice for an upstream that resolves paths like nginx does and
+    /// decodes them to text like Werkzeug does.
     fn default() -> Self {
-        PathOptions { merge_slashes: true, escaped_slashes: EscapedSlashes::Reject }
+        PathOptions { merge_slashes: true, escaped_slashes: EscapedSlashes::Reject, non_utf8: NonUtf8::Reject }
     }
 }
 
@@ -54,6 +60,11 @@ pub enum PathError {
     Backslash,
     #[error("the path contains a control character (a byte below 0x20 or 0x7F, raw or percent-encoded)")]
     ControlByte,
+    #[error(
+        "the path has bytes above 0x7F (percent-escaped or raw) that are not UTF-8 text, such as %FF or a lone %C3, \
+         which servers decode in different ways; send the path's text as UTF-8, percent-encoded"
+    )]
+    NotUtf8,
     #[error("the path climbs above the root with '..'")]
     AboveRoot,
     #[error(
@@ -70,7 +81,9 @@ pub enum PathError {
 ///   characters (`A-Z a-z 0-9 - . _ ~`), sub-delims (`!$&'()*+,;=`), `:` and
 ///   `@` (`%61` → `a`, `%2B` → `+`); every other escape stays, its hex
 ///   upper-cased (`%3f` → `%3F`); `%25` stays `%25`, so nothing is ever decoded
-///   twice; escapes of bytes above 0x7F stay encoded;
+///   twice; escapes of bytes above 0x7F stay encoded, and each run of such
+///   bytes (escaped and raw together) must be UTF-8 text unless
+///   `options.non_utf8` is [`NonUtf8::Raw`] ([`check_path_utf8`]);
 /// - raw bytes that a path cannot hold (anything but unreserved characters,
 ///   sub-delims `!$&'()*+,;=`, `:`, `@` and `/`: a space, `"`, `<`, `?`,
 ///   non-ASCII text, ...) are percent-encoded, hex upper-case;
@@ -86,7 +99,9 @@ pub enum PathError {
 /// escape (`%G1`, a trailing `%`); a control byte or NUL, raw or encoded; a raw
 /// backslash; `%2F` or `%5C` unless `options.escaped_slashes` keeps them; a
 /// `..` above the root; a `.` or `..` segment with a `;` parameter (Tomcat reads
-/// `/..;/` as `/../`).
+/// `/..;/` as `/../`); bytes above 0x7F that are not UTF-8 text (`%FF`,
+/// `%C3` before a raw character, an overlong `%C0%AF`, a surrogate
+/// `%ED%A0%80`), unless `options.non_utf8` keeps them.
 ///
 /// Borrowed when `path` is already canonical: one scan, no allocation.
 ///
@@ -103,6 +118,8 @@ pub enum PathError {
 /// assert_eq!(canonical_path("/objects/../secure/doc", options).unwrap(), "/secure/doc");
 /// assert_eq!(canonical_path("/../secure/doc", options), Err(PathError::AboveRoot));
 /// assert_eq!(canonical_path("/objects/a%2Fb", options), Err(PathError::EncodedSlash));
+/// assert_eq!(canonical_path("/objects/%C3%A9", options).unwrap(), "/objects/%C3%A9");
+/// assert_eq!(canonical_path("/objects/%FF", options), Err(PathError::NotUtf8));
 /// ```
 pub fn canonical_path(path: &str, options: PathOptions) -> Result<Cow<'_, str>, PathError> {
     let bytes = path.as_bytes();
@@ -153,14 +170,71 @@ pub fn canonical_path(path: &str, options: PathOptions) -> Result<Cow<'_, str>, 
             None => out.keep(1),
         }
     }
-    Ok(out.finish())
+    let path = out.finish();
+    if options.non_utf8 == NonUtf8::Reject {
+        check_path_utf8(&path)?;
+    }
+    Ok(path)
+}
+
+/// Whether every run of bytes above 0x7F in `path`, percent-escaped or raw
+/// (`%C3` then a raw `é` is one run), is UTF-8 text by the rules of
+/// `std::str::from_utf8` (no overlong forms, no surrogates, nothing cut
+/// short). Anything else (an ASCII character, an escape of one) ends a run.
+///
+/// Routing calls it for routes that refuse such paths: the path is made
+/// canonical before the route is known.
+///
+/// ```
+/// use fencegate::canonical::{check_path_utf8, PathError};
+///
+/// assert_eq!(check_path_utf8("/a/%C3%A9"), Ok(()));
+/// assert_eq!(check_path_utf8("/a/%C3\u{e9}"), Err(PathError::NotUtf8));
+/// assert_eq!(check_path_utf8("/a/%C0%AF"), Err(PathError::NotUtf8));
+/// ```
+pub fn check_path_utf8(path: &str) -> Result<(), PathError> {
+    // A `&str` without escapes is UTF-8 already: the common case, one scan.
+    if !path.contains('%') {
+        return Ok(());
+    }
+    let bytes = path.as_bytes();
+    let mut run = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let high = match bytes[i] {
+            b'%' => match (bytes.get(i + 1), bytes.get(i + 2)) {
+                (Some(&hi), Some(&lo)) if hi.is_ascii_hexdigit() && lo.is_ascii_hexdigit() => {
+                    Some((hex_value(hi) << 4 | hex_value(lo), 3)).filter(|&(b, _)| b >= 0x80)
+                }
+                _ => None,
+            },
+            b if b >= 0x80 => Some((b, 1)),
+            _ => None,
+        };
+        match high {
+            Some((b, len)) => {
+                run.push(b);
+                i += len;
+            }
+            None => {
+                if std::str::from_utf8(&run).is_err() {
+                    return Err(PathError::NotUtf8);
+                }
+                run.clear();
+                i += 1;
+            }
+        }
+    }
+    std::str::from_utf8(&run).map(|_| ()).map_err(|_| PathError::NotUtf8)
 }
 
 /// A fence key typed into the admin API, already percent-decoded once (the
 /// `?key=` value; `+` is not a space there).
 ///
 /// A key that starts with `/` is read as a request path and given its
-/// [`canonical_path`] under the default [`PathOptions`], so it is the key a
+/// [`canonical_path`] under the default [`PathOptions`] (except that escapes
+/// that are not UTF-8 stay as typed, so the keys of a `non_utf8 = "raw"`
+/// route can be named), so it is the key a
 /// request for that resource gets: raw characters a path cannot hold are
 /// encoded (`/objects/a b` → `/objects/a%20b`), escapes still in the decoded
 /// text are read as escapes (`/objects/%61` → `/objects/a`; a literal `%` is
@@ -176,7 +250,7 @@ pub fn canonical_path(path: &str, options: PathOptions) -> Result<Cow<'_, str>, 
 /// ```
 pub fn admin_key(decoded: &str) -> Result<Cow<'_, str>, PathError> {
     if decoded.starts_with('/') {
-        canonical_path(decoded, PathOptions::default())
+        canonical_path(decoded, PathOptions { non_utf8: NonUtf8::Raw, ..PathOptions::default() })
     } else {
         Ok(Cow::Borrowed(decoded))
     }

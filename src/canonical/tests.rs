@@ -4,9 +4,13 @@ use std::borrow::Cow;
 
 use super::*;
 
-const DEFAULT: PathOptions = PathOptions { merge_slashes: true, escaped_slashes: EscapedSlashes::Reject };
-const KEEP: PathOptions = PathOptions { merge_slashes: true, escaped_slashes: EscapedSlashes::Keep };
-const NO_MERGE: PathOptions = PathOptions { merge_slashes: false, escaped_slashes: EscapedSlashes::Reject };
+const DEFAULT: PathOptions =
+    PathOptions { merge_slashes: true, escaped_slashes: EscapedSlashes::Reject, non_utf8: NonUtf8::Reject };
+const KEEP: PathOptions =
+    PathOptions { merge_slashes: true, escaped_slashes: EscapedSlashes::Keep, non_utf8: NonUtf8::Reject };
+const NO_MERGE: PathOptions =
+    PathOptions { merge_slashes: false, escaped_slashes: EscapedSlashes::Reject, non_utf8: NonUtf8::Reject };
+const RAW: PathOptions = PathOptions { non_utf8: NonUtf8::Raw, ..DEFAULT };
 
 fn path(input: &str, options: PathOptions) -> Result<String, PathError> {
     canonical_path(input, options).map(Cow::into_owned)
@@ -16,6 +20,56 @@ fn path(input: &str, options: PathOptions) -> Result<String, PathError> {
 fn default_options_are_the_safe_ones() {
     assert_eq!(PathOptions::default(), DEFAULT);
     assert_eq!(EscapedSlashes::default(), EscapedSlashes::Reject);
+    assert_eq!(NonUtf8::default(), NonUtf8::Reject);
+}
+
+/// Werkzeug and its kin decode a path's bytes to text, each invalid sequence
+/// to U+FFFD: `/a%FF` and `/a%FE` would be one file under two keys. Every run
+/// of bytes above 0x7F, escaped and raw together, must be UTF-8 by
+/// `std::str::from_utf8`'s rules, or the path is refused; `non_utf8 = raw`
+/// keeps the escapes as they are.
+#[test]
+fn escapes_must_decode_to_utf8() {
+    for input in [
+        "/%FF",
+        "/a%fe",
+        "/%80",
+        "/%C3",
+        "/%C3/%A9",
+        "/%C3%25%A9",
+        "/%C3a",
+        "/%C3\u{e9}",
+        "/\u{e9}%A9",
+        "/%C0%AF",
+        "/%E0%80%AF",
+        "/%ED%A0%80",
+        "/%F4%90%80%80",
+        "/%F0%9F%98",
+        "/ok/%E2%86%92%92",
+    ] {
+        assert_eq!(path(input, DEFAULT), Err(PathError::NotUtf8), "{input}");
+        assert_eq!(path(input, NO_MERGE), Err(PathError::NotUtf8), "{input}");
+        assert_eq!(check_path_utf8(input), Err(PathError::NotUtf8), "{input}");
+        let kept = path(input, RAW).unwrap();
+        assert_eq!(path(&kept, RAW).as_deref(), Ok(kept.as_str()), "{input}");
+    }
+    assert_eq!(path("/%ff%80", RAW).as_deref(), Ok("/%FF%80"));
+    for (input, want) in [
+        ("/%C3%A9", "/%C3%A9"),
+        ("/%c3%a9", "/%C3%A9"),
+        ("/\u{e9}%C3%A9", "/%C3%A9%C3%A9"),
+        ("/%E2%86%92/%F0%9F%98%80", "/%E2%86%92/%F0%9F%98%80"),
+        ("/%EF%BF%BD", "/%EF%BF%BD"),
+        ("/%25FF", "/%25FF"),
+        ("/a%", "/a%"),
+    ] {
+        match path(input, DEFAULT) {
+            Ok(got) => assert_eq!(got, want, "{input}"),
+            Err(e) => assert_eq!(e, PathError::BadEscape, "{input}"),
+        }
+    }
+    // The fence API names the keys of a raw route: such escapes stay as typed.
+    assert_eq!(admin_key("/objects/%FF").as_deref(), Ok("/objects/%FF"));
 }
 
 #[test]
@@ -70,7 +124,7 @@ fn escapes() {
         // Everything else stays encoded, hex upper-cased.
         ("/%3f%3F%23%5b%5d", "/%3F%3F%23%5B%5D"),
         ("/%c3%a9", "/%C3%A9"),
-        ("/%ff%80", "/%FF%80"),
+        ("/%e2%86%92", "/%E2%86%92"),
         ("/%20", "/%20"),
         // Never decoded twice: %25 stays, and what follows it is text.
         ("/%25", "/%25"),
@@ -406,7 +460,16 @@ fn query_params_are_form_decoded() {
         ("id=b=c", "id", Ok(Some("b=c"))),
         ("&&id=1&", "id", Ok(Some("1"))),
         ("id=%ZZ", "id", Ok(Some("%ZZ"))),
-        ("id=%FF", "id", Ok(Some("\u{FFFD}"))),
+        ("id=%FF", "id", Err(QueryError::ValueNotUtf8)),
+        ("id=%EF%BF%BD", "id", Ok(Some("\u{FFFD}"))),
+        ("id=%C3%A9", "id", Ok(Some("é"))),
+        ("id=a%00", "id", Err(QueryError::ControlByte)),
+        ("id=%1F", "id", Err(QueryError::ControlByte)),
+        ("id=%7F", "id", Err(QueryError::ControlByte)),
+        ("id=a+b%20c", "id", Ok(Some("a b c"))),
+        ("x%FF=1&id=2", "id", Err(QueryError::NameNotUtf8)),
+        ("x=%FF&id=2", "id", Ok(Some("2"))),
+        ("x=%00&id=2", "id", Ok(Some("2"))),
         ("x=1", "id", Ok(None)),
         ("idx=1&xid=2", "id", Ok(None)),
         ("", "id", Ok(None)),

@@ -105,6 +105,7 @@ pub struct RouteSection {
     pub safe_methods: Option<Vec<String>>,
     pub escaped_slashes: Option<String>,
     pub merge_slashes: Option<bool>,
+    pub non_utf8: Option<String>,
     pub key_case: Option<String>,
     pub allow_safe_body: Option<bool>,
     pub stream_body: Option<bool>,

@@ -12,7 +12,7 @@ use http::{HeaderName, Method};
 use super::defaults::*;
 use super::file::RouteSection;
 use super::problems::Problems;
-use crate::canonical::{canonical_path, EscapedSlashes, PathOptions};
+use crate::canonical::{canonical_path, EscapedSlashes, NonUtf8, PathOptions};
 use crate::fence::signature::SigningKey;
 use crate::proxy::{UpstreamSlots, UpstreamTls, UpstreamTlsFiles};
 use crate::route::{KeyTemplate, PathPattern, Route, Upstream};
@@ -113,7 +113,16 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
             EscapedSlashes::Reject
         }
     };
-    let path_options = PathOptions { merge_slashes: s.merge_slashes.unwrap_or(true), escaped_slashes };
+    let non_utf8 = match s.non_utf8.as_deref() {
+        None | Some("reject") => NonUtf8::Reject,
+        Some("raw") => NonUtf8::Raw,
+        Some(other) => {
+            p.add(field("non_utf8"), format!("'{other}' is not \"reject\" or \"raw\""));
+            NonUtf8::Reject
+        }
+    };
+    let key = key.map(|k| k.with_non_utf8(non_utf8));
+    let path_options = PathOptions { merge_slashes: s.merge_slashes.unwrap_or(true), escaped_slashes, non_utf8 };
     let fold_key_case = match s.key_case.as_deref() {
         None | Some("exact") => false,
         Some("fold") => true,
@@ -249,7 +258,7 @@ fn upstream_tls(
 mod tests {
     use http::Method;
 
-    use crate::canonical::{EscapedSlashes, PathOptions};
+    use crate::canonical::{EscapedSlashes, NonUtf8, PathOptions};
     use crate::config::tests::{fields, problems, MINIMAL};
     use crate::config::Config;
 
@@ -335,6 +344,30 @@ mod tests {
     }
 
     #[test]
+    fn non_utf8_is_read_and_an_unknown_value_names_the_field() {
+        assert_eq!(Config::from_toml_str(MINIMAL).unwrap().routes[0].path_options.non_utf8, NonUtf8::Reject);
+        let text = format!("{MINIMAL}non_utf8 = \"raw\"\nkey = \"{{query.id}}\"\n");
+        let r = &Config::from_toml_str(&text).unwrap().routes[0];
+        assert_eq!(r.path_options.non_utf8, NonUtf8::Raw);
+        // The key reads query values as bytes too.
+        let key = r.key_for("/objects/a", Some("id=%FF"), &http::HeaderMap::new()).unwrap();
+        assert_eq!(&*key, "%FF");
+        let p = problems(&format!("{MINIMAL}non_utf8 = \"replace\"\n"));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].field, "route[0] 'objects'.non_utf8");
+        assert!(p[0].message.contains("\"raw\""), "{}", p[0].message);
+    }
+
+    #[test]
+    fn a_key_template_that_could_run_together_names_the_field_and_the_fix() {
+        let p = problems(&format!("{MINIMAL}key = \"{{query.a}}{{query.b}}\"\n"));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].field, "route[0] 'objects'.key");
+        assert!(p[0].message.contains("separator"), "{}", p[0].message);
+        assert!(Config::from_toml_str(&format!("{MINIMAL}key = \"{{header.x-tenant}}:{{path}}\"\n")).is_ok());
+    }
+
+    #[test]
     fn a_pattern_outside_the_prefix_is_rejected() {
         let p = problems(
             r#"
@@ -388,7 +421,10 @@ mod tests {
              allow_safe_body = true\nstream_body = true\n"
         );
         let r = &Config::from_toml_str(&text).unwrap().routes[0];
-        assert_eq!(r.path_options, PathOptions { merge_slashes: false, escaped_slashes: EscapedSlashes::Keep });
+        assert_eq!(
+            r.path_options,
+            PathOptions { merge_slashes: false, escaped_slashes: EscapedSlashes::Keep, non_utf8: NonUtf8::Reject }
+        );
         assert!(r.fold_key_case && r.allow_safe_body && r.stream_body);
         let text = MINIMAL.replace("\"/objects/\"", "\"/obj%65cts/\"");
         let p = problems(&text);

@@ -18,7 +18,11 @@
 //!   `key` template: the same string the fence API and the `key` field of problem
 //!   documents show. With the default `{path}` template it is the request path
 //!   as sent on the wire, without the query string and without percent-decoding
-//!   (`/objects/a%20b` stays `/objects/a%20b`).
+//!   (`/objects/a%20b` stays `/objects/a%20b`). Keys render injectively
+//!   (see [`KeyTemplate`](crate::route::KeyTemplate)): a value holding the
+//!   template's separator has it escaped, so a signature binds one resource
+//!   (with `{header.x-tenant}:{path}`, tenant `a:b` writing `/c` signs
+//!   `a%3Ab:/c`).
 //! - The *token* is written canonically: `7`, never `0007` or `+7`; `0` is `0`. A
 //!   request may send `X-Fencing-Token: 0007` and the signature of `7`: both name
 //!   the same token, so they sign the same.

@@ -81,12 +81,15 @@ impl PathPattern {
         &self.literal_prefix
     }
 
-    /// Where capture `name` sits among the captures, if the pattern has it.
-    pub(super) fn capture_index(&self, name: &str) -> Option<usize> {
-        self.segments
-            .iter()
-            .filter(|s| !matches!(s, PatternSegment::Literal(_)))
-            .position(|s| matches!(s, PatternSegment::Capture(n) | PatternSegment::Rest(n) if n == name))
+    /// Where capture `name` sits among the captures, if the pattern has it,
+    /// and whether it is the `{name*}` rest (which may hold `/`).
+    pub(super) fn capture_index(&self, name: &str) -> Option<(usize, bool)> {
+        self.segments.iter().filter(|s| !matches!(s, PatternSegment::Literal(_))).enumerate().find_map(|(i, s)| match s
+        {
+            PatternSegment::Capture(n) if n == name => Some((i, false)),
+            PatternSegment::Rest(n) if n == name => Some((i, true)),
+            _ => None,
+        })
     }
 
     /// The captured values in pattern order, or `None` when `path` does not match.

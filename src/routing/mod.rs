@@ -47,7 +47,7 @@ pub use service::Routing;
 pub use tunnel::TunnelError;
 pub use underscores::FoldedHeaders;
 
-use crate::canonical::{canonical_path, EscapedSlashes, PathOptions};
+use crate::canonical::{canonical_path, check_path_utf8, EscapedSlashes, NonUtf8, PathOptions};
 use crate::error::ProxyError;
 use crate::proxy::SlotTaken;
 use crate::route::{Route, RouteTable, RouteTag};
@@ -74,9 +74,10 @@ pub struct Routed<B> {
     pub slot_taken: Option<SlotTaken>,
 }
 
-/// How paths are canonicalized for routing: escaped slashes are kept until the
-/// route says what it does with them.
-const ROUTING: PathOptions = PathOptions { merge_slashes: true, escaped_slashes: EscapedSlashes::Keep };
+/// How paths are canonicalized for routing: escaped slashes, and escapes that
+/// are not UTF-8, are kept until the route says what it does with them.
+const ROUTING: PathOptions =
+    PathOptions { merge_slashes: true, escaped_slashes: EscapedSlashes::Keep, non_utf8: NonUtf8::Raw };
 
 /// The request in canonical form with its route, or why it was refused (with
 /// its route, when it had one).
@@ -143,6 +144,9 @@ fn find_route(routes: &RouteTable, raw: &str) -> Result<(Arc<Route>, Option<Stri
     };
     let route = route.clone();
     let own = route.path_options;
+    if own.non_utf8 == NonUtf8::Reject {
+        check_path_utf8(&path)?;
+    }
     // The route's own rules, where they differ from routing's: it refuses
     // escaped slashes (the default), or keeps repeated ones.
     let refuses_escaped_slash = own.escaped_slashes == EscapedSlashes::Reject

@@ -13,7 +13,8 @@ How it reads a request, like http.server, Werkzeug/Flask, Django and nginx do:
 - `X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override` (the first one
   present, in that order) on a GET or POST replace the method (common middleware).
 - The path names a resource the way nginx and SimpleHTTPRequestHandler map it to a
-  file: percent-decoded fully (once), backslashes taken as slashes (as Windows
+  file: percent-decoded fully (once), read as UTF-8 with each invalid sequence
+  replaced by U+FFFD (Werkzeug's `errors="replace"`; query values too), backslashes taken as slashes (as Windows
   servers do), repeated slashes merged, `.` and `..` resolved; a dot segment with a
   `;` parameter counts as that dot segment (Tomcat); climbing above the root is a 400.
 - The query parameter `id`, form-decoded like `request.args.get("id")` (first value
@@ -81,7 +82,9 @@ def vhost_of(authority):
 
 def resolve(raw_path):
     """The resource a path names, or None when it climbs above the root."""
-    decoded = unquote_to_bytes(raw_path).decode("utf-8", "surrogateescape")
+    # As Werkzeug reads a path: bytes that are not UTF-8 become U+FFFD, so
+    # `/a%FF` and `/a%FE` name one resource.
+    decoded = unquote_to_bytes(raw_path).decode("utf-8", "replace")
     decoded = decoded.replace("\\", "/")
     if not decoded.startswith("/"):
         return None
