@@ -57,8 +57,27 @@ pub struct ServerConfig {
     /// The longest an address whose connection was closed for abuse waits
     /// before its next connection is served; zero: never.
     pub abuse_penalty: Duration,
+    /// How much of a request body fencegate reads and discards after refusing
+    /// the request before its body ended, so the client reads the refusal.
+    pub refusal_drain: RefusalDrain,
     /// TLS for client connections; `None`: plain HTTP.
     pub tls: Option<TlsFiles>,
+}
+
+/// The bounds of the drain that follows a refusal sent before its request's
+/// body ended (`[server] refusal_drain_*`): the rest of the body is read and
+/// discarded until its end, or until one of these is reached, whichever
+/// comes first; then the connection (HTTP/1.1) or the stream (HTTP/2) is
+/// closed. Like nginx's `lingering_time` and `lingering_timeout`, with a cap
+/// in bytes besides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefusalDrain {
+    /// Most bytes of body discarded.
+    pub bytes: u64,
+    /// Longest the drain lasts, from the refusal.
+    pub time: Duration,
+    /// Longest the drain waits for the client's next bytes.
+    pub silence: Duration,
 }
 
 /// `[server.tls]`: the PEM files TLS is served from, read at start and again

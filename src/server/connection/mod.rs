@@ -68,6 +68,7 @@
 //! `idle_timeout` and closed at its end.
 
 mod activity;
+mod drain;
 mod frames;
 mod io;
 mod requests;
@@ -180,6 +181,9 @@ where
                 // Refused again and again: whatever the connection is doing,
                 // nothing it sends is worth reading (see Activity::answered).
                 () = activity.refusing() => Watched::Refusing,
+                // A refused HTTP/1 body went past the drain's bounds: hyper
+                // would wait for its next bytes (drain.rs).
+                () = activity.drained_past_bounds() => Watched::DrainStopped,
                 () = admission.closing(), if closing.is_none() => Watched::Closing,
                 // Shutdown always asks for a graceful close first, so only a
                 // closing connection needs to listen for the cut.
@@ -216,6 +220,10 @@ where
                 ended = Some(Ended::Abused);
                 break;
             }
+            Watched::DrainStopped => {
+                debug!(%peer, "closing a connection whose refused request body went past the drain's bounds");
+                break;
+            }
             Watched::Cut => {
                 debug!(%peer, "closing a connection still busy when the shutdown grace ran out");
                 break;
@@ -237,6 +245,7 @@ where
 enum Watched {
     Expired(Expiry),
     Refusing,
+    DrainStopped,
     Closing,
     Cut,
     Overstayed,
