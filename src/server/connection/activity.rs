@@ -162,11 +162,16 @@ impl Activity {
         self.refusing.notified().await;
     }
 
-    /// An HTTP/1 request body's drain reached one of its bounds (drain.rs):
-    /// hyper waits for the body's next bytes, so nothing but
-    /// [`drain_stopped`](Activity::drain_stopped) closes the connection.
+    /// An HTTP/1 request body's drain reached one of its bounds (drain.rs)
+    /// and let go of the body. With a response still being written, hyper
+    /// sees that as it writes, and closes the connection once the response
+    /// is out. With none, it waits for the body's next bytes: only
+    /// [`drained_past_bounds`](Activity::drained_past_bounds) closes the
+    /// connection (and the idle guard, had that been missed).
     pub(super) fn drain_stopped(&self) {
-        self.drain_stopped.notify_one();
+        if self.state().in_flight == 0 {
+            self.drain_stopped.notify_one();
+        }
     }
 
     /// Resolves once an HTTP/1 request body's drain reached one of its

@@ -121,8 +121,9 @@ mod tests {
     async fn a_body_within_the_bounds_is_drained_to_its_end() {
         let (tx, body) = body();
         let drained = tokio::spawn(drain(body, BOUNDS));
-        for _ in 0..10 {
-            tx.send(100).unwrap();
+        // 1000 bytes over 28 s, each within the silence of the last.
+        for _ in 0..7 {
+            tx.send(1000 / 7).unwrap();
             tokio::time::sleep(Duration::from_secs(4)).await;
         }
         drop(tx);
