@@ -39,7 +39,9 @@
 //!
 //! A connection whose last [`REFUSALS_IN_A_ROW`](activity::REFUSALS_IN_A_ROW)
 //! answers all refused a request for its head (400, 429, 431) closes at once:
-//! see [`Activity::answered`]. An idle HTTP/1 connection closes at once. An idle HTTP/2 connection gets
+//! see [`Activity::answered`]. So does an HTTP/1 connection whose refused
+//! request body was drained past the drain's bounds (drain.rs); bytes of a
+//! body being drained are not a request head. An idle HTTP/1 connection closes at once. An idle HTTP/2 connection gets
 //! GOAWAY and a PING, and closes once the client has answered the PING; a
 //! client that never answers would keep it open for ever. So a connection
 //! asked to close gracefully (idle, or at shutdown) that has not ended
