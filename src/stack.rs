@@ -15,6 +15,7 @@ use tower::{Service, ServiceBuilder};
 
 use crate::access_log::access_log;
 use crate::body::{BodyLayer, BufferBudget};
+use crate::config::RefusalDrain;
 use crate::fence::store::AnyStore;
 use crate::fence::{FencingLayer, HeadChecksLayer, KeyGate};
 use crate::head_limits::{HeaderCountLayer, HeaderRateLayer};
@@ -51,6 +52,9 @@ pub struct ConnectionLimits {
     /// Bytes of heads a new connection may send at once (the largest head):
     /// the rest of a second's burst accrues at `header_rate`.
     pub header_start: u64,
+    /// How much of a body refused before its end is read and discarded, so
+    /// its client reads the refusal.
+    pub refusal_drain: RefusalDrain,
 }
 
 /// The stack for one client connection, forwarding through `forward` (its own
@@ -74,8 +78,10 @@ pub fn proxy_service(
     let limits = shared.per_connection;
     ServiceBuilder::new()
         // Per connection: requests in flight, so the idle and slow-head guards
-        // never close a connection that is serving a request.
-        .layer(TrackRequestsLayer(activity))
+        // never close a connection that is serving a request; and every body
+        // dropped before its end, by whichever layer below refused its
+        // request, drained so the client reads the refusal.
+        .layer(TrackRequestsLayer::new(activity, limits.refusal_drain))
         // Outermost but for that, so the access log and metrics see every
         // response, including the ones fencegate makes itself below.
         .layer(access_log(shared.metrics.clone()))

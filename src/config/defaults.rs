@@ -51,6 +51,13 @@ pub(super) const DEFAULT_ABUSE_PENALTY: Duration = Duration::from_secs(2);
 /// The most `[server] abuse_penalty` may be: longer, a client behind a shared
 /// address could wait past any client timeout.
 pub(super) const MAX_ABUSE_PENALTY: Duration = Duration::from_secs(60);
+/// Default `[server] refusal_drain_bytes`: four times the default route
+/// `max_body`, so a body refused for its size is drained too.
+pub(super) const DEFAULT_REFUSAL_DRAIN_BYTES: u64 = 64 * 1024 * 1024;
+/// Default `[server] refusal_drain_time`: nginx's `lingering_time`.
+pub(super) const DEFAULT_REFUSAL_DRAIN_TIME: Duration = Duration::from_secs(30);
+/// Default `[server] refusal_drain_silence`: nginx's `lingering_timeout`.
+pub(super) const DEFAULT_REFUSAL_DRAIN_SILENCE: Duration = Duration::from_secs(5);
 
 /// Default `[fences] path`, relative to the working directory.
 pub const DEFAULT_FENCES_PATH: &str = "data/fences";

@@ -43,6 +43,9 @@ pub struct ServerSection {
     pub max_upstream_header_rate: Option<Size>,
     pub abuse_penalty: Option<String>,
     pub underscores_in_headers: Option<bool>,
+    pub refusal_drain_bytes: Option<Size>,
+    pub refusal_drain_time: Option<String>,
+    pub refusal_drain_silence: Option<String>,
     pub tls: Option<TlsSection>,
 }
 

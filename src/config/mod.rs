@@ -35,7 +35,8 @@ use std::path::Path;
 pub use defaults::{DEFAULT_CACHE_KEYS, DEFAULT_FENCES_PATH};
 pub use file::FileConfig;
 pub use model::{
-    AdminConfig, Config, FencesConfig, LogConfig, LogFormat, RedisConfig, ServerConfig, StoreKind, TlsFiles,
+    AdminConfig, Config, FencesConfig, LogConfig, LogFormat, RedisConfig, RefusalDrain, ServerConfig, StoreKind,
+    TlsFiles,
 };
 pub use problems::{ConfigError, ConfigProblem};
 pub use secrets::{load_signing_key, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};

@@ -60,8 +60,27 @@ pub struct ServerConfig {
     /// Header names containing `_` pass to the upstream (read as servers that
     /// fold `_` into `-` read them); `false` (default): dropped, as nginx does.
     pub underscores_in_headers: bool,
+    /// How much of a request body fencegate reads and discards after refusing
+    /// the request before its body ended, so the client reads the refusal.
+    pub refusal_drain: RefusalDrain,
     /// TLS for client connections; `None`: plain HTTP.
     pub tls: Option<TlsFiles>,
+}
+
+/// The bounds of the drain that follows a refusal sent before its request's
+/// body ended (`[server] refusal_drain_*`): the rest of the body is read and
+/// discarded until its end, or until one of these is reached, whichever
+/// comes first; then the connection (HTTP/1.1) or the stream (HTTP/2) is
+/// closed. Like nginx's `lingering_time` and `lingering_timeout`, with a cap
+/// in bytes besides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefusalDrain {
+    /// Most bytes of body discarded.
+    pub bytes: u64,
+    /// Longest the drain lasts, from the refusal.
+    pub time: Duration,
+    /// Longest the drain waits for the client's next bytes.
+    pub silence: Duration,
 }
 
 /// `[server.tls]`: the PEM files TLS is served from, read at start and again

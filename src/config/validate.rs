@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use super::defaults::*;
 use super::file::{AdminSection, FencesSection, FileConfig, LogSection, ServerSection, TlsSection};
 use super::model::{
-    AdminConfig, Config, FencesConfig, LogConfig, LogFormat, RedisConfig, ServerConfig, StoreKind, TlsFiles,
+    AdminConfig, Config, FencesConfig, LogConfig, LogFormat, RedisConfig, RefusalDrain, ServerConfig, StoreKind,
+    TlsFiles,
 };
 use super::problems::{ConfigProblem, Problems};
 use super::route::validate_route;
@@ -130,8 +131,29 @@ fn server(s: &ServerSection, p: &mut Problems) -> ServerConfig {
             d => d,
         },
         underscores_in_headers: s.underscores_in_headers.unwrap_or(false),
+        refusal_drain: refusal_drain(s, p),
         tls: s.tls.as_ref().and_then(|t| tls(t, p)),
     }
+}
+
+/// `[server] refusal_drain_*`: every bound above zero, and the silence
+/// within the whole time (a longer one could never be reached).
+fn refusal_drain(s: &ServerSection, p: &mut Problems) -> RefusalDrain {
+    let bytes = p.size("server.refusal_drain_bytes", s.refusal_drain_bytes.as_ref(), DEFAULT_REFUSAL_DRAIN_BYTES);
+    let time = p.duration("server.refusal_drain_time", s.refusal_drain_time.as_deref(), DEFAULT_REFUSAL_DRAIN_TIME);
+    let silence =
+        p.duration("server.refusal_drain_silence", s.refusal_drain_silence.as_deref(), DEFAULT_REFUSAL_DRAIN_SILENCE);
+    if silence > time {
+        p.add(
+            "server.refusal_drain_silence",
+            format!(
+                "{} is longer than server.refusal_drain_time ({}), the whole drain",
+                humantime::format_duration(silence),
+                humantime::format_duration(time)
+            ),
+        );
+    }
+    RefusalDrain { bytes, time, silence: silence.min(time) }
 }
 
 /// `[server.tls]`: both files named, none empty. They are read when fencegate
@@ -452,6 +474,35 @@ mod tests {
         assert_eq!(Config::from_toml_str(&set("\"30s\"")).unwrap().server.abuse_penalty, Duration::from_secs(30));
         assert_eq!(fields(&set("\"soon\"")), ["server.abuse_penalty"]);
         assert_eq!(fields(&set("\"61s\"")), ["server.abuse_penalty"]);
+    }
+
+    #[test]
+    fn the_refusal_drain_has_bounds_by_default_and_a_bad_one_names_its_field() {
+        let c = Config::from_toml_str(MINIMAL).unwrap();
+        let drain = c.server.refusal_drain;
+        assert_eq!(
+            (drain.bytes, drain.time, drain.silence),
+            (64 << 20, Duration::from_secs(30), Duration::from_secs(5))
+        );
+        let set = |lines: &str| format!("[server]\n{lines}\n{MINIMAL}");
+        let c = Config::from_toml_str(&set(
+            "refusal_drain_bytes = \"1MiB\"\nrefusal_drain_time = \"2s\"\nrefusal_drain_silence = \"500ms\"",
+        ))
+        .unwrap();
+        let drain = c.server.refusal_drain;
+        assert_eq!(
+            (drain.bytes, drain.time, drain.silence),
+            (1 << 20, Duration::from_secs(2), Duration::from_millis(500))
+        );
+        assert_eq!(
+            fields(&set("refusal_drain_bytes = 0\nrefusal_drain_time = \"0s\"\nrefusal_drain_silence = \"x\"")),
+            ["server.refusal_drain_bytes", "server.refusal_drain_time", "server.refusal_drain_silence"]
+        );
+        // A silence longer than the whole drain could never be reached.
+        assert_eq!(
+            fields(&set("refusal_drain_time = \"1s\"\nrefusal_drain_silence = \"2s\"")),
+            ["server.refusal_drain_silence"]
+        );
     }
 
     #[test]

@@ -151,7 +151,7 @@ async fn accept(
         let activity = Activity::new(server.header_read_timeout, server.idle_timeout);
         let state = state.clone();
         let service = tower::ServiceBuilder::new()
-            .layer(TrackRequestsLayer(activity.clone()))
+            .layer(TrackRequestsLayer::new(activity.clone(), server.refusal_drain))
             .service_fn(move |req| admin::handle(state.clone(), peer, req));
         let conn = builder.serve_connection(
             TokioIo::new(ActivityIo::new(stream, activity.clone())),

@@ -132,6 +132,7 @@ impl Fencegate {
                 max_headers: config.server.max_headers,
                 header_rate: config.server.max_upstream_header_rate,
                 header_start: config.server.max_header_bytes as u64,
+                refusal_drain: config.server.refusal_drain,
             },
             store: Arc::new(store),
             gate: Arc::new(gate),

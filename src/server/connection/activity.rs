@@ -60,6 +60,9 @@ pub struct Activity {
     open_bodies: AtomicU32,
     /// Bytes were written to the connection and not flushed since.
     unflushed: AtomicBool,
+    /// Told when an HTTP/1 request body's drain reached one of its bounds
+    /// (drain.rs): the connection closes.
+    drain_stopped: Notify,
 }
 
 #[derive(Debug)]
@@ -124,6 +127,7 @@ impl Activity {
             refusing: Notify::new(),
             open_bodies: AtomicU32::new(0),
             unflushed: AtomicBool::new(false),
+            drain_stopped: Notify::new(),
         })
     }
 
@@ -158,6 +162,24 @@ impl Activity {
         self.refusing.notified().await;
     }
 
+    /// An HTTP/1 request body's drain reached one of its bounds (drain.rs)
+    /// and let go of the body. With a response still being written, hyper
+    /// sees that as it writes, and closes the connection once the response
+    /// is out. With none, it waits for the body's next bytes: only
+    /// [`drained_past_bounds`](Activity::drained_past_bounds) closes the
+    /// connection (and the idle guard, had that been missed).
+    pub(super) fn drain_stopped(&self) {
+        if self.state().in_flight == 0 {
+            self.drain_stopped.notify_one();
+        }
+    }
+
+    /// Resolves once an HTTP/1 request body's drain reached one of its
+    /// bounds: the connection should close at once.
+    pub(crate) async fn drained_past_bounds(&self) {
+        self.drain_stopped.notified().await;
+    }
+
     /// How long a connection asked to close gracefully may take to end once no
     /// request is in flight: `header_read_timeout`, at most [`CLOSE_GRACE`].
     /// A client needs one round trip to answer HTTP/2's closing PING (or to
@@ -175,8 +197,14 @@ impl Activity {
 
     /// Bytes of an HTTP/1 request head (or of what may still become the HTTP/2
     /// preface) arrived: with no request in flight, the head's clock starts at
-    /// its first byte and is not reset by later ones.
+    /// its first byte and is not reset by later ones. Bytes that arrive while
+    /// a body is still open are that body's (one drained after its request
+    /// was answered: drain.rs), not a head: the drain's own bounds time them,
+    /// and the idle clock keeps running.
     pub(super) fn head_bytes(&self) {
+        if self.open_bodies.load(Ordering::Relaxed) != 0 {
+            return;
+        }
         let mut s = self.state();
         if s.in_flight == 0 && s.arriving.is_none() {
             s.arriving = Some(Arriving { unit: Unit::Head, since: Instant::now() });

@@ -39,7 +39,9 @@
 //!
 //! A connection whose last [`REFUSALS_IN_A_ROW`](activity::REFUSALS_IN_A_ROW)
 //! answers all refused a request for its head (400, 429, 431) closes at once:
-//! see [`Activity::answered`]. An idle HTTP/1 connection closes at once. An idle HTTP/2 connection gets
+//! see [`Activity::answered`]. So does an HTTP/1 connection whose refused
+//! request body was drained past the drain's bounds (drain.rs); bytes of a
+//! body being drained are not a request head. An idle HTTP/1 connection closes at once. An idle HTTP/2 connection gets
 //! GOAWAY and a PING, and closes once the client has answered the PING; a
 //! client that never answers would keep it open for ever. So a connection
 //! asked to close gracefully (idle, or at shutdown) that has not ended
@@ -68,6 +70,7 @@
 //! `idle_timeout` and closed at its end.
 
 mod activity;
+mod drain;
 mod frames;
 mod io;
 mod requests;
@@ -180,6 +183,9 @@ where
                 // Refused again and again: whatever the connection is doing,
                 // nothing it sends is worth reading (see Activity::answered).
                 () = activity.refusing() => Watched::Refusing,
+                // A refused HTTP/1 body went past the drain's bounds: hyper
+                // would wait for its next bytes (drain.rs).
+                () = activity.drained_past_bounds() => Watched::DrainStopped,
                 () = admission.closing(), if closing.is_none() => Watched::Closing,
                 // Shutdown always asks for a graceful close first, so only a
                 // closing connection needs to listen for the cut.
@@ -216,6 +222,10 @@ where
                 ended = Some(Ended::Abused);
                 break;
             }
+            Watched::DrainStopped => {
+                debug!(%peer, "closing a connection whose refused request body went past the drain's bounds");
+                break;
+            }
             Watched::Cut => {
                 debug!(%peer, "closing a connection still busy when the shutdown grace ran out");
                 break;
@@ -237,6 +247,7 @@ where
 enum Watched {
     Expired(Expiry),
     Refusing,
+    DrainStopped,
     Closing,
     Cut,
     Overstayed,

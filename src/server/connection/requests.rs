@@ -2,28 +2,43 @@
 //! counts from the moment hyper hands it over until its response body is sent
 //! or dropped, so no guard closes a connection that is still working. Its
 //! body counts until it is read to its end, so no connection rests while hyper
-//! still reads one.
+//! still reads one. A body dropped before its end (its request refused, or
+//! cut off) is drained within `[server] refusal_drain_*` (drain.rs), so the
+//! client reads the answer.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use http::header::EXPECT;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tower::{Layer, Service};
 
 use super::activity::Activity;
+use super::drain;
+use crate::config::RefusalDrain;
 use crate::proxy::{refuses_heads_with, UpstreamAnswer};
 
-/// Counts a connection's requests in flight for its [`Activity`].
+/// Counts a connection's requests in flight for its [`Activity`], and drains
+/// the bodies dropped before their end within `drain`.
 #[derive(Clone)]
-pub(crate) struct TrackRequestsLayer(pub(crate) Arc<Activity>);
+pub(crate) struct TrackRequestsLayer {
+    activity: Arc<Activity>,
+    drain: RefusalDrain,
+}
+
+impl TrackRequestsLayer {
+    pub(crate) fn new(activity: Arc<Activity>, drain: RefusalDrain) -> TrackRequestsLayer {
+        TrackRequestsLayer { activity, drain }
+    }
+}
 
 impl<S> Layer<S> for TrackRequestsLayer {
     type Service = TrackRequests<S>;
 
     fn layer(&self, inner: S) -> TrackRequests<S> {
-        TrackRequests { inner, activity: self.0.clone() }
+        TrackRequests { inner, activity: self.activity.clone(), drain: self.drain }
     }
 }
 
@@ -32,6 +47,7 @@ impl<S> Layer<S> for TrackRequestsLayer {
 pub(crate) struct TrackRequests<S> {
     inner: S,
     activity: Arc<Activity>,
+    drain: RefusalDrain,
 }
 
 impl<S, B> Service<http::Request<Incoming>> for TrackRequests<S>
@@ -48,7 +64,15 @@ where
 
     fn call(&mut self, req: http::Request<Incoming>) -> Self::Future {
         self.activity.request_started();
-        let req = req.map(|body| ClientBody::new(body, &self.activity));
+        let drain = Drain {
+            bounds: self.drain,
+            http1: req.version() < http::Version::HTTP_2,
+            awaits_continue: req
+                .headers()
+                .get(EXPECT)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")),
+        };
+        let req = req.map(|body| ClientBody::new(body, &self.activity, drain));
         // The guard travels with the response body: a request counts until its
         // body is sent (or dropped), including one whose future is dropped early.
         let guard = Some(InFlight(self.activity.clone()));
@@ -108,23 +132,51 @@ impl<B: Body> Body for TrackedBody<B> {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// A request body as hyper hands it over, counted in its connection's
-    /// [`Activity`] until it is read to its end.
-    pub struct ClientBody {
-        #[pin]
-        inner: Incoming,
-        open: Option<Arc<Activity>>,
-    }
+/// A request body as hyper hands it over, counted in its connection's
+/// [`Activity`] until it is read to its end. Dropped before that, it is
+/// drained (drain.rs).
+pub struct ClientBody {
+    /// `None` only once dropped.
+    inner: Option<Incoming>,
+    open: Option<Arc<Activity>>,
+    drain: Drain,
+}
+
+/// What a [`ClientBody`] dropped before its end needs to know to drain.
+#[derive(Debug, Clone, Copy)]
+struct Drain {
+    bounds: RefusalDrain,
+    http1: bool,
+    /// The client asked for `100 Continue` and nothing has polled the body
+    /// yet: hyper has not sent it, so the client holds the body back, and a
+    /// drain would send it (hyper does on the first poll of the body),
+    /// inviting a body nobody wants. Dropped now, hyper reads what was sent
+    /// anyway and closes the connection after the answer.
+    awaits_continue: bool,
 }
 
 impl ClientBody {
-    fn new(inner: Incoming, activity: &Arc<Activity>) -> ClientBody {
+    fn new(inner: Incoming, activity: &Arc<Activity>, drain: Drain) -> ClientBody {
         let open = (!inner.is_end_stream()).then(|| {
             activity.body_started();
             activity.clone()
         });
-        ClientBody { inner, open }
+        ClientBody { inner: Some(inner), open, drain }
+    }
+
+    fn inner(&self) -> &Incoming {
+        self.inner.as_ref().expect("a body's Incoming is taken only when it is dropped")
+    }
+}
+
+impl Drop for ClientBody {
+    /// A body dropped before its end is drained, unless its client still
+    /// waits for `100 Continue`: see [`Drain::awaits_continue`].
+    fn drop(&mut self) {
+        let (Some(activity), Some(inner)) = (self.open.take(), self.inner.take()) else { return };
+        if !self.drain.awaits_continue {
+            drain::start(inner, self.drain.bounds, activity, self.drain.http1);
+        }
     }
 }
 
@@ -142,13 +194,16 @@ impl Body for ClientBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<bytes::Bytes>, hyper::Error>>> {
-        let mut this = self.project();
-        let frame = std::task::ready!(this.inner.as_mut().poll_frame(cx));
+        let this = self.get_mut();
+        // Polled: hyper sends `100 Continue` now if it was asked for.
+        this.drain.awaits_continue = false;
+        let inner = this.inner.as_mut().expect("a body's Incoming is taken only when it is dropped");
+        let frame = std::task::ready!(Pin::new(&mut *inner).poll_frame(cx));
         // The end: no more frames, or (with a declared length) the last byte
         // of it. hyper has left the body behind by then: it marks its reading
         // done before it hands over the last chunk. A reader that stops at
         // the declared length (hyper's client does) never asks again.
-        if frame.is_none() || this.inner.is_end_stream() {
+        if frame.is_none() || inner.is_end_stream() {
             if let Some(activity) = this.open.take() {
                 activity.body_ended();
             }
@@ -157,11 +212,11 @@ impl Body for ClientBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner().is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner().size_hint()
     }
 }
 

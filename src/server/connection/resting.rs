@@ -285,6 +285,12 @@ mod tests {
     use super::*;
     use crate::server::connection::requests::{ClientBody, TrackRequestsLayer, TrackedBody};
 
+    const DRAIN: crate::config::RefusalDrain = crate::config::RefusalDrain {
+        bytes: 1 << 20,
+        time: std::time::Duration::from_secs(30),
+        silence: std::time::Duration::from_secs(5),
+    };
+
     /// A first response this large, then a short second one.
     const FIRST: usize = 50_000;
 
@@ -296,7 +302,7 @@ mod tests {
     /// hyper serving `/1` (FIRST bytes) and `/2` ("second") over a pipe that
     /// holds `window` bytes the client has not read.
     fn serve(activity: &Arc<Activity>, window: usize) -> (tokio::io::DuplexStream, Served) {
-        let service = tower::ServiceBuilder::new().layer(TrackRequestsLayer(activity.clone())).service(
+        let service = tower::ServiceBuilder::new().layer(TrackRequestsLayer::new(activity.clone(), DRAIN)).service(
             tower::service_fn(|req: http::Request<ClientBody>| async move {
                 let body = if req.uri().path() == "/1" { vec![b'x'; FIRST] } else { b"second".to_vec() };
                 Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(body))))
