@@ -789,6 +789,52 @@ mod tests {
         assert!(blocks.is_empty());
     }
 
+    fn buffered(len: usize) -> RequestBody {
+        let mut blocks = Blocks::default();
+        blocks.push(Bytes::from(vec![b'x'; len]));
+        RequestBody::of(Kind::Buffered { blocks, _held: None })
+    }
+
+    /// A body tells its handover "whole" when hyper takes its last frame
+    /// (in frames of at most MAX_FRAME), "cut" when dropped before; a body
+    /// handed out again starts a generation the old one's end cannot touch.
+    #[tokio::test]
+    async fn a_body_tells_when_its_last_frame_is_taken_or_it_is_dropped_unfinished() {
+        use http_body_util::BodyExt;
+        let handover = Arc::new(Handover::default());
+        let mut body = buffered(2 * MAX_FRAME + 1);
+        body.report_to(&handover);
+        let (_, generation) = handover.delivery();
+        let mut sizes = Vec::new();
+        while let Some(frame) = body.frame().await {
+            assert_eq!(handover.delivery().0, Delivery::Sending, "whole before the last frame");
+            sizes.push(frame.unwrap().into_data().unwrap().len());
+            if body.is_end_stream() {
+                break;
+            }
+        }
+        assert_eq!(sizes, [MAX_FRAME, MAX_FRAME, 1]);
+        assert_eq!(handover.delivery(), (Delivery::Whole, generation));
+        handover.delivered(generation).await;
+        drop(body);
+        assert_eq!(handover.delivery().0, Delivery::Whole, "a body sent whole is not cut by its drop");
+
+        assert!(handover.renew());
+        let mut first = buffered(3 * MAX_FRAME);
+        first.report_to(&handover);
+        first.frame().await.unwrap().unwrap();
+        assert!(!handover.renew(), "a body still going out keeps its handover");
+        let mut again = first.twin().unwrap();
+        again.report_to(&handover);
+        let (_, second) = handover.delivery();
+        drop(first);
+        assert_eq!(handover.delivery(), (Delivery::Sending, second), "the old try's end counts for nothing");
+        drop(again);
+        assert_eq!(handover.delivery(), (Delivery::Cut, second));
+        buffered(0).report_to(&handover);
+        assert_eq!(handover.delivery(), (Delivery::Cut, second), "an empty body has nothing to tell");
+    }
+
     #[test]
     fn a_body_takes_from_its_connection_share_and_the_budget_or_from_neither() {
         let budget = BufferBudget::new(100);

@@ -296,9 +296,8 @@ fn forward(
         let (answered, teardown) = {
             let mut sending = std::pin::pin!(upstreams.send(authority, tls, slots, checkout, request, handover));
             let answered = tokio::time::timeout(route.timeout, sending.as_mut()).await;
-            let on = || handover.and_then(|h| h.connection()).filter(|c| !c.is_multiplexed());
-            let teardown = if answered.is_err() { on() } else { None };
-            (answered, teardown)
+            let on = handover.filter(|_| answered.is_err()).and_then(|h| h.connection());
+            (answered, on.filter(|connection| !connection.is_multiplexed()))
         };
         if let Some(teardown) = teardown {
             teardown.tear_down().await;

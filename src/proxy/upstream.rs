@@ -49,7 +49,7 @@ use std::future::Future;
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::task::{ready, Context, Poll};
+use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
 
 use http::uri::Authority;
@@ -678,7 +678,11 @@ pub struct Teardown(Arc<Switch>);
 
 struct Switch {
     asked: AtomicBool,
+    /// Wakes the connection's driver.
     ask: Notify,
+    /// The task reading the socket, while a read waits (HTTP/2: hyper reads
+    /// on a task of its own, which the driver cannot drop).
+    reader: Mutex<Option<Waker>>,
     closed: AtomicBool,
     done: Notify,
     multiplexed: bool,
@@ -697,6 +701,7 @@ impl Teardown {
         Teardown(Arc::new(Switch {
             asked: AtomicBool::new(false),
             ask: Notify::new(),
+            reader: Mutex::new(None),
             closed: AtomicBool::new(false),
             done: Notify::new(),
             multiplexed,
@@ -714,6 +719,10 @@ impl Teardown {
         done.as_mut().enable();
         self.0.asked.store(true, Ordering::Release);
         self.0.ask.notify_one();
+        let reader = self.0.reader.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(reader) = reader {
+            reader.wake();
+        }
         while !self.0.closed.load(Ordering::Acquire) {
             done.as_mut().await;
             done.set(self.0.done.notified());
@@ -780,8 +789,31 @@ impl tokio::io::AsyncRead for Resettable {
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        // Torn down: the connection fails where it reads, and whoever runs
+        // it drops it (and this socket with it).
+        let this = &mut *self;
+        let switch = &this.closed.0 .0;
+        if switch.asked.load(Ordering::Acquire) {
+            return Poll::Ready(Err(torn_down()));
+        }
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if polled.is_pending() && switch.multiplexed {
+            let mut reader = switch.reader.lock().unwrap_or_else(PoisonError::into_inner);
+            if !reader.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *reader = Some(cx.waker().clone());
+            }
+            drop(reader);
+            // Asked meanwhile: the waker may have been taken before it was left.
+            if switch.asked.load(Ordering::Acquire) {
+                return Poll::Ready(Err(torn_down()));
+            }
+        }
+        polled
     }
+}
+
+fn torn_down() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "the upstream connection was torn down")
 }
 
 impl tokio::io::AsyncWrite for Resettable {

@@ -23,6 +23,19 @@ enum Manner {
     /// Reads the head and the first KiB of the body, then stops reading
     /// until the test says resume; answers once the body is whole.
     StallAfterHead,
+    /// Answers 200 as soon as it has the head, reads the first KiB of the
+    /// body, then stops reading until the test says resume.
+    AnswerThenStall,
+}
+
+impl Manner {
+    fn answers_first(self) -> bool {
+        matches!(self, Manner::AnswerFirst | Manner::AnswerThenStall)
+    }
+
+    fn stalls(self) -> bool {
+        matches!(self, Manner::StallAfterHead | Manner::AnswerThenStall)
+    }
 }
 
 /// How one write ended at the store.
@@ -67,20 +80,23 @@ impl SlowStore {
         store
     }
 
-    /// HTTP/2 by prior knowledge; every token but those in `answer_first` is
-    /// read whole, then answered.
-    async fn start_http2(answer_first: &[&str]) -> SlowStore {
+    /// HTTP/2 by prior knowledge (`AnswerFirst` and `AnswerThenStall`).
+    async fn start_http2(manners: &[(&str, Manner)]) -> SlowStore {
         let listener = small_buffer_listener();
         let store = SlowStore::new(listener.local_addr().unwrap());
-        let answer_first: Vec<String> = answer_first.iter().map(|t| t.to_string()).collect();
+        let manners: HashMap<String, Manner> = manners.iter().map(|(t, m)| (t.to_string(), *m)).collect();
         let serving = store.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let (store, answer_first) = (serving.clone(), answer_first.clone());
+                let (store, manners) = (serving.clone(), manners.clone());
                 tokio::spawn(async move {
-                    let Ok(mut connection) = h2::server::handshake(stream).await else { return };
+                    // A connection window wide enough that a stream given no
+                    // credit leaves the others room.
+                    let mut builder = h2::server::Builder::new();
+                    builder.initial_connection_window_size(16 << 20);
+                    let Ok(mut connection) = builder.handshake(stream).await else { return };
                     while let Some(Ok((request, respond))) = connection.accept().await {
-                        tokio::spawn(store.clone().serve_http2(request, respond, answer_first.clone()));
+                        tokio::spawn(store.clone().serve_http2(request, respond, manners.clone()));
                     }
                 });
             }
@@ -130,12 +146,13 @@ impl SlowStore {
             let token = header(&head, "x-fencing-token").unwrap_or_default();
             let length: usize = header(&head, "content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
             let manner = manners.get(&token).copied();
-            if matches!(manner, Some(Manner::AnswerFirst)) && !answer(&mut stream).await {
+            let answers_first = manner.is_some_and(Manner::answers_first);
+            if answers_first && !answer(&mut stream).await {
                 return;
             }
             let (mut read, mut carried) = (rest.len().min(length), rest);
             buffered = carried.split_off(read);
-            let mut stall_at = matches!(manner, Some(Manner::StallAfterHead)).then_some(1024);
+            let mut stall_at = manner.is_some_and(Manner::stalls).then_some(1024);
             let mut buf = vec![0; 16 * 1024];
             while read < length {
                 if stall_at.is_some_and(|at| read >= at) {
@@ -156,7 +173,7 @@ impl SlowStore {
                 }
             }
             self.end(&token, Ended::Applied);
-            if !matches!(manner, Some(Manner::AnswerFirst)) && !answer(&mut stream).await {
+            if !answers_first && !answer(&mut stream).await {
                 return;
             }
         }
@@ -166,15 +183,20 @@ impl SlowStore {
         self,
         request: http::Request<h2::RecvStream>,
         mut respond: h2::server::SendResponse<bytes::Bytes>,
-        answer_first: Vec<String>,
+        manners: HashMap<String, Manner>,
     ) {
         let token = request.headers().get("x-fencing-token").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-        let first = answer_first.contains(&token);
+        let manner = manners.get(&token).copied();
+        let first = manner.is_some_and(Manner::answers_first);
         if first && respond.send_response(http::Response::new(()), true).is_err() {
             return;
         }
         let mut body = request.into_body();
         let mut read = 0;
+        if manner.is_some_and(Manner::stalls) {
+            // Nothing read, no flow-control credit given, until told.
+            self.resume.notified().await;
+        }
         while let Some(chunk) = body.data().await {
             let Ok(chunk) = chunk else { return self.end(&token, Ended::Cut { read, reset: true }) };
             read += chunk.len();
@@ -268,7 +290,7 @@ async fn an_answer_before_the_body_is_read_holds_the_turn_until_the_body_has_lef
 /// of the same connection, waits for it.
 #[tokio::test]
 async fn an_answer_before_the_body_is_read_holds_the_turn_until_the_body_has_left_http2() {
-    let store = SlowStore::start_http2(&["5"]).await;
+    let store = SlowStore::start_http2(&[("5", Manner::AnswerFirst)]).await;
     let proxy = Proxy::start(&routes(&store, "upstream_http2 = true\nsettle = \"2s\"\ntimeout = \"20s\"\n")).await;
 
     assert_eq!(put(&proxy, 5, vec![b'5'; 1 << 20]).await, 200, "the client's answer is not held back");
@@ -288,6 +310,44 @@ async fn a_write_past_the_timeout_has_its_connection_reset_before_the_key_settle
     let proxy = Proxy::start(&routes(&store, "settle = \"300ms\"\ntimeout = \"500ms\"\n")).await;
 
     assert_eq!(put(&proxy, 5, vec![b'5'; 1 << 20]).await, 504);
+    assert_eq!(put(&proxy, 6, b"six".to_vec()).await, 200);
+    assert_eq!(store.wait_ended("6").await, Ended::Applied);
+    store.resume.notify_one();
+    let ended = store.wait_ended("5").await;
+    assert!(matches!(ended, Ended::Cut { .. }), "the old write arrived whole after the newer one: {ended:?}");
+    assert_eq!(store.applied(), ["6"]);
+}
+
+/// An HTTP/1.1 upstream answers token 5 on its head, then stops reading its
+/// 8 MiB body (more than the sockets' buffers hold). The body is not handed
+/// over whole within the route's timeout: its connection is reset, the key
+/// settles, and token 6 is applied; when the store reads on, the old body
+/// never arrives whole.
+#[tokio::test]
+async fn a_body_answered_early_and_not_read_has_its_connection_reset_http1() {
+    let store = SlowStore::start(&[("5", Manner::AnswerThenStall)]).await;
+    let proxy = Proxy::start(&routes(&store, "settle = \"300ms\"\ntimeout = \"500ms\"\n")).await;
+
+    assert_eq!(put(&proxy, 5, vec![b'5'; 8 << 20]).await, 200);
+    assert_eq!(put(&proxy, 6, b"six".to_vec()).await, 200);
+    assert_eq!(store.wait_ended("6").await, Ended::Applied);
+    store.resume.notify_one();
+    let ended = store.wait_ended("5").await;
+    assert!(matches!(ended, Ended::Cut { .. }), "the old write arrived whole after the newer one: {ended:?}");
+    assert_eq!(store.applied(), ["6"]);
+}
+
+/// The same over HTTP/2: the store answers token 5 and gives its 1 MiB body
+/// no flow-control credit. Past the route's timeout the upstream connection
+/// is torn down (the stream cannot be reset from outside while hyper waits
+/// for credit); token 6 goes on a new one.
+#[tokio::test]
+async fn a_body_answered_early_and_not_read_has_its_connection_reset_http2() {
+    let store = SlowStore::start_http2(&[("5", Manner::AnswerThenStall)]).await;
+    let extra = "upstream_http2 = true\nsettle = \"300ms\"\ntimeout = \"500ms\"\n";
+    let proxy = Proxy::start(&routes(&store, extra)).await;
+
+    assert_eq!(put(&proxy, 5, vec![b'5'; 1 << 20]).await, 200);
     assert_eq!(put(&proxy, 6, b"six".to_vec()).await, 200);
     assert_eq!(store.wait_ended("6").await, Ended::Applied);
     store.resume.notify_one();
