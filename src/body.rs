@@ -806,12 +806,10 @@ mod tests {
         body.report_to(&handover);
         let (_, generation) = handover.delivery();
         let mut sizes = Vec::new();
-        while let Some(frame) = body.frame().await {
+        while !body.is_end_stream() {
             assert_eq!(handover.delivery().0, Delivery::Sending, "whole before the last frame");
-            sizes.push(frame.unwrap().into_data().unwrap().len());
-            if body.is_end_stream() {
-                break;
-            }
+            let frame = body.frame().await.unwrap().unwrap();
+            sizes.push(frame.into_data().unwrap().len());
         }
         assert_eq!(sizes, [MAX_FRAME, MAX_FRAME, 1]);
         assert_eq!(handover.delivery(), (Delivery::Whole, generation));
@@ -831,7 +829,7 @@ mod tests {
         assert_eq!(handover.delivery(), (Delivery::Sending, second), "the old try's end counts for nothing");
         drop(again);
         assert_eq!(handover.delivery(), (Delivery::Cut, second));
-        buffered(0).report_to(&handover);
+        RequestBody::empty().report_to(&handover);
         assert_eq!(handover.delivery(), (Delivery::Cut, second), "an empty body has nothing to tell");
     }
 
