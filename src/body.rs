@@ -24,7 +24,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -36,6 +36,7 @@ use http::{HeaderMap, Response};
 use http_body_util::{LengthLimitError, Limited};
 use hyper::body::{Body, Frame, SizeHint};
 use memmap2::MmapMut;
+use tokio::sync::Notify;
 use tower::{Layer, Service};
 
 use crate::error::{ProxyError, Rejection};
@@ -44,9 +45,19 @@ use crate::proxy::{BoxError, ProxyBody};
 use crate::server::connection::ClientBody;
 
 /// A request body on its way upstream: streamed under the route's limit, or
-/// read in full already (with the share of the budget it holds).
+/// read in full already (with the share of the budget it holds). A fenced
+/// request's body tells its [`Handover`] when hyper has taken its last frame,
+/// or dropped it unfinished.
 #[derive(Debug)]
-pub enum RequestBody {
+pub struct RequestBody {
+    kind: Kind,
+    /// Where to tell how far the body went, and the generation it was
+    /// handed out in ([`RequestBody::report_to`]).
+    report: Option<(Arc<Handover>, u64)>,
+}
+
+#[derive(Debug)]
+enum Kind {
     Streaming(Limited<ClientBody>),
     /// Streaming, and telling `overran` when it goes past its limit: for an
     /// HTTP/2 upstream, whose layer resets the stream on a body error
@@ -60,6 +71,15 @@ pub enum RequestBody {
         _held: Option<Held>,
     },
 }
+
+/// The most of a buffered body hyper is handed at once. A body read whole
+/// may be one block of megabytes; handed over in one frame, hyper would take
+/// it all at once into its own write queue, and "the last frame was handed
+/// over" would say nothing of what left. In frames of this size (HTTP/2's
+/// default frame), what hyper holds unwritten stays small: its HTTP/1.1
+/// write queue holds a few hundred KiB at most, and over HTTP/2 one frame
+/// waits for the upstream's flow-control window while another is queued.
+const MAX_FRAME: usize = 16 * 1024;
 
 /// A buffered body's blocks, in order. The first is held apart, so a body of
 /// one block (most of them) needs no list.
@@ -82,6 +102,18 @@ impl Blocks {
         self.first.take().or_else(|| self.rest.pop_front())
     }
 
+    /// The next frame to hand over: at most [`MAX_FRAME`] bytes of the next
+    /// block (the rest of it stays first; no copy).
+    fn pop_frame(&mut self) -> Option<Bytes> {
+        let mut block = self.pop()?;
+        if block.len() > MAX_FRAME {
+            let frame = block.split_to(MAX_FRAME);
+            self.first = Some(block);
+            return Some(frame);
+        }
+        Some(block)
+    }
+
     fn is_empty(&self) -> bool {
         self.first.is_none() && self.rest.is_empty()
     }
@@ -92,24 +124,32 @@ impl Blocks {
 }
 
 impl RequestBody {
+    fn of(kind: Kind) -> Self {
+        RequestBody { kind, report: None }
+    }
+
+    /// An empty body.
+    pub fn empty() -> Self {
+        RequestBody::of(Kind::Buffered { blocks: Blocks::default(), _held: None })
+    }
+
     /// `body`, streamed, failing once more than `limit` bytes have come.
     fn streaming(body: ClientBody, limit: u64) -> Self {
-        RequestBody::Streaming(Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)))
+        RequestBody::of(Kind::Streaming(Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))))
     }
 
     /// The same body again, to send once more if this one is refused
     /// unprocessed: a buffered body (which then holds its budget share, so
     /// the bytes stay counted while either lives) or an empty one; `None`
-    /// for a body still streaming from the client.
+    /// for a body still streaming from the client. The twin reports to no
+    /// [`Handover`] until it is handed out ([`RequestBody::report_to`]).
     pub fn twin(&mut self) -> Option<RequestBody> {
-        match self {
-            RequestBody::Buffered { blocks, _held } => {
-                Some(RequestBody::Buffered { blocks: blocks.clone(), _held: _held.take() })
+        match &mut self.kind {
+            Kind::Buffered { blocks, _held } => {
+                Some(RequestBody::of(Kind::Buffered { blocks: blocks.clone(), _held: _held.take() }))
             }
-            RequestBody::Streaming(inner) | RequestBody::Watched { inner, .. } if inner.is_end_stream() => {
-                Some(RequestBody::Buffered { blocks: Blocks::default(), _held: None })
-            }
-            RequestBody::Streaming(_) | RequestBody::Watched { .. } => None,
+            Kind::Streaming(inner) | Kind::Watched { inner, .. } if inner.is_end_stream() => Some(RequestBody::empty()),
+            Kind::Streaming(_) | Kind::Watched { .. } => None,
         }
     }
 
@@ -118,18 +158,54 @@ impl RequestBody {
     /// back (it resets the stream), so the forward asks the flag to answer
     /// 413 rather than 502.
     pub fn watch_overrun(&mut self) -> Option<Arc<AtomicBool>> {
-        let body = std::mem::replace(self, RequestBody::Buffered { blocks: Blocks::default(), _held: None });
-        match body {
-            RequestBody::Streaming(inner) => {
+        let kind = std::mem::replace(&mut self.kind, Kind::Buffered { blocks: Blocks::default(), _held: None });
+        match kind {
+            Kind::Streaming(inner) => {
                 let overran = Arc::new(AtomicBool::new(false));
-                *self = RequestBody::Watched { inner, overran: overran.clone() };
+                self.kind = Kind::Watched { inner, overran: overran.clone() };
                 Some(overran)
             }
             other => {
-                *self = other;
+                self.kind = other;
                 None
             }
         }
+    }
+
+    /// From now on, tells `handover` when hyper has taken this body's last
+    /// frame, or dropped it before. A body with nothing left to send tells
+    /// nothing: there is nothing to wait for.
+    pub(crate) fn report_to(&mut self, handover: &Arc<Handover>) {
+        if self.kind_is_end_stream() {
+            return;
+        }
+        if let Some((old, generation)) = self.report.take() {
+            old.end(generation, Delivery::Cut);
+        }
+        self.report = Some((handover.clone(), handover.begin()));
+    }
+
+    /// Tells the handover, once, how the body ended.
+    fn ended(&mut self, how: Delivery) {
+        if let Some((handover, generation)) = self.report.take() {
+            handover.end(generation, how);
+        }
+    }
+
+    fn kind_is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Buffered { blocks, .. } => blocks.is_empty(),
+            Kind::Streaming(inner) | Kind::Watched { inner, .. } => inner.is_end_stream(),
+        }
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        // Dropped with frames left: by hyper when the exchange failed or its
+        // connection closed, or unsent. What of it was written may still
+        // be in the sockets' buffers.
+        self.ended(Delivery::Cut);
     }
 }
 
@@ -138,10 +214,11 @@ impl Body for RequestBody {
     type Error = BoxError;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            RequestBody::Buffered { blocks, .. } => Poll::Ready(blocks.pop().map(|b| Ok(Frame::data(b)))),
-            RequestBody::Streaming(inner) => Pin::new(inner).poll_frame(cx),
-            RequestBody::Watched { inner, overran } => {
+        let this = self.get_mut();
+        let polled = match &mut this.kind {
+            Kind::Buffered { blocks, .. } => Poll::Ready(blocks.pop_frame().map(|b| Ok(Frame::data(b)))),
+            Kind::Streaming(inner) => Pin::new(inner).poll_frame(cx),
+            Kind::Watched { inner, overran } => {
                 let polled = Pin::new(inner).poll_frame(cx);
                 if let Poll::Ready(Some(Err(e))) = &polled {
                     if overran_limit(&**e) {
@@ -150,21 +227,163 @@ impl Body for RequestBody {
                 }
                 polled
             }
+        };
+        if this.report.is_some() {
+            // The last frame is out once it is handed over: hyper may stop
+            // polling a body whose `is_end_stream` says so.
+            match &polled {
+                Poll::Ready(None) => this.ended(Delivery::Whole),
+                Poll::Ready(Some(Ok(_))) if this.kind_is_end_stream() => this.ended(Delivery::Whole),
+                Poll::Ready(Some(Err(_))) => this.ended(Delivery::Cut),
+                _ => {}
+            }
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        match self {
-            RequestBody::Buffered { blocks, .. } => blocks.is_empty(),
-            RequestBody::Streaming(inner) | RequestBody::Watched { inner, .. } => inner.is_end_stream(),
-        }
+        self.kind_is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self {
-            RequestBody::Buffered { blocks, .. } => SizeHint::with_exact(blocks.len()),
-            RequestBody::Streaming(inner) | RequestBody::Watched { inner, .. } => inner.size_hint(),
+        match &self.kind {
+            Kind::Buffered { blocks, .. } => SizeHint::with_exact(blocks.len()),
+            Kind::Streaming(inner) | Kind::Watched { inner, .. } => inner.size_hint(),
         }
+    }
+}
+
+/// How far a request body went to the upstream connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// No body is on its way (none, or an empty one).
+    Nothing,
+    /// Hyper is still taking its frames.
+    Sending,
+    /// Hyper took its last frame.
+    Whole,
+    /// Dropped with frames left (the exchange failed, its connection
+    /// closed), or it errored.
+    Cut,
+}
+
+impl Delivery {
+    fn bits(self) -> u64 {
+        match self {
+            Delivery::Nothing => 0,
+            Delivery::Sending => 1,
+            Delivery::Whole => 2,
+            Delivery::Cut => 3,
+        }
+    }
+
+    fn of(bits: u64) -> Delivery {
+        match bits & 3 {
+            0 => Delivery::Nothing,
+            1 => Delivery::Sending,
+            2 => Delivery::Whole,
+            _ => Delivery::Cut,
+        }
+    }
+}
+
+/// What a fenced request's forward shares with its fence: whether it may
+/// have sent something yet, how far its body went to the upstream
+/// connection (told by the body as hyper takes its frames), and that
+/// connection, to tear down if the body does not go out in time.
+///
+/// An upstream may answer before it has read a body: its answer then says
+/// nothing about when the rest of the write arrives. So the fence passes a
+/// key's turn only once the body has been handed over whole too, or its
+/// connection was torn down (see `docs/behaviour.md`).
+///
+/// An HTTP/1.1 client connection's fenced requests, one at a time, reuse
+/// one (no allocation per request).
+#[derive(Debug, Default)]
+pub struct Handover {
+    taken: AtomicBool,
+    /// `generation << 2 | delivery`: a body handed out again (an HTTP/2
+    /// request sent once more) starts a new generation, so the end of the
+    /// one before it tells nothing.
+    progress: AtomicU64,
+    changed: Notify,
+    connection: Mutex<Option<crate::proxy::Teardown>>,
+}
+
+impl Handover {
+    /// Marks that the forward may send something from now on.
+    pub(crate) fn mark_taken(&self) {
+        self.taken.store(true, Ordering::Release);
+    }
+
+    /// Whether the forward may have sent something.
+    pub(crate) fn is_taken(&self) -> bool {
+        self.taken.load(Ordering::Acquire)
+    }
+
+    /// Cleared for a new request, unless a body is still going out on it:
+    /// then `false`, and the new request needs one of its own.
+    pub(crate) fn renew(&self) -> bool {
+        let progress = self.progress.load(Ordering::Acquire);
+        if Delivery::of(progress) == Delivery::Sending {
+            return false;
+        }
+        self.taken.store(false, Ordering::Release);
+        self.progress.store(((progress >> 2) + 1) << 2, Ordering::Release);
+        *self.connection.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        true
+    }
+
+    /// A body starts going out: its generation.
+    fn begin(&self) -> u64 {
+        let mut progress = self.progress.load(Ordering::Acquire);
+        loop {
+            let generation = (progress >> 2) + 1;
+            let next = (generation << 2) | Delivery::Sending.bits();
+            match self.progress.compare_exchange_weak(progress, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return generation,
+                Err(now) => progress = now,
+            }
+        }
+    }
+
+    /// The body of `generation` ended `how`, if it is still the one going out.
+    fn end(&self, generation: u64, how: Delivery) {
+        let sending = (generation << 2) | Delivery::Sending.bits();
+        let ended = (generation << 2) | how.bits();
+        if self.progress.compare_exchange(sending, ended, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            // One waiter at most (the fence); a permit left over from an
+            // earlier request only makes it look again.
+            self.changed.notify_one();
+        }
+    }
+
+    /// How far the body went, and its generation.
+    pub fn delivery(&self) -> (Delivery, u64) {
+        let progress = self.progress.load(Ordering::Acquire);
+        (Delivery::of(progress), progress >> 2)
+    }
+
+    /// Waits until the body of `generation` is no longer going out.
+    pub async fn delivered(&self, generation: u64) {
+        loop {
+            let changed = self.changed.notified();
+            let (delivery, now) = self.delivery();
+            if delivery != Delivery::Sending || now != generation {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// The body goes out on `connection`.
+    pub(crate) fn went_on(&self, connection: crate::proxy::Teardown) {
+        *self.connection.lock().unwrap_or_else(PoisonError::into_inner) = Some(connection);
+    }
+
+    /// The connection the body went out on, if it went out on one.
+    pub fn connection(&self) -> Option<crate::proxy::Teardown> {
+        self.connection.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 }
 
@@ -547,7 +766,7 @@ impl Reader {
 
     /// The body read whole, holding its share of the budgets.
     fn into_body(self) -> RequestBody {
-        RequestBody::Buffered { blocks: self.blocks, _held: Some(self.held) }
+        RequestBody::of(Kind::Buffered { blocks: self.blocks, _held: Some(self.held) })
     }
 }
 
@@ -568,6 +787,50 @@ mod tests {
         let rest: Vec<_> = std::iter::from_fn(|| blocks.pop()).collect();
         assert_eq!(rest, ["bb", "ccc", "dddd"]);
         assert!(blocks.is_empty());
+    }
+
+    fn buffered(len: usize) -> RequestBody {
+        let mut blocks = Blocks::default();
+        blocks.push(Bytes::from(vec![b'x'; len]));
+        RequestBody::of(Kind::Buffered { blocks, _held: None })
+    }
+
+    /// A body tells its handover "whole" when hyper takes its last frame
+    /// (in frames of at most MAX_FRAME), "cut" when dropped before; a body
+    /// handed out again starts a generation the old one's end cannot touch.
+    #[tokio::test]
+    async fn a_body_tells_when_its_last_frame_is_taken_or_it_is_dropped_unfinished() {
+        use http_body_util::BodyExt;
+        let handover = Arc::new(Handover::default());
+        let mut body = buffered(2 * MAX_FRAME + 1);
+        body.report_to(&handover);
+        let (_, generation) = handover.delivery();
+        let mut sizes = Vec::new();
+        while !body.is_end_stream() {
+            assert_eq!(handover.delivery().0, Delivery::Sending, "whole before the last frame");
+            let frame = body.frame().await.unwrap().unwrap();
+            sizes.push(frame.into_data().unwrap().len());
+        }
+        assert_eq!(sizes, [MAX_FRAME, MAX_FRAME, 1]);
+        assert_eq!(handover.delivery(), (Delivery::Whole, generation));
+        handover.delivered(generation).await;
+        drop(body);
+        assert_eq!(handover.delivery().0, Delivery::Whole, "a body sent whole is not cut by its drop");
+
+        assert!(handover.renew());
+        let mut first = buffered(3 * MAX_FRAME);
+        first.report_to(&handover);
+        first.frame().await.unwrap().unwrap();
+        assert!(!handover.renew(), "a body still going out keeps its handover");
+        let mut again = first.twin().unwrap();
+        again.report_to(&handover);
+        let (_, second) = handover.delivery();
+        drop(first);
+        assert_eq!(handover.delivery(), (Delivery::Sending, second), "the old try's end counts for nothing");
+        drop(again);
+        assert_eq!(handover.delivery(), (Delivery::Cut, second));
+        RequestBody::empty().report_to(&handover);
+        assert_eq!(handover.delivery(), (Delivery::Cut, second), "an empty body has nothing to tell");
     }
 
     #[test]

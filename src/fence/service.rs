@@ -17,6 +17,7 @@ use super::gate::{Ask, NoTurn, Turn};
 use super::head::check_mark;
 use super::store::{Entered, FenceStore, InFlight};
 use super::{Checked, Fence, KeyGate};
+use crate::body::Delivery;
 use crate::error::{ProxyError, Rejection};
 use crate::outcome::{Decision, Outcome};
 use crate::proxy::SlotTaken;
@@ -201,14 +202,24 @@ where
         routed.slot_taken = Some(taken.clone());
         let settling = SettlingTurns { turns, settle, taken };
         let result = inner.send(routed).await;
-        let turns = settling.disarm();
+        let (turns, taken) = settling.disarm();
+        let mut still_sending = false;
         match &result {
+            // The answer came before the body was handed over whole (the
+            // upstream answers on the head, or before it has read on): the
+            // rest may still land. The client has its answer now; the keys
+            // wait for the body (see `pass_when_sent`).
+            Ok(_) if !sent_whole(&taken) => {
+                still_sending = true;
+                pass_when_sent(turns, taken, settle, route.timeout);
+            }
             // The upstream may still apply this write. Keep the keys closed for
             // the settle period, so a newer write cannot land and then be
             // overwritten by this one (the idea of Chubby's lock-delay).
             Err(e) if e.is_ambiguous() && !settle.is_zero() => hold_for(turns, settle),
-            // The response head arrived, nothing reached the upstream, or
-            // settling is off: the next fenced request for these keys may go.
+            // The response head arrived after the body was handed over whole,
+            // nothing reached the upstream, or settling is off: the next
+            // fenced request for these keys may go.
             _ => drop(turns),
         }
         match result {
@@ -217,7 +228,7 @@ where
                     outcome: Outcome::Forwarded,
                     key: Some(key),
                     token: Some(token),
-                    settled: false,
+                    settled: still_sending && !settle.is_zero(),
                     route: None,
                 };
                 decide(&mut response, decision);
@@ -273,6 +284,47 @@ fn hold_for(turns: Turns, settle: Duration) {
     }
 }
 
+/// Whether the request's body (if any) has been handed to the upstream
+/// connection whole: hyper has taken its last frame.
+fn sent_whole(taken: &SlotTaken) -> bool {
+    matches!(taken.handover().delivery().0, Delivery::Nothing | Delivery::Whole)
+}
+
+/// Passes the keys' turns on once the request's body has left: the upstream
+/// answered before it was handed over whole.
+///
+/// Handed over is not arrived: what hyper took may still sit in the
+/// sockets' buffers on either side (megabytes), and the upstream, which has
+/// already answered, reads it when it will. So the keys settle from the
+/// moment the body was handed over whole, as after an unknown outcome. A
+/// body not handed over whole within the route's `timeout` (the upstream
+/// stopped reading) has its connection torn down (a reset: nothing it still
+/// held is written), and the keys settle from then.
+///
+/// A task of its own: the rare path (most upstreams read the body before
+/// they answer).
+fn pass_when_sent(turns: Turns, taken: SlotTaken, settle: Duration, timeout: Duration) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        // No runtime left (the process is stopping): nothing else will forward.
+        return drop(turns);
+    };
+    // Read now, not later: once the body is out, the next request of an
+    // HTTP/1.1 client connection reuses the handover.
+    let (_, generation) = taken.handover().delivery();
+    let connection = taken.handover().connection();
+    runtime.spawn(async move {
+        let handover = taken.handover();
+        if tokio::time::timeout(timeout, handover.delivered(generation)).await.is_err() {
+            if let Some(connection) = connection {
+                connection.tear_down().await;
+            }
+        }
+        drop(taken);
+        tokio::time::sleep(settle).await;
+        drop(turns);
+    });
+}
+
 /// Keys' turns while their request is with the upstream. Dropped without
 /// [`disarm`](Self::disarm) once the forward has its way to the upstream (it
 /// panicked, or its task was cancelled: the runtime is stopping), the
@@ -286,8 +338,8 @@ struct SettlingTurns {
 }
 
 impl SettlingTurns {
-    fn disarm(mut self) -> Turns {
-        std::mem::take(&mut self.turns)
+    fn disarm(mut self) -> (Turns, SlotTaken) {
+        (std::mem::take(&mut self.turns), self.taken.clone())
     }
 }
 

@@ -63,8 +63,8 @@ use tokio::time::Instant;
 
 use super::error::UpstreamError;
 use super::tls::UpstreamTls;
-use super::upstream::{open_with_retries, Pool, Slot, UpstreamSlots, UpstreamStream, Waiting};
-use crate::body::RequestBody;
+use super::upstream::{open_with_retries, Pool, Resettable, Slot, Teardown, UpstreamSlots, Waiting};
+use crate::body::{Handover, RequestBody};
 use crate::server::connection::WokenOnly;
 
 /// Most streams fencegate runs at once on one upstream connection, whatever
@@ -82,7 +82,7 @@ const CONNECTION_WINDOW: u32 = STREAM_WINDOW * MAX_STREAMS as u32;
 const CLOSED: usize = usize::MAX;
 
 type Sender = http2::SendRequest<RequestBody>;
-type Connection = http2::Connection<TokioIo<UpstreamStream>, RequestBody, TokioExecutor>;
+type Connection = http2::Connection<TokioIo<Resettable>, RequestBody, TokioExecutor>;
 
 /// Every upstream HTTP/2 connection, newest last. A request looks at its own
 /// worker thread's first (their tasks run there: no wake crosses threads),
@@ -111,6 +111,9 @@ pub(super) struct Multiplexed {
     opened: Notify,
     /// Wakes the driver when the last stream ends.
     idle: Notify,
+    /// Tears the connection down, every stream on it, for a request whose
+    /// body did not go out within its route's timeout after its answer.
+    teardown: Teardown,
 }
 
 impl Multiplexed {
@@ -290,6 +293,7 @@ pub(super) async fn send(
     tls: Option<&UpstreamTls>,
     slots: &UpstreamSlots,
     mut req: Request<RequestBody>,
+    handover: Option<&Arc<Handover>>,
 ) -> Result<Response<Incoming>, UpstreamError> {
     let (mut mux, mut stream) = match way {
         Way::Stream(mux, stream) => (mux, stream),
@@ -301,6 +305,11 @@ pub(super) async fn send(
     let mut refusal = None;
     loop {
         let again = twin(&mut req);
+        if let Some(handover) = handover {
+            // Each try is a body of its own: the end of one refused counts for nothing.
+            req.body_mut().report_to(handover);
+            handover.went_on(mux.teardown.clone());
+        }
         let sent = exchange(&mux, stream, req).await;
         if sent.as_ref().is_err_and(UpstreamError::is_refused) {
             mux.retired.store(true, Ordering::Release);
@@ -440,12 +449,13 @@ fn open(authority: &Authority, tls: Option<&UpstreamTls>, slot: Slot) -> (Arc<Mu
         idle_since: Mutex::new(Instant::now()),
         opened: Notify::new(),
         idle: Notify::new(),
+        teardown: Teardown::new(true),
     });
     let stream = Stream(mux.clone());
     SHARED.lock().unwrap_or_else(PoisonError::into_inner).push(mux.clone());
     let (authority, tls, opening) = (authority.clone(), tls.cloned(), mux.clone());
     tokio::spawn(async move {
-        match connect(&authority, tls.as_ref()).await {
+        match connect(&authority, tls.as_ref(), &opening.teardown).await {
             Ok((sender, conn)) => {
                 *opening.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
                 opening.opened.notify_waiters();
@@ -458,7 +468,11 @@ fn open(authority: &Authority, tls: Option<&UpstreamTls>, slot: Slot) -> (Arc<Mu
 }
 
 /// TCP (and TLS, which must select `h2` by ALPN), then HTTP/2's handshake.
-async fn connect(authority: &Authority, tls: Option<&UpstreamTls>) -> Result<(Sender, Connection), UpstreamError> {
+async fn connect(
+    authority: &Authority,
+    tls: Option<&UpstreamTls>,
+    teardown: &Teardown,
+) -> Result<(Sender, Connection), UpstreamError> {
     let stream = open_with_retries(authority, tls).await?;
     if let crate::stream::TcpOrTls::Tls(tls_stream) = &stream {
         let alpn = tls_stream.get_ref().1.alpn_protocol();
@@ -476,7 +490,7 @@ async fn connect(authority: &Authority, tls: Option<&UpstreamTls>) -> Result<(Se
     http2::Builder::new(TokioExecutor::new())
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
-        .handshake(TokioIo::new(stream))
+        .handshake(TokioIo::new(Resettable::new(stream, teardown)))
         .await
         .map_err(UpstreamError::connect)
 }
@@ -484,6 +498,8 @@ async fn connect(authority: &Authority, tls: Option<&UpstreamTls>) -> Result<(Se
 /// What woke a connection's driver.
 enum Woken {
     Ended,
+    /// A request asked for the connection to be torn down.
+    TornDown,
     /// The last stream ended, or a request started waiting for a slot.
     Look,
     IdleCheck,
@@ -495,10 +511,15 @@ enum Woken {
 async fn drive(conn: Connection, slot: Slot, mux: Arc<Multiplexed>) {
     let mut conn = pin!(conn);
     let mut idle_check = pin!(tokio::time::sleep(slot.idle_timeout));
+    let teardown = mux.teardown.clone();
+    let mut torn_down = pin!(teardown.asked());
     loop {
         let mut idle = pin!(mux.idle.notified());
         let mut asks = pin!(slot.route.shed.notified());
         let mut watchers = pin!(WokenOnly::new(std::future::poll_fn(|cx| {
+            if torn_down.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woken::TornDown);
+            }
             if idle_check.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Woken::IdleCheck);
             }
@@ -522,6 +543,15 @@ async fn drive(conn: Connection, slot: Slot, mux: Arc<Multiplexed>) {
         match woken {
             Woken::Ended => {
                 mux.close(None);
+                return;
+            }
+            // Dropping the connection closes its socket with a reset
+            // (`Resettable`); its other streams fail, their outcome unknown.
+            Woken::TornDown => {
+                tracing::debug!(
+                    "tearing an upstream HTTP/2 connection down: a request body on it was not sent in time"
+                );
+                mux.close(Some("the upstream connection was torn down".into()));
                 return;
             }
             Woken::Look => {

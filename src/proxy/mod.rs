@@ -13,7 +13,6 @@ mod upstream;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -29,9 +28,9 @@ pub(crate) use error::BoxError;
 pub use error::UpstreamError;
 pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
 pub use tls::{PlatformRoots, UpstreamTls, UpstreamTlsFiles};
-pub use upstream::{Parking, UpstreamSlots};
+pub use upstream::{Parking, Teardown, UpstreamSlots};
 
-use crate::body::RequestBody;
+use crate::body::{Handover, RequestBody};
 use crate::error::ProxyError;
 use crate::outcome::{Decision, Outcome};
 use crate::route::Route;
@@ -157,22 +156,32 @@ impl ClientAddr {
 /// holding its key's turn until `queue_timeout` for nobody; from then on it
 /// runs to its end whatever the caller does.
 #[derive(Clone, Debug, Default)]
-pub struct SlotTaken(Arc<AtomicBool>);
+pub struct SlotTaken(Arc<Handover>);
 
 impl SlotTaken {
     fn mark(&self) {
-        self.0.store(true, Ordering::Release);
+        self.0.mark_taken();
     }
 
     /// Whether the forward may have sent something.
     pub fn is_taken(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.0.is_taken()
     }
 
-    /// This flag, cleared for a new request.
+    /// How far the request's body went to the upstream, and on which
+    /// connection.
+    pub fn handover(&self) -> &Arc<Handover> {
+        &self.0
+    }
+
+    /// This flag, cleared for a new request; a new one if the last
+    /// request's body is still going out.
     fn renewed(&self) -> SlotTaken {
-        self.0.store(false, Ordering::Release);
-        self.clone()
+        if self.0.renew() {
+            self.clone()
+        } else {
+            SlotTaken::default()
+        }
     }
 }
 
@@ -274,24 +283,38 @@ fn forward(
         let upstreams = &connection.0.upstreams;
         let (authority, tls, slots) = (&route.upstream.authority, route.upstream_tls.as_ref(), &route.upstream_slots);
         let checkout = upstreams.checkout(authority, slots, route.queue_timeout, upgrade.parking).await?;
-        if let Some(taken) = slot_taken {
+        if let Some(taken) = &slot_taken {
             taken.mark();
         }
-        // The timeout covers connecting, retries and backoff included.
-        let mut response =
-            match tokio::time::timeout(route.timeout, upstreams.send(authority, tls, slots, checkout, request)).await {
-                Ok(Ok(response)) => response,
-                Ok(Err(e)) => {
-                    // A streamed body that overran the route's limit (an unfenced one,
-                    // or a fenced one on a `stream_body` route): the client's fault,
-                    // but part of it reached the upstream, so a fenced write settles.
-                    if crate::body::overran_limit(&e) {
-                        return Err(ProxyError::BodyTooLarge { limit: route.max_body, partly_sent: true });
-                    }
-                    return Err(e.into());
+        let handover = slot_taken.as_ref().map(SlotTaken::handover);
+        // The timeout covers connecting, retries and backoff included. A
+        // fenced request past it has its HTTP/1.1 connection torn down
+        // before the error goes back (and with it the key's settle period
+        // starts): a graceful close would still write out what the kernel
+        // held of the request. (Over HTTP/2, dropping the exchange resets
+        // its stream.)
+        let (answered, teardown) = {
+            let mut sending = std::pin::pin!(upstreams.send(authority, tls, slots, checkout, request, handover));
+            let answered = tokio::time::timeout(route.timeout, sending.as_mut()).await;
+            let on = handover.filter(|_| answered.is_err()).and_then(|h| h.connection());
+            (answered, on.filter(|connection| !connection.is_multiplexed()))
+        };
+        if let Some(teardown) = teardown {
+            teardown.tear_down().await;
+        }
+        let mut response = match answered {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) => {
+                // A streamed body that overran the route's limit (an unfenced one,
+                // or a fenced one on a `stream_body` route): the client's fault,
+                // but part of it reached the upstream, so a fenced write settles.
+                if crate::body::overran_limit(&e) {
+                    return Err(ProxyError::BodyTooLarge { limit: route.max_body, partly_sent: true });
                 }
-                Err(_) => return Err(ProxyError::UpstreamTimeout(route.timeout)),
-            };
+                return Err(e.into());
+            }
+            Err(_) => return Err(ProxyError::UpstreamTimeout(route.timeout)),
+        };
 
         let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
         if switching && !upgrade.asked {

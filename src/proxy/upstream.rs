@@ -47,9 +47,9 @@
 
 use std::future::Future;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::task::{ready, Context, Poll};
+use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
 
 use http::uri::Authority;
@@ -63,7 +63,7 @@ use tokio::time::Instant;
 
 use super::error::{chain, BoxError, UpstreamError};
 use super::tls::{self, UpstreamTls};
-use crate::body::RequestBody;
+use crate::body::{Handover, RequestBody};
 use crate::server::connection::WokenOnly;
 use crate::stream::TcpOrTls;
 
@@ -248,6 +248,9 @@ struct Parked {
     parked_at: Mutex<Instant>,
     route: Arc<Pool>,
     share: Option<Arc<Pool>>,
+    /// Tears the connection down, for a request that went past its route's
+    /// timeout on it.
+    teardown: Teardown,
 }
 
 impl Parked {
@@ -301,6 +304,7 @@ struct Destined<'a> {
     tls: Option<&'a UpstreamTls>,
     slots: &'a UpstreamSlots,
     parking: Parking,
+    handover: Option<&'a Arc<Handover>>,
 }
 
 pin_project_lite::pin_project! {
@@ -343,11 +347,11 @@ where
         // idle connection. Safe to send on a fresh one, if a slot is free
         // now: this request holds a key's turn and its timeout is running,
         // so it does not wait.
-        let Destined { upstreams, authority, tls, slots, parking } = to;
+        let Destined { upstreams, authority, tls, slots, parking, handover } = to;
         let mut future: RareSend<'a> = Box::pin(async move {
             tokio::task::yield_now().await;
             let slot = upstreams.slot(slots, Instant::now(), parking).await?;
-            upstreams.send_on_new(authority, tls, slot, unsent, parking).await
+            upstreams.send_on_new(authority, tls, slot, unsent, parking, handover).await
         });
         let polled = future.as_mut().poll(cx);
         if polled.is_pending() {
@@ -454,17 +458,30 @@ impl Upstreams {
         tls: Option<&'a UpstreamTls>,
         slots: &'a UpstreamSlots,
         checkout: Checkout,
-        req: Request<RequestBody>,
+        mut req: Request<RequestBody>,
+        handover: Option<&'a Arc<Handover>>,
     ) -> impl Future<Output = Result<Response<Incoming>, UpstreamError>> + Send + 'a {
         let Checkout(way, parking) = checkout;
+        if let Some(handover) = handover {
+            req.body_mut().report_to(handover);
+        }
         match way {
-            Way::Slot(slot) => Sending::Rare { future: Box::pin(self.send_on_new(authority, tls, slot, req, parking)) },
-            Way::Http2(way) => Sending::Rare { future: Box::pin(super::http2::send(way, authority, tls, slots, req)) },
-            Way::Kept(parked, mut sender) => Sending::Kept {
-                exchange: sender.try_send_request(req),
-                kept: Some((parked, sender)),
-                to: Destined { upstreams: self, authority, tls, slots, parking },
-            },
+            Way::Slot(slot) => {
+                Sending::Rare { future: Box::pin(self.send_on_new(authority, tls, slot, req, parking, handover)) }
+            }
+            Way::Http2(way) => {
+                Sending::Rare { future: Box::pin(super::http2::send(way, authority, tls, slots, req, handover)) }
+            }
+            Way::Kept(parked, mut sender) => {
+                if let Some(handover) = handover {
+                    handover.went_on(parked.teardown.clone());
+                }
+                Sending::Kept {
+                    exchange: sender.try_send_request(req),
+                    kept: Some((parked, sender)),
+                    to: Destined { upstreams: self, authority, tls, slots, parking, handover },
+                }
+            }
         }
     }
 
@@ -478,8 +495,12 @@ impl Upstreams {
         slot: Slot,
         req: Request<RequestBody>,
         parking: Parking,
+        handover: Option<&Arc<Handover>>,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let (parked, mut sender) = connect(authority, tls, slot).await?;
+        if let Some(handover) = handover {
+            handover.went_on(parked.teardown.clone());
+        }
         match sender.send_request(req).await {
             Ok(response) => {
                 self.put_back(authority, parked, sender, parking);
@@ -587,14 +608,17 @@ async fn connect(
     slot: Slot,
 ) -> Result<(Arc<Parked>, Sender), UpstreamError> {
     let stream = open_with_retries(authority, tls).await?;
-    let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(stream)).await.map_err(UpstreamError::connect)?;
+    let teardown = Teardown::new(false);
+    let io = TokioIo::new(Resettable::new(stream, &teardown));
+    let (sender, conn) = http1::Builder::new().handshake(io).await.map_err(UpstreamError::connect)?;
     let parked = Arc::new(Parked {
         sender: Mutex::new(None),
         parked_at: Mutex::new(Instant::now()),
         route: slot.route.clone(),
         share: slot.share.clone(),
+        teardown: teardown.clone(),
     });
-    tokio::spawn(drive(conn, slot, Arc::downgrade(&parked)));
+    tokio::spawn(drive(conn, slot, Arc::downgrade(&parked), teardown));
     Ok((parked, sender))
 }
 
@@ -641,7 +665,182 @@ pub(super) async fn open_with_retries(
 /// What an upstream connection reads and writes.
 pub(super) type UpstreamStream = TcpOrTls<tokio_rustls::client::TlsStream<TcpStream>>;
 
-type Connection = http1::Connection<TokioIo<UpstreamStream>, RequestBody>;
+type Connection = http1::Connection<TokioIo<Resettable>, RequestBody>;
+
+/// An upstream connection's off switch. Asked ([`Teardown::tear_down`]),
+/// the connection's driver drops it, and its socket closes with a reset
+/// (`SO_LINGER` 0): the kernel discards what it still held to send, so
+/// nothing of the connection's requests is written after, as it would be
+/// after a graceful close. The connection's other closes stay graceful: a
+/// body written whole still reaches the upstream.
+#[derive(Clone)]
+pub struct Teardown(Arc<Switch>);
+
+struct Switch {
+    asked: AtomicBool,
+    /// Wakes the connection's driver.
+    ask: Notify,
+    /// The task reading the socket, while a read waits (HTTP/2: hyper reads
+    /// on a task of its own, which the driver cannot drop).
+    reader: Mutex<Option<Waker>>,
+    closed: AtomicBool,
+    done: Notify,
+    multiplexed: bool,
+}
+
+impl std::fmt::Debug for Teardown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Teardown").field("multiplexed", &self.0.multiplexed).finish_non_exhaustive()
+    }
+}
+
+impl Teardown {
+    /// For a new connection: HTTP/2 (`multiplexed`, other requests' streams
+    /// on it) or HTTP/1.1.
+    pub(super) fn new(multiplexed: bool) -> Teardown {
+        Teardown(Arc::new(Switch {
+            asked: AtomicBool::new(false),
+            ask: Notify::new(),
+            reader: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            done: Notify::new(),
+            multiplexed,
+        }))
+    }
+
+    /// Whether the connection carries other requests too (HTTP/2).
+    pub fn is_multiplexed(&self) -> bool {
+        self.0.multiplexed
+    }
+
+    /// Tears the connection down; resolves once its socket is closed.
+    pub async fn tear_down(&self) {
+        let mut done = pin!(self.0.done.notified());
+        done.as_mut().enable();
+        self.0.asked.store(true, Ordering::Release);
+        self.0.ask.notify_one();
+        let reader = self.0.reader.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(reader) = reader {
+            reader.wake();
+        }
+        while !self.0.closed.load(Ordering::Acquire) {
+            done.as_mut().await;
+            done.set(self.0.done.notified());
+            done.as_mut().enable();
+        }
+    }
+
+    /// Resolves once someone asked for the teardown (the driver's watch).
+    pub(super) async fn asked(&self) {
+        loop {
+            let asked = self.0.ask.notified();
+            if self.0.asked.load(Ordering::Acquire) {
+                return;
+            }
+            asked.await;
+        }
+    }
+}
+
+/// An upstream connection's socket, closed with a reset once its
+/// [`Teardown`] was asked for.
+pub(super) struct Resettable {
+    stream: UpstreamStream,
+    /// Dropped after `stream`: tells the teardown the socket is closed.
+    closed: Closed,
+}
+
+impl Resettable {
+    pub(super) fn new(stream: UpstreamStream, teardown: &Teardown) -> Resettable {
+        Resettable { stream, closed: Closed(teardown.clone()) }
+    }
+}
+
+struct Closed(Teardown);
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        self.0 .0.closed.store(true, Ordering::Release);
+        self.0 .0.done.notify_waiters();
+    }
+}
+
+impl Drop for Resettable {
+    fn drop(&mut self) {
+        if !self.closed.0 .0.asked.load(Ordering::Acquire) {
+            return;
+        }
+        let tcp = match &self.stream {
+            TcpOrTls::Plain(tcp) => tcp,
+            TcpOrTls::Tls(tls) => tls.get_ref().0,
+        };
+        // Deprecated for a linger above zero, which blocks the thread that
+        // closes the socket; zero never blocks: the close resets at once.
+        #[allow(deprecated)]
+        if let Err(e) = tcp.set_linger(Some(Duration::ZERO)) {
+            tracing::debug!(error = %e, "could not set SO_LINGER on an upstream socket torn down");
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for Resettable {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        // Torn down: the connection fails where it reads, and whoever runs
+        // it drops it (and this socket with it).
+        let this = &mut *self;
+        let switch = &this.closed.0 .0;
+        if switch.asked.load(Ordering::Acquire) {
+            return Poll::Ready(Err(torn_down()));
+        }
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if polled.is_pending() && switch.multiplexed {
+            let mut reader = switch.reader.lock().unwrap_or_else(PoisonError::into_inner);
+            if !reader.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *reader = Some(cx.waker().clone());
+            }
+            drop(reader);
+            // Asked meanwhile: the waker may have been taken before it was left.
+            if switch.asked.load(Ordering::Acquire) {
+                return Poll::Ready(Err(torn_down()));
+            }
+        }
+        polled
+    }
+}
+
+fn torn_down() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "the upstream connection was torn down")
+}
+
+impl tokio::io::AsyncWrite for Resettable {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+}
 
 /// One attempt at the socket to `authority`: TCP, then over `tls` the TLS
 /// handshake, both within [`CONNECT_TIMEOUT`].
@@ -718,6 +917,8 @@ enum Woken {
     /// The idle timer went off: close the connection if it has been idle
     /// for the route's `upstream_idle_timeout`.
     IdleCheck,
+    /// A request asked for the connection to be torn down.
+    TornDown,
 }
 
 /// Runs one upstream connection until it ends, holding its slot; closes it
@@ -727,9 +928,10 @@ enum Woken {
 /// poll), so looking after every poll misses none, and a request that starts
 /// waiting wakes the idle ones. The idle timer goes off at most once per
 /// timeout and looks at when the connection was last parked.
-async fn drive(conn: Connection, slot: Slot, parked: Weak<Parked>) {
+async fn drive(conn: Connection, slot: Slot, parked: Weak<Parked>, teardown: Teardown) {
     let mut conn = pin!(conn.with_upgrades());
     let mut idle_check = pin!(tokio::time::sleep(slot.idle_timeout));
+    let mut torn_down = pin!(teardown.asked());
     loop {
         let mut route_asks = pin!(slot.route.shed.notified());
         let mut share_asks = pin!(async {
@@ -741,6 +943,9 @@ async fn drive(conn: Connection, slot: Slot, parked: Weak<Parked>) {
         // The timer and the two signals are looked at only when one of them
         // woke the task, not on each of the connection's wakes (watch.rs).
         let mut watchers = pin!(WokenOnly::new(std::future::poll_fn(|cx| {
+            if torn_down.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woken::TornDown);
+            }
             if idle_check.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Woken::IdleCheck);
             }
@@ -768,6 +973,12 @@ async fn drive(conn: Connection, slot: Slot, parked: Weak<Parked>) {
         .await;
         match woken {
             Woken::Ended => return,
+            // Dropping the connection closes its socket with a reset
+            // (`Resettable`): nothing it still held is written.
+            Woken::TornDown => {
+                tracing::debug!("tearing an upstream connection down: a request on it went past its route's timeout");
+                return;
+            }
             Woken::Shed => {
                 tracing::debug!("closing an idle upstream connection: a request waits for its slot");
                 return;
@@ -854,9 +1065,8 @@ mod shedding {
         parking: Parking,
     ) -> Result<(), UpstreamError> {
         let checkout = upstreams.checkout(authority, slots, Duration::from_secs(5), parking).await?;
-        let request =
-            Request::get("/").body(RequestBody::Buffered { blocks: Default::default(), _held: None }).unwrap();
-        let response = upstreams.send(authority, None, slots, checkout, request).await?;
+        let request = Request::get("/").body(RequestBody::empty()).unwrap();
+        let response = upstreams.send(authority, None, slots, checkout, request, None).await?;
         response.into_body().collect().await.unwrap();
         Ok(())
     }
@@ -891,11 +1101,11 @@ mod shedding {
         // The first client opens a connection and reads its response whole.
         release.add_permits(1);
         let checkout = first.checkout(&authority, &slots, Duration::ZERO, Parking::Worker).await.unwrap();
-        let response = first.send(&authority, None, &slots, checkout, request()).await.unwrap();
+        let response = first.send(&authority, None, &slots, checkout, request(), None).await.unwrap();
         assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
         // The second client takes it, and keeps it busy.
         let checkout = second.checkout(&authority, &slots, Duration::ZERO, Parking::Worker).await.unwrap();
-        let busy = second.send(&authority, None, &slots, checkout, request()).await.unwrap();
+        let busy = second.send(&authority, None, &slots, checkout, request(), None).await.unwrap();
         assert_eq!(slots.open(), 1);
         // The first client is not held by its share.
         let checkout = first.checkout(&authority, &slots, Duration::ZERO, Parking::Worker).await;
@@ -962,7 +1172,7 @@ mod shedding {
         let mut downloads = Vec::new();
         for client in &clients[..2] {
             let checkout = client.checkout(&authority, &slots, Duration::ZERO, Parking::Client).await.unwrap();
-            let response = client.send(&authority, None, &slots, checkout, request()).await.unwrap();
+            let response = client.send(&authority, None, &slots, checkout, request(), None).await.unwrap();
             downloads.push(response);
         }
         assert_eq!(slots.open(), 2);
@@ -1029,7 +1239,7 @@ mod shedding {
         let mut held = Vec::new();
         for _ in 0..2 {
             let checkout = greedy.checkout(&authority, &slots, Duration::ZERO, Parking::Client).await.unwrap();
-            held.push(greedy.send(&authority, None, &slots, checkout, request()).await.unwrap());
+            held.push(greedy.send(&authority, None, &slots, checkout, request(), None).await.unwrap());
         }
         let Err(refused) = greedy.checkout(&authority, &slots, Duration::from_millis(200), Parking::Client).await
         else {
@@ -1041,13 +1251,13 @@ mod shedding {
         // connection may now send its body).
         release.add_permits(3);
         let checkout = other.checkout(&authority, &slots, Duration::ZERO, Parking::Client).await.unwrap();
-        let response = other.send(&authority, None, &slots, checkout, request()).await.unwrap();
+        let response = other.send(&authority, None, &slots, checkout, request(), None).await.unwrap();
         assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
         assert_eq!(slots.open(), 3);
     }
 
     fn request() -> Request<RequestBody> {
-        Request::get("/").body(RequestBody::Buffered { blocks: Default::default(), _held: None }).unwrap()
+        Request::get("/").body(RequestBody::empty()).unwrap()
     }
 
     #[tokio::test(start_paused = true)]
