@@ -234,7 +234,15 @@ impl Rejection {
         if let ProxyError::Superseded { waiting, .. } = &self.error {
             problem = problem.member("waiting", *waiting);
         }
-        if self.error.retry_soon() {
+        // A store that knows when it takes writes again says so.
+        let retry_after = match &self.error {
+            ProxyError::StoreUnavailable(e) => e.retry_after(),
+            _ => None,
+        };
+        if let Some(after) = retry_after {
+            let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            problem = problem.header(http::header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+        } else if self.error.retry_soon() {
             problem = problem.retry_soon();
         }
         let mut response = problem.into_response().map(ProxyBody::full);

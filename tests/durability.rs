@@ -503,3 +503,37 @@ async fn a_missing_journal_file_stops_start_up_after_a_crash_but_not_after_a_cle
     let fg = Running::start_in(site.path(), &config).await;
     assert_eq!(assert_stale(&fg.url("/objects/j/clean"), 8, 9).await, 9);
 }
+
+/// A journal file found empty (zero bytes) after a crash: fencegate never
+/// leaves one, so the store says at start-up what it means and what it does
+/// with it (a WARN line), and starts from the store file and the other
+/// journal file.
+///
+/// Failed before: the empty file was taken silently as a journal holding
+/// nothing, with not a line in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_journal_file_after_a_crash_is_warned_about() {
+    let up = RecordingUpstream::start().await;
+    let (site, store, config) = file_store_site(&up);
+    let mut fg = Running::start_in(site.path(), &config).await;
+    assert_eq!(put(&fg.url("/objects/e"), 3, "x").await.status, 200);
+    fg.kill();
+    let emptied = store.join("fences.journal-0");
+    std::fs::write(&emptied, b"").unwrap();
+
+    let mut fg = Running::start_in(site.path(), &config).await;
+    let warned = |e: &serde_json::Value| {
+        e["level"] == "WARN"
+            && e["message"].as_str().is_some_and(|m| {
+                m.contains("fences.journal-0")
+                    && m.contains("empty (zero bytes)")
+                    && m.contains("holds no marks")
+                    && m.contains("not clean")
+            })
+    };
+    let line = fg.wait_event("a WARN about the empty journal file", warned).await;
+    assert_eq!(line["clean_stop"], false, "{line}");
+    // It is written afresh, and the store serves.
+    assert!(std::fs::metadata(&emptied).unwrap().len() > 0, "the empty journal file was not written afresh");
+    assert_eq!(put(&fg.url("/objects/e"), 4, "y").await.status, 200);
+}

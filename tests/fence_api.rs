@@ -238,6 +238,40 @@ async fn a_missing_or_wrong_bearer_token_is_401_and_changes_nothing() {
     assert_eq!(set(&admin, "/objects/a", 5).await.status, 200);
 }
 
+/// Two `Authorization` headers, in any mix of right and wrong, are 400 and
+/// change nothing: never answered as if only the first (or the last)
+/// counted. On every endpoint that changes something.
+///
+/// Failed before: the first header alone was read, so a right token first
+/// raised the fence whatever followed it.
+#[tokio::test]
+async fn two_authorization_headers_are_400_and_change_nothing() {
+    let (_up, proxy) = setup().await;
+    let admin = proxy.admin_url("");
+    let url = fences_url(&admin, "/objects/a");
+    let right = format!("Bearer {SECRET}");
+    let pairs = [
+        (right.as_str(), "Bearer wrong"),
+        ("Bearer wrong", right.as_str()),
+        (right.as_str(), right.as_str()),
+        ("Bearer wrong", "Bearer wrong"),
+        (right.as_str(), ""),
+    ];
+    for (first, second) in pairs {
+        let headers = [("authorization", first), ("authorization", second)];
+        let r = send("PUT", &url, &headers, json!({ "token": 5 }).to_string()).await;
+        let p = r.problem(400);
+        assert!(p["detail"].as_str().unwrap().contains("more than one Authorization"), "{first:?}, {second:?}: {p}");
+        send("DELETE", &url, &headers, "").await.problem(400);
+        send("POST", &format!("{admin}/fences/store/confirm"), &headers, "").await.problem(400);
+    }
+    assert_eq!(fence(&admin, "/objects/a").await, Value::Null);
+    assert_eq!(set(&admin, "/objects/a", 5).await.status, 200);
+    let headers = [("authorization", right.as_str()), ("authorization", right.as_str())];
+    send("DELETE", &url, &headers, "").await.problem(400);
+    assert_eq!(fence(&admin, "/objects/a").await, 5, "a delete with two credentials went through");
+}
+
 #[tokio::test]
 async fn the_token_can_come_from_auth_token_file() {
     let up = RecordingUpstream::start().await;
@@ -302,6 +336,11 @@ async fn bad_bodies_are_400_and_change_nothing() {
         r#"{"token": 18446744073709551616}"#,
         r#"{"token": 5, "owner": "me"}"#,
         r#"{"token": 5}{"token": 6}"#,
+        // A repeated name: serde_json alone would take the last.
+        r#"{"token": 5, "token": 9}"#,
+        r#"{"token": 9, "token": 5}"#,
+        r#"{"token": 5, "token": 5}"#,
+        "[5]",
         too_big.as_str(),
     ];
     for body in bad {

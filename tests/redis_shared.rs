@@ -462,7 +462,7 @@ async fn a_redis_slower_than_timeout_refuses_the_write() {
 async fn a_flushed_store_is_refused_until_an_operator_confirms_it() {
     let redis = Redis::start();
     let up = RecordingUpstream::start().await;
-    let (mut a, mut b) = replicas(&redis, "", &up, "").await;
+    let (mut a, mut b) = replicas(&redis, "", &up, SHORT_LEASE).await;
     // A remembers /objects/a at 5, B remembers /objects/b at 3.
     assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
     assert_eq!(put(&b.url("/objects/b"), 3, "three").await.status, 200);
@@ -503,9 +503,9 @@ async fn a_flushed_store_is_refused_until_an_operator_confirms_it() {
     assert_eq!(done["restored"], 1, "A remembers one mark: {done}");
     assert_eq!(identity(&redis, "fencegate:"), new);
     assert_eq!(redis.cli(&["HGET", "fencegate:identity", "previous"]), old);
-    a.wait_ready(true, Duration::from_secs(1)).await;
+    a.wait_ready(true, Duration::from_secs(10)).await;
     // B adopts the confirmed identity after raising its own remembered marks.
-    b.wait_ready(true, Duration::from_secs(3)).await;
+    b.wait_ready(true, Duration::from_secs(10)).await;
     assert_eq!(redis.cli(&["GET", "fencegate:mark:/objects/b"]), "3", "B did not restore its mark");
     assert_eq!(redis.cli(&["GET", "fencegate:mark:/objects/a"]), "5", "A did not restore its mark");
 
@@ -519,13 +519,137 @@ async fn a_flushed_store_is_refused_until_an_operator_confirms_it() {
     assert_eq!(tokens(&up, "/objects/b"), ["3"]);
 }
 
+/// Route limits that keep a write's lease short: a confirm holds fenced
+/// writes for the longest lease (2 × 500ms + 2s, and a second of margin).
+const SHORT_LEASE: &str = "timeout = \"2s\"\nqueue_timeout = \"500ms\"";
+
+/// Route limits under which a write held at the upstream outlives the
+/// test's assertions: a lease of 2 × 1s + 15s and a second of margin.
+const LONG_LEASE: &str = "timeout = \"15s\"\nqueue_timeout = \"1s\"";
+
+/// Redis forgets (flushed) while A's write of token 5 is held at the
+/// upstream: its record in flight is gone with the data. After an operator
+/// confirms the store, B's write of 6 must not reach the upstream while 5
+/// may still be there: it gets 503 `store-unavailable` with a `Retry-After`
+/// naming the hold left, and goes once the hold is over.
+///
+/// Failed before the confirm held fenced writes: the confirm answered after
+/// about a second, B then found no record of 5 and forwarded 6 while 5 was
+/// still held at the upstream.
+async fn writes_admitted_before_the_loss_hold_the_confirmed_store(confirm_through_writer: bool) {
+    let redis = Redis::start();
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&redis, "", &up, LONG_LEASE).await;
+    let gate = up.hold(KEY);
+    let five = spawn_put(a.url(KEY), 5, "five");
+    gate.wait_arrived().await;
+
+    redis.flush();
+    a.wait_ready(false, Duration::from_secs(3)).await;
+    b.wait_ready(false, Duration::from_secs(3)).await;
+    let (confirmer, other) = if confirm_through_writer { (&a, &b) } else { (&b, &a) };
+    let r = confirm(confirmer, Some(&bearer())).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let held_ms = r.json()["held_ms"].as_u64().unwrap_or_default();
+    // A write of 6 through the confirming replica, at once. (Through A it
+    // also waits for A's own turn of the key, held by 5: 503 either way.)
+    let r = put(&confirmer.url(KEY), 6, "six").await;
+    assert_eq!(seen_writes(&up, KEY), 1, "token 6 reached the upstream while 5 was held there: {}", r.text());
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(held_ms >= 17_000, "writes held {held_ms} ms, a write's lease is 18s");
+    // The other replica adopts the confirmed identity (its check runs every second).
+    eventually("the other replica adopting the confirmed identity", Duration::from_secs(5), || async {
+        readyz(other).await.json()["detail"].as_str().is_some_and(|d| d.contains("held"))
+    })
+    .await;
+
+    // B's write is refused by the hold (A's would wait for its own turn first).
+    let r = put(&b.url(KEY), 6, "six").await;
+    let p = assert_store_unavailable(&r);
+    assert!(p["detail"].as_str().unwrap().contains("held"), "{p}");
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!(retry > 1, "Retry-After {retry} while writes are held for {held_ms} ms");
+    assert_store_unavailable(&put(&b.url("/objects/other"), 1, "another key").await);
+    for (via, fg) in [("the confirming replica", confirmer), ("the other replica", other)] {
+        let ready = readyz(fg).await;
+        assert_eq!(ready.status, 503, "via {via}: {}", ready.text());
+        assert!(ready.json()["detail"].as_str().unwrap().contains("held"), "via {via}: {}", ready.text());
+    }
+    // Reads flow meanwhile.
+    assert_ne!(get(&b.url("/objects/other")).await.status, 503);
+    assert_eq!(seen_writes(&up, KEY), 1, "token 6 reached the upstream while 5 was held there");
+    assert!(up.overlaps().is_empty(), "writes of different tokens overlapped: {:?}", up.overlaps());
+
+    gate.release();
+    assert_eq!(five.await.unwrap().status, 200);
+    // Once the hold is over, 6 goes.
+    let mut six = put(&b.url(KEY), 6, "six").await;
+    let deadline = Instant::now() + Duration::from_millis(held_ms) + Duration::from_secs(10);
+    while six.status == 503 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        six = put(&b.url(KEY), 6, "six").await;
+    }
+    assert_eq!(six.status, 200, "{}", six.text());
+    a.wait_ready(true, Duration::from_secs(3)).await;
+    b.wait_ready(true, Duration::from_secs(3)).await;
+    assert_eq!(tokens(&up, KEY), ["5", "6"]);
+    assert!(up.overlaps().is_empty(), "writes of different tokens overlapped: {:?}", up.overlaps());
+    assert_stale(&put(&a.url(KEY), 5, "late").await, 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirm_through_the_other_replica_holds_writes_past_the_writes_in_flight() {
+    writes_admitted_before_the_loss_hold_the_confirmed_store(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirm_through_the_writing_replica_holds_writes_past_its_write_in_flight() {
+    writes_admitted_before_the_loss_hold_the_confirmed_store(true).await;
+}
+
+/// Replicas whose routes give writes leases of different lengths: the
+/// confirm goes through B, whose writes are short, while A's long write is
+/// in flight. A, adopting the confirmed identity, lengthens the hold to its
+/// own longest lease, so B's write still waits once B's own hold is over.
+///
+/// Failed before the confirm held fenced writes (B forwarded 6 a second
+/// after the confirm, while 5 was held at the upstream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replica_with_the_longest_lease_lengthens_the_hold() {
+    let redis = Redis::start();
+    let up = RecordingUpstream::start().await;
+    let a = replica(&redis, "", &up, LONG_LEASE).await;
+    let b = replica(&redis, "", &up, SHORT_LEASE).await;
+    let gate = up.hold(KEY);
+    let five = spawn_put(a.url(KEY), 5, "five");
+    gate.wait_arrived().await;
+
+    redis.flush();
+    a.wait_ready(false, Duration::from_secs(3)).await;
+    b.wait_ready(false, Duration::from_secs(3)).await;
+    let r = confirm(&b, Some(&bearer())).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let held_ms = r.json()["held_ms"].as_u64().unwrap_or_default();
+    assert!(held_ms < 10_000, "B's own hold is its short lease: {held_ms} ms");
+    // Past B's own hold (and A's adoption, a second at most).
+    tokio::time::sleep(Duration::from_millis(held_ms) + Duration::from_secs(1)).await;
+    let r = put(&b.url(KEY), 6, "six").await;
+    let p = assert_store_unavailable(&r);
+    assert!(p["detail"].as_str().unwrap().contains("held"), "{p}");
+    assert_eq!(seen_writes(&up, KEY), 1, "token 6 reached the upstream while 5 was held there");
+
+    gate.release();
+    assert_eq!(five.await.unwrap().status, 200);
+    assert!(up.overlaps().is_empty(), "writes of different tokens overlapped: {:?}", up.overlaps());
+}
+
 /// A Redis without persistence restarted: the same as a flush, confirmed
 /// with the CLI this time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_empty_redis_is_confirmed_with_the_cli() {
     let mut redis = Redis::start();
     let up = RecordingUpstream::start().await;
-    let (a, b) = replicas(&redis, "", &up, "").await;
+    let (a, b) = replicas(&redis, "", &up, SHORT_LEASE).await;
     assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
     // B has used the store too (so it knows the store's identity).
     assert_eq!(put(&b.url("/objects/b"), 1, "one").await.status, 200);
@@ -553,8 +677,8 @@ async fn a_restarted_empty_redis_is_confirmed_with_the_cli() {
     assert!(text(&out.stdout).contains("confirmed"), "{}", text(&out.stdout));
     assert!(text(&out.stdout).contains("1 mark"), "{}", text(&out.stdout));
 
-    a.wait_ready(true, Duration::from_secs(2)).await;
-    b.wait_ready(true, Duration::from_secs(3)).await;
+    a.wait_ready(true, Duration::from_secs(10)).await;
+    b.wait_ready(true, Duration::from_secs(10)).await;
     assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
     assert_eq!(put(&b.url(KEY), 6, "six").await.status, 200);
     assert_eq!(tokens(&up, KEY), ["5", "6"]);
@@ -610,7 +734,7 @@ async fn a_replica_that_never_used_the_store_does_not_trust_it_once_emptied() {
 async fn a_mark_below_one_seen_makes_the_replica_distrust_the_store() {
     let redis = Redis::start();
     let up = RecordingUpstream::start().await;
-    let (a, b) = replicas(&redis, "", &up, "").await;
+    let (a, b) = replicas(&redis, "", &up, SHORT_LEASE).await;
     assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
 
     assert_eq!(redis.cli(&["SET", "fencegate:mark:/objects/a", "1"]), "OK");
@@ -626,8 +750,8 @@ async fn a_mark_below_one_seen_makes_the_replica_distrust_the_store() {
 
     let r = confirm(&a, Some(&bearer())).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    a.wait_ready(true, Duration::from_secs(1)).await;
-    b.wait_ready(true, Duration::from_secs(3)).await;
+    a.wait_ready(true, Duration::from_secs(10)).await;
+    b.wait_ready(true, Duration::from_secs(10)).await;
     // A's remembered 5 is back (the refused 6 had already raised the store's
     // mark to 6, nothing forwarded).
     let r = put(&b.url(KEY), 4, "four").await;

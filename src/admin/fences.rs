@@ -14,7 +14,9 @@
 //!   included: for keys known dead.
 //!
 //! Changes need `Authorization: Bearer` matching `[admin] auth_token` (401
-//! otherwise); with no token configured, they are refused with 403. Every
+//! otherwise; more than one `Authorization` header, whatever they hold, is
+//! 400); with no token configured, they are refused with 403. A JSON body
+//! is one object whose names each appear once (400 otherwise). Every
 //! change, and every refused attempt, is logged at target `fencegate::audit`.
 //! Keys longer than `[fences] max_key_bytes` are refused (400 `bad-key`), as
 //! the proxy refuses them.
@@ -181,6 +183,17 @@ fn unauthorized<B>(state: &AdminState, peer: SocketAddr, req: &Request<B>) -> Op
             "no [admin] auth_token is configured, so the fence API is read-only",
         ));
     };
+    // Two credentials are refused whatever they hold: answering as if only
+    // one counted lets whatever sits in front (a proxy that checks or adds
+    // one of them) and fencegate disagree on who is asking.
+    if req.headers().get_all(AUTHORIZATION).iter().nth(1).is_some() {
+        crate::telemetry::warn_limited!(target: "fencegate::audit", caller = %peer, "fence change refused: more than one Authorization header");
+        return Some(problem(
+            StatusCode::BAD_REQUEST,
+            "Bad request",
+            "more than one Authorization header; send one: 'Authorization: Bearer <[admin] auth_token>'",
+        ));
+    }
     // The scheme name is case-insensitive (RFC 9110 §11.1); the token is not.
     let presented = req
         .headers()
@@ -237,12 +250,16 @@ pub(super) async fn confirm_store<B>(state: &AdminState, peer: SocketAddr, req: 
                 identity = %done.identity,
                 previous = %done.previous,
                 restored = done.restored,
+                held_ms = done.held.as_millis() as u64,
                 "fence store confirmed"
             );
-            json_response(
-                StatusCode::OK,
-                &json!({ "identity": done.identity, "previous": done.previous, "restored": done.restored }),
-            )
+            let body = json!({
+                "identity": done.identity,
+                "previous": done.previous,
+                "restored": done.restored,
+                "held_ms": done.held.as_millis() as u64,
+            });
+            json_response(StatusCode::OK, &body)
         }
         Err(e) => unavailable(e.to_string()),
     }
@@ -274,11 +291,7 @@ async fn raise(state: &AdminState, peer: SocketAddr, req: Request<ClientBody>) -
     struct RaiseBody {
         token: u64,
     }
-    // An object, and only an object: serde would also read `[45]` as a
-    // struct's fields in order.
-    let parsed = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body)
-        .and_then(|object| serde_json::from_value::<RaiseBody>(serde_json::Value::Object(object)));
-    let token = match parsed {
+    let token = match super::json::object::<RaiseBody>(&body) {
         Ok(b) => b.token,
         Err(e) => {
             return problem(

@@ -8,6 +8,7 @@
 
 pub mod client;
 mod fences;
+mod json;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -29,6 +29,8 @@ use tracing::{info, warn};
 
 use super::descriptors::{self, Account};
 use crate::config::{secret_files, AdminConfig, Config, ConfigError, ConfigProblem};
+use crate::fence::store::redis::longest_write_lease;
+use crate::fence::store::AnyStore;
 use crate::metrics::Reloads;
 use crate::route::RouteTable;
 use crate::stack::Shared;
@@ -117,6 +119,11 @@ impl Reloader {
             new.routes.iter().map(|route| route.in_service(metrics, serving.named(&route.name).map(|r| &**r))),
         );
         self.shared.routes.replace(table);
+        // After a confirm of a shared store, writes are held as long as a
+        // write of these routes may be in flight.
+        if let AnyStore::Redis(redis) = &*self.shared.store {
+            redis.set_write_lease(longest_write_lease(&new.routes));
+        }
         if new.admin.auth_token != running.admin.auth_token {
             self.admin_token.store(new.admin.auth_token.clone().map(Arc::new));
             info!("config reload: the fence API's admin token changed");

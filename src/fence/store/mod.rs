@@ -145,6 +145,15 @@ pub enum StoreError {
     /// trusted until an operator confirms it.
     #[error("fence store unavailable: {0}; an operator must confirm the store (fencegate fence confirm-store)")]
     Distrusted(String),
+    /// An operator confirmed the shared store after it lost its data:
+    /// writes admitted before the loss may still be in flight, with no
+    /// record left, so fenced writes wait until their leases have run out.
+    #[error(
+        "fence store unavailable: fenced writes are held for {} more: an operator confirmed the Redis fence store \
+         after it lost its data, and writes admitted before that may still be in flight",
+        humantime::format_duration(std::time::Duration::from_secs(.0.as_secs() + u64::from(.0.subsec_nanos() > 0)))
+    )]
+    Held(std::time::Duration),
     /// Redis answered something fencegate does not understand.
     #[error("fence store unavailable: the Redis fence store answered {0}")]
     Unexpected(String),
@@ -164,6 +173,15 @@ impl StoreError {
 
     fn unexpected(what: &str) -> StoreError {
         StoreError::Unexpected(what.to_owned())
+    }
+
+    /// When the same write may succeed, when the store knows: the
+    /// `Retry-After` of its refusal (otherwise one second).
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            StoreError::Held(left) => Some(*left),
+            _ => None,
+        }
     }
 }
 

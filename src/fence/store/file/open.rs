@@ -117,7 +117,7 @@ impl FileStore {
             }
         }
         // Holding the database's lock, bring the B-tree up to date with the journal.
-        let replayed = recover_journal(&db, dir)?;
+        let replayed = recover_journal(&db, dir, was_clean)?;
         let recovered = (|| -> Result<u64, redb::Error> { Ok(db.begin_read()?.open_table(FENCES)?.len()?) })()
             .map_err(|e| corrupt(e.to_string()))?;
         // Both files are folded now: empty them. Appends up to a fold's worth
@@ -158,8 +158,9 @@ fn open_database(file: &Path) -> Result<Database, OpenError> {
 }
 
 /// Replays both journal files into the B-tree, at start-up. Returns how many
-/// records were replayed.
-fn recover_journal(db: &Database, dir: &Path) -> Result<u64, OpenError> {
+/// records were replayed. `was_clean`: the last process stopped cleanly, so
+/// the B-tree holds every mark already.
+fn recover_journal(db: &Database, dir: &Path, was_clean: bool) -> Result<u64, OpenError> {
     let mut marks = Marks::default();
     let mut records = 0;
     for name in journal::FILES {
@@ -169,6 +170,9 @@ fn recover_journal(db: &Database, dir: &Path) -> Result<u64, OpenError> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(source) => return Err(OpenError::Journal { path, source }),
         };
+        if bytes.is_empty() {
+            warn_empty_journal(&path, &dir.join(DB_FILE), was_clean);
+        }
         let replayed =
             journal::replay(&bytes, &mut marks).map_err(|detail| OpenError::Corrupt { path: path.clone(), detail })?;
         tracing::debug!(path = %path.display(), records = replayed.records, end = replayed.end, "journal replayed");
@@ -181,6 +185,25 @@ fn recover_journal(db: &Database, dir: &Path) -> Result<u64, OpenError> {
         Err(_) => "the store library panicked while replaying the journal".to_string(),
     };
     Err(OpenError::Corrupt { path: dir.join(DB_FILE), detail })
+}
+
+/// Says what a zero-byte journal file means. fencegate never leaves one (it
+/// writes each journal file whole under another name and renames it into
+/// place), so it was emptied by hand, as the way out of a missing journal,
+/// or a crash of the machine lost what the filesystem had not yet written.
+fn warn_empty_journal(path: &Path, db: &Path, was_clean: bool) {
+    let consequence = if was_clean {
+        "the last stop was clean, so the store file holds every mark and nothing is lost"
+    } else {
+        "the last stop was not clean: marks raised since the last fold that were only in this file are lost, and          a stale lock holder of those keys may write again; restore the store directory from a backup if that          matters"
+    };
+    tracing::warn!(
+        path = %path.display(),
+        clean_stop = was_clean,
+        "fence journal {} is empty (zero bytes): fencegate never leaves one, so it was emptied by hand or a crash          of the machine lost its contents. It holds no marks: the store starts from {} and the other journal file,          and writes this one afresh; {consequence}",
+        path.display(),
+        db.display()
+    );
 }
 
 /// Starts the store's threads on a recovered database.

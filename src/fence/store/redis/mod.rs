@@ -42,6 +42,7 @@ use super::{Advance, Deleted, Entered, InFlight, Selection, StoreError};
 use crate::config::RedisConfig;
 use crate::fence::gate::Ask;
 use crate::fence::KeyMap;
+use crate::route::Route;
 
 const SCRIPTS: &str = include_str!("scripts.lua");
 
@@ -74,6 +75,18 @@ pub fn check_url(url: &str) -> Result<(), String> {
     }
 }
 
+/// The longest lease a fenced write of `routes` is given (see
+/// `crate::fence::service`: what is left of the wait for its turns, at most
+/// a `queue_timeout`; a wait for an upstream connection, another; the
+/// exchange, `timeout`; and the settle period, at most the longest of any
+/// route, a COPY's destination's included). The store adds its replica wait
+/// and [`LEASE_MARGIN`].
+pub fn longest_write_lease(routes: &[Route]) -> Duration {
+    let settle = routes.iter().map(|r| r.settle).max().unwrap_or_default();
+    let exchange = routes.iter().map(|r| r.queue_timeout * 2 + r.timeout).max().unwrap_or_default();
+    exchange + settle
+}
+
 /// The scripts of `scripts.lua`, each with the shared part before the first.
 struct Scripts {
     enter: Script,
@@ -81,6 +94,9 @@ struct Scripts {
     get: Script,
     list: Script,
     delete: Script,
+    confirm: Script,
+    hold: Script,
+    held: Script,
 }
 
 impl Scripts {
@@ -99,6 +115,9 @@ impl Scripts {
             get: take("get"),
             list: take("list"),
             delete: take("delete"),
+            confirm: take("confirm"),
+            hold: take("hold"),
+            held: take("held"),
         }
     }
 }
@@ -137,6 +156,9 @@ struct Known {
     deletions: u64,
     /// Why the store is not trusted, until an operator confirms it.
     distrust: Option<String>,
+    /// Until when fenced writes are held after an operator's confirmation,
+    /// as last read from the store (`/readyz`; the store itself decides).
+    held_until: Option<Instant>,
 }
 
 /// Marks in Redis, shared by every fencegate that uses the same server and
@@ -181,6 +203,12 @@ struct Inner {
     ending: AtomicUsize,
     /// Records of writes whose turns ended, to [`end_records`].
     ends: mpsc::UnboundedSender<(String, String)>,
+    /// The longest lease the routes give a write, in ms, as last configured
+    /// ([`RedisStore::set_write_lease`]).
+    write_lease_ms: AtomicU64,
+    /// The longest lease this process gave a write, in ms: a reload that
+    /// shortened the routes' timeouts leaves older writes with longer ones.
+    given_lease_ms: AtomicU64,
 }
 
 /// What this replica knew of a key before a call ([`Inner::before`]).
@@ -240,6 +268,8 @@ impl RedisStore {
             tracked: AtomicUsize::new(0),
             ending: AtomicUsize::new(0),
             ends,
+            write_lease_ms: AtomicU64::new(0),
+            given_lease_ms: AtomicU64::new(0),
         });
         tokio::spawn(health(Arc::downgrade(&inner)));
         tokio::spawn(end_records(Arc::downgrade(&inner), ended));
@@ -265,13 +295,29 @@ impl RedisStore {
     /// Why fenced writes are refused now, if they are (`/readyz`).
     pub fn unready(&self) -> Option<String> {
         let inner = &self.inner;
-        if let Some(why) = inner.known().distrust.clone() {
-            return Some(why);
-        }
+        let held_until = {
+            let known = inner.known();
+            if let Some(why) = &known.distrust {
+                return Some(why.clone());
+            }
+            known.held_until
+        };
         if !inner.reachable.load(Ordering::Acquire) {
             return Some("the Redis fence store is unreachable or slower than [fences] timeout".into());
         }
+        let left = held_until.map(|until| until.saturating_duration_since(Instant::now())).unwrap_or_default();
+        if !left.is_zero() {
+            return Some(StoreError::Held(left).to_string());
+        }
         None
+    }
+
+    /// The longest lease a route gives a write (see [`longest_write_lease`]):
+    /// how long fenced writes are held after an operator confirms the store.
+    /// Set at start and on every config reload.
+    pub fn set_write_lease(&self, lease: Duration) {
+        let ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        self.inner.write_lease_ms.store(ms, Ordering::Relaxed);
     }
 
     pub fn tracked_keys(&self) -> usize {
@@ -340,7 +386,9 @@ impl RedisStore {
         ];
         // The decision's answer may wait for the replicas first.
         let replicas = if inner.min_replicas > 0 { inner.replica_timeout } else { Duration::ZERO };
-        let lease_ms = (lease + replicas + LEASE_MARGIN).as_millis().max(1).to_string();
+        let lease_ms = (lease + replicas + LEASE_MARGIN).as_millis().max(1);
+        inner.given_lease_ms.fetch_max(u64::try_from(lease_ms).unwrap_or(u64::MAX), Ordering::Relaxed);
+        let lease_ms = lease_ms.to_string();
         let alone = if ask == Ask::Alone { "1" } else { "0" };
         let mut pause = Duration::from_millis(1);
         loop {
@@ -375,6 +423,11 @@ impl RedisStore {
                 }
                 "superseded" => {
                     return Ok(Entered::Superseded { waiting: parse_mark(reply.rest.first())?.unwrap_or_default() })
+                }
+                "held" => {
+                    let left = parse_ms(reply.rest.first())?;
+                    inner.note_hold(left);
+                    return Err(StoreError::Held(left));
                 }
                 "busy" => {
                     let now = Instant::now();
@@ -443,7 +496,14 @@ impl RedisStore {
     /// replica first raises every mark it remembers back into the store
     /// (nothing it saw goes back), then writes a new identity naming the
     /// old one, which the other replicas then adopt once they have done the
-    /// same. Returns the new identity and the marks restored.
+    /// same.
+    ///
+    /// Writes admitted before the store lost its data may still be in
+    /// flight on any replica, and their records are gone with the data: so
+    /// the same step holds every replica's fenced writes (503) for the
+    /// longest lease a write may have ([`Inner::hold_for`]), at least long
+    /// enough for the other replicas to restore their marks. Each replica
+    /// that adopts the identity lengthens the hold to its own longest lease.
     pub async fn confirm(&self) -> Result<Confirmed, StoreError> {
         let inner = &self.inner;
         let _one = inner.transition.lock().await;
@@ -452,29 +512,28 @@ impl RedisStore {
             let known = inner.known();
             known.id.clone()
         };
-        let (found, _, deletions) = inner.read_identity().await?;
+        let found = inner.read_identity().await?.0;
         let previous = previous.or(found).unwrap_or_default();
         let id = new_identity()?;
-        // Held until the other replicas had the time to see the new identity
-        // and raise their own remembered marks back (their health check runs
-        // every second): this replica's writes must not pass below them.
-        inner.distrust(
-            format!("an operator confirmed the Redis fence store (identity {id}); waiting for the other replicas"),
-            false,
-        );
-        let mut set = redis::cmd("HSET");
-        set.arg(inner.names.identity()).arg("id").arg(&id).arg("previous").arg(&previous);
-        inner.query::<i64>(&set, "writing the fence store's identity").await?;
-        {
-            let mut known = inner.known();
-            known.id = Some(id.clone());
-            // A flushed store counts its deletions from nothing again.
-            known.deletions = deletions;
+        let hold = inner.hold_for();
+        let mut invocation = inner.scripts.confirm.prepare_invoke();
+        invocation.key(inner.names.identity()).arg(&id).arg(&previous).arg(hold.as_millis().max(1).to_string());
+        let reply = Reply::parse(inner.invoke(&invocation, false).await?.0)?;
+        if reply.verdict != "ok" {
+            return Err(StoreError::unexpected(&reply.verdict));
         }
-        tokio::time::sleep(HEALTH_EVERY + inner.timeout * 2).await;
-        inner.adopt(id.clone(), deletions);
-        warn!(identity = %id, %previous, restored, "an operator confirmed the Redis fence store: fenced writes resume");
-        Ok(Confirmed { identity: id, previous, restored })
+        // Writes wait on the store's hold; this replica's marks are in it.
+        inner.adopt(id.clone(), reply.deletions);
+        inner.note_hold(hold);
+        warn!(
+            identity = %id,
+            %previous,
+            restored,
+            held_for = %humantime::format_duration(hold),
+            "an operator confirmed the Redis fence store: fenced writes resume once the writes admitted before it \
+             lost its data have ended"
+        );
+        Ok(Confirmed { identity: id, previous, restored, held: hold })
     }
 }
 
@@ -484,6 +543,8 @@ pub struct Confirmed {
     pub identity: String,
     pub previous: String,
     pub restored: u64,
+    /// How long every replica's fenced writes are held from the confirmation.
+    pub held: Duration,
 }
 
 /// A fenced write recorded in flight in Redis: dropping it ends the record.
@@ -755,8 +816,26 @@ impl Inner {
                     false,
                 );
                 let restored = self.restore().await?;
-                warn!(identity = %id, restored, "adopting the Redis fence store's identity an operator confirmed");
+                // This replica's writes admitted before the loss may still
+                // be in flight, with leases the confirming replica may not
+                // know of: the hold lasts at least as long as they may.
+                let hold = self.hold_for();
+                let mut invocation = self.scripts.hold.prepare_invoke();
+                invocation.key(self.names.identity()).arg(&id).arg(hold.as_millis().max(1).to_string());
+                let reply = Reply::parse(self.invoke(&invocation, false).await?.0)?;
+                if reply.verdict != "ok" {
+                    // The identity changed again meanwhile: judged afresh next time.
+                    return Ok(());
+                }
+                let left = parse_ms(reply.rest.first())?;
+                warn!(
+                    identity = %id,
+                    restored,
+                    held_for = %humantime::format_duration(left),
+                    "adopting the Redis fence store's identity an operator confirmed"
+                );
                 self.adopt(id, deletions);
+                self.note_hold(left);
             }
             (Some(ours), (found, _)) => {
                 let why = match found {
@@ -772,6 +851,24 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// How long fenced writes are held after a confirmation, from its
+    /// moment: the longest lease a write of this replica may have (its
+    /// routes', or a longer one it gave before a reload), and at least the
+    /// time the other replicas take to see the new identity and restore
+    /// their marks (their health check runs every [`HEALTH_EVERY`]).
+    fn hold_for(&self) -> Duration {
+        let replicas = if self.min_replicas > 0 { self.replica_timeout } else { Duration::ZERO };
+        let configured = Duration::from_millis(self.write_lease_ms.load(Ordering::Relaxed)) + replicas + LEASE_MARGIN;
+        let given = Duration::from_millis(self.given_lease_ms.load(Ordering::Relaxed));
+        configured.max(given).max(HEALTH_EVERY + self.timeout * 2)
+    }
+
+    /// The store holds fenced writes for `left` more (`/readyz` says so).
+    fn note_hold(&self, left: Duration) {
+        let mut known = self.known();
+        known.held_until = (!left.is_zero()).then(|| Instant::now() + left);
     }
 
     fn adopt(&self, id: String, deletions: u64) {
@@ -917,6 +1014,14 @@ impl Reply {
     }
 }
 
+/// Milliseconds a script answered, as a duration.
+fn parse_ms(value: Option<&String>) -> Result<Duration, StoreError> {
+    value
+        .and_then(|text| text.parse().ok())
+        .map(Duration::from_millis)
+        .ok_or_else(|| StoreError::unexpected("a duration that is not a number of milliseconds"))
+}
+
 fn parse_mark(value: Option<&String>) -> Result<Option<u64>, StoreError> {
     match value.map(String::as_str) {
         None | Some("") => Ok(None),
@@ -981,10 +1086,48 @@ impl Inner {
             tracing::debug!(error = %e, "checking the Redis fence store's identity");
             return;
         }
+        // Whether writes are held after a confirmation, for `/readyz` on
+        // every replica (a replica started since the confirmation too).
+        let invocation = {
+            let mut invocation = self.scripts.held.prepare_invoke();
+            invocation.key(self.names.identity());
+            invocation
+        };
+        if let Ok((values, _)) = self.invoke(&invocation, false).await {
+            if let Ok(left) = Reply::parse(values).and_then(|reply| parse_ms(reply.rest.first())) {
+                self.note_hold(left);
+            }
+        }
         let mut count = redis::cmd("ZCARD");
         count.arg(self.names.index());
         if let Ok(n) = self.query::<usize>(&count, "counting the fence store's keys").await {
             self.tracked.store(n, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route::test_route;
+
+    /// The hold after a confirm covers the longest lease any route gives a
+    /// write: two queue timeouts and the exchange of the same route, and the
+    /// longest settle of any (a COPY's destination may settle longer).
+    #[test]
+    fn the_longest_write_lease_covers_every_route_and_the_longest_settle() {
+        let s = Duration::from_secs;
+        let slow = Route { timeout: s(30), queue_timeout: s(10), settle: s(0), ..test_route("slow", "/slow/") };
+        let settles = Route { timeout: s(2), queue_timeout: s(1), settle: s(5), ..test_route("settles", "/s/") };
+        assert_eq!(longest_write_lease(&[slow.clone(), settles.clone()]), s(50 + 5));
+        assert_eq!(longest_write_lease(&[settles]), s(4 + 5));
+        assert_eq!(longest_write_lease(&[]), Duration::ZERO);
+    }
+
+    #[test]
+    fn milliseconds_from_a_script_are_read_or_refused() {
+        assert_eq!(parse_ms(Some(&"1500".to_owned())).unwrap(), Duration::from_millis(1500));
+        assert!(parse_ms(Some(&"1.5e+12".to_owned())).is_err());
+        assert!(parse_ms(None).is_err());
     }
 }

@@ -21,6 +21,17 @@ local function identity(key, expected)
   return nil, found[3] or '0'
 end
 
+-- The Redis server's time in milliseconds: every lease and hold is on its clock.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Milliseconds as a base-10 integer string (tostring would write 1.7e+12).
+local function ms(n)
+  return string.format('%.0f', n)
+end
+
 -- script: enter
 -- One fenced write's turn of a key, across replicas: the compare-and-raise
 -- and the record of the write in flight, in one step.
@@ -31,8 +42,12 @@ if refused then return refused end
 local token = ARGV[2]
 local mark = redis.call('GET', KEYS[1])
 if mark and below(token, mark) then return {'stale', deletions, mark} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
+-- After an operator confirmed a store that lost its data, writes admitted
+-- before the loss may still be in flight with no record left: every fenced
+-- write is held until the longest of their leases has run out.
+local held = redis.call('HGET', KEYS[5], 'held')
+if held and now < tonumber(held) then return {'held', deletions, ms(tonumber(held) - now)} end
 local waiting = redis.call('GET', KEYS[3])
 if waiting and below(token, waiting) then return {'superseded', deletions, waiting} end
 local lease = tonumber(ARGV[4])
@@ -144,3 +159,41 @@ if #keys > 0 then
   deletions = tostring(redis.call('HINCRBY', KEYS[2], 'deletions', 1))
 end
 return {'ok', deletions, tostring(#keys), single}
+
+-- script: confirm
+-- An operator's confirmation: the store's new identity, naming the one it
+-- replaces, and the hold of fenced writes from now (the Redis server's
+-- time) for ARGV[3] ms. Runs whatever the identity says.
+-- KEYS: identity
+-- ARGV: new identity, previous identity, hold ms
+local now = now_ms()
+redis.call('HSET', KEYS[1], 'id', ARGV[1], 'previous', ARGV[2], 'confirmed', ms(now),
+  'held', ms(now + tonumber(ARGV[3])))
+return {'ok', redis.call('HGET', KEYS[1], 'deletions') or '0', ARGV[3]}
+
+-- script: hold
+-- A replica taking a confirmed identity: the hold lasts at least ARGV[2] ms
+-- from the confirmation (this replica's longest write lease). Answers the
+-- hold left, in ms.
+-- KEYS: identity
+-- ARGV: identity, lease ms
+local refused, deletions = identity(KEYS[1], ARGV[1])
+if refused then return refused end
+local now = now_ms()
+local confirmed = redis.call('HGET', KEYS[1], 'confirmed')
+local held = tonumber(redis.call('HGET', KEYS[1], 'held') or '0')
+if confirmed then
+  local until_ms = tonumber(confirmed) + tonumber(ARGV[2])
+  if until_ms > held then
+    held = until_ms
+    redis.call('HSET', KEYS[1], 'held', ms(held))
+  end
+end
+return {'ok', deletions, ms(math.max(held - now, 0))}
+
+-- script: held
+-- The hold left, in ms (0: none), whatever the identity says.
+-- KEYS: identity
+-- ARGV: (none used)
+local held = tonumber(redis.call('HGET', KEYS[1], 'held') or '0')
+return {'ok', redis.call('HGET', KEYS[1], 'deletions') or '0', ms(math.max(held - now_ms(), 0))}
