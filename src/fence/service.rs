@@ -168,9 +168,10 @@ where
             // A store replicas share records the write in flight for as long
             // as it may take, should this process die mid-write: what is left
             // of the wait for the keys' turns (a second key's may follow), a
-            // wait for an upstream connection, the exchange, and the settle
-            // period. (The store adds its own replica wait and a margin.)
-            let lease = wait + route.queue_timeout + route.timeout + settle;
+            // wait for an upstream connection, the exchange, the wait for a
+            // body answered early to leave (bounded by `timeout` too), and the
+            // settle period. (The store adds its own replica wait and a margin.)
+            let lease = wait + route.queue_timeout + route.timeout * 2 + settle;
             match store.enter(k, token, ask, lease, wait).await {
                 // A strict route takes one write per token, and the advance is
                 // where that is decided for good: the fence API may have raised

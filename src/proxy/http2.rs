@@ -320,7 +320,7 @@ pub(super) async fn send(
                 tracing::debug!("upstream HTTP/2 connection was closing; sending on another");
                 unsent_again = false;
                 // The twin holds the body's budget share, if it was made.
-                again.unwrap_or(unsent)
+                again.unwrap_or(*unsent)
             }
             Ok(Exchanged::Unsent(_)) => {
                 return Err(UpstreamError::connect("the upstream closed its connections before the request was sent"));
@@ -377,7 +377,7 @@ fn twin(req: &mut Request<RequestBody>) -> Option<Request<RequestBody>> {
 
 enum Exchanged {
     Answered(Response<Incoming>),
-    Unsent(Request<RequestBody>),
+    Unsent(Box<Request<RequestBody>>),
 }
 
 /// One request on `stream` of `mux`. If it is dropped before its answer
@@ -394,7 +394,7 @@ async fn exchange(mux: &Multiplexed, stream: Stream, req: Request<RequestBody>) 
             Ok(Exchanged::Answered(response))
         }
         Err(mut e) => match e.take_message() {
-            Some(unsent) => Ok(Exchanged::Unsent(unsent)),
+            Some(unsent) => Ok(Exchanged::Unsent(Box::new(unsent))),
             None => {
                 let e = e.into_error();
                 if refused_unprocessed(&e) {

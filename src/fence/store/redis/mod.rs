@@ -78,12 +78,13 @@ pub fn check_url(url: &str) -> Result<(), String> {
 /// The longest lease a fenced write of `routes` is given (see
 /// `crate::fence::service`: what is left of the wait for its turns, at most
 /// a `queue_timeout`; a wait for an upstream connection, another; the
-/// exchange, `timeout`; and the settle period, at most the longest of any
+/// exchange, `timeout`; the wait for a body answered early to leave, another
+/// `timeout`; and the settle period, at most the longest of any
 /// route, a COPY's destination's included). The store adds its replica wait
 /// and [`LEASE_MARGIN`].
 pub fn longest_write_lease(routes: &[Route]) -> Duration {
     let settle = routes.iter().map(|r| r.settle).max().unwrap_or_default();
-    let exchange = routes.iter().map(|r| r.queue_timeout * 2 + r.timeout).max().unwrap_or_default();
+    let exchange = routes.iter().map(|r| r.queue_timeout * 2 + r.timeout * 2).max().unwrap_or_default();
     exchange + settle
 }
 
