@@ -254,9 +254,11 @@ fn fence_command(config: &Config, action: FenceAction) -> ExitCode {
             FenceAction::ConfirmStore => {
                 let done = client.confirm_store().await?;
                 println!(
-                    "fence store confirmed: identity {}, {} mark(s) this replica remembered restored",
+                    "fence store confirmed: identity {}, {} mark(s) this replica remembered restored; fenced writes \
+                     held for {} ms while writes admitted before the loss may still reach the upstream",
                     done["identity"].as_str().unwrap_or("?"),
-                    done["restored"].as_u64().unwrap_or(0)
+                    done["restored"].as_u64().unwrap_or(0),
+                    done["held_ms"].as_u64().unwrap_or(0)
                 );
                 Ok(ExitCode::SUCCESS)
             }

@@ -540,13 +540,7 @@ async fn writes_admitted_before_the_loss_hold_the_confirmed_store(confirm_throug
     let redis = Redis::start();
     let up = RecordingUpstream::start().await;
     let (a, b) = replicas(&redis, "", &up, LONG_LEASE).await;
-    let gate = up.hold(KEY);
-    let five = spawn_put(a.url(KEY), 5, "five");
-    gate.wait_arrived().await;
-
-    redis.flush();
-    a.wait_ready(false, Duration::from_secs(3)).await;
-    b.wait_ready(false, Duration::from_secs(3)).await;
+    let (gate, five) = five_held_while_redis_forgets(&redis, &up, &a, &b).await;
     let (confirmer, other) = if confirm_through_writer { (&a, &b) } else { (&b, &a) };
     let r = confirm(confirmer, Some(&bearer())).await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -620,13 +614,7 @@ async fn the_replica_with_the_longest_lease_lengthens_the_hold() {
     let up = RecordingUpstream::start().await;
     let a = replica(&redis, "", &up, LONG_LEASE).await;
     let b = replica(&redis, "", &up, SHORT_LEASE).await;
-    let gate = up.hold(KEY);
-    let five = spawn_put(a.url(KEY), 5, "five");
-    gate.wait_arrived().await;
-
-    redis.flush();
-    a.wait_ready(false, Duration::from_secs(3)).await;
-    b.wait_ready(false, Duration::from_secs(3)).await;
+    let (gate, five) = five_held_while_redis_forgets(&redis, &up, &a, &b).await;
     let r = confirm(&b, Some(&bearer())).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let held_ms = r.json()["held_ms"].as_u64().unwrap_or_default();
@@ -641,6 +629,23 @@ async fn the_replica_with_the_longest_lease_lengthens_the_hold() {
     gate.release();
     assert_eq!(five.await.unwrap().status, 200);
     assert!(up.overlaps().is_empty(), "writes of different tokens overlapped: {:?}", up.overlaps());
+}
+
+/// A's write of 5 held at the upstream while Redis is flushed, until both
+/// replicas refuse the store they no longer trust.
+async fn five_held_while_redis_forgets(
+    redis: &Redis,
+    up: &RecordingUpstream,
+    a: &Running,
+    b: &Running,
+) -> (Gate, tokio::task::JoinHandle<Reply>) {
+    let gate = up.hold(KEY);
+    let five = spawn_put(a.url(KEY), 5, "five");
+    gate.wait_arrived().await;
+    redis.flush();
+    a.wait_ready(false, Duration::from_secs(3)).await;
+    b.wait_ready(false, Duration::from_secs(3)).await;
+    (gate, five)
 }
 
 /// A Redis without persistence restarted: the same as a flush, confirmed

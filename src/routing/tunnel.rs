@@ -103,7 +103,8 @@ mod tests {
             assert_eq!(check_with(method, &["websocket"], false), Err(TunnelError::Upgrade("websocket".into())));
             assert_eq!(check_with(method, &["websocket"], true), Ok(()));
         }
-        assert_eq!(check_with("GET", &["", "x"], false), Err(TunnelError::Upgrade(", x".into())));
+        assert_eq!(check_with("GET", &["", "x"], false), Err(TunnelError::Upgrade("x".into())));
+        assert_eq!(check_with("GET", &[""], false), Err(TunnelError::Upgrade(String::new())), "even an empty one");
     }
 
     #[test]

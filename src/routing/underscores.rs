@@ -75,8 +75,9 @@ mod tests {
     fn underscored_names_are_dropped_by_default() {
         let mut h = map(&["x_http_method_override", "x-tenant", "X_Tenant_", "host"]);
         apply(&mut h, false).unwrap();
-        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
-        assert_eq!(left, ["x-tenant", "host"]);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["host", "x-tenant"]);
     }
 
     #[test]

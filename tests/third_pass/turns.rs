@@ -310,12 +310,7 @@ async fn a_write_past_the_timeout_has_its_connection_reset_before_the_key_settle
     let proxy = Proxy::start(&routes(&store, "settle = \"300ms\"\ntimeout = \"500ms\"\n")).await;
 
     assert_eq!(put(&proxy, 5, vec![b'5'; 1 << 20]).await, 504);
-    assert_eq!(put(&proxy, 6, b"six".to_vec()).await, 200);
-    assert_eq!(store.wait_ended("6").await, Ended::Applied);
-    store.resume.notify_one();
-    let ended = store.wait_ended("5").await;
-    assert!(matches!(ended, Ended::Cut { .. }), "the old write arrived whole after the newer one: {ended:?}");
-    assert_eq!(store.applied(), ["6"]);
+    six_lands_and_five_arrives_cut(&store, &proxy).await;
 }
 
 /// An HTTP/1.1 upstream answers token 5 on its head, then stops reading its
@@ -329,12 +324,7 @@ async fn a_body_answered_early_and_not_read_has_its_connection_reset_http1() {
     let proxy = Proxy::start(&routes(&store, "settle = \"300ms\"\ntimeout = \"500ms\"\n")).await;
 
     assert_eq!(put(&proxy, 5, vec![b'5'; 8 << 20]).await, 200);
-    assert_eq!(put(&proxy, 6, b"six".to_vec()).await, 200);
-    assert_eq!(store.wait_ended("6").await, Ended::Applied);
-    store.resume.notify_one();
-    let ended = store.wait_ended("5").await;
-    assert!(matches!(ended, Ended::Cut { .. }), "the old write arrived whole after the newer one: {ended:?}");
-    assert_eq!(store.applied(), ["6"]);
+    six_lands_and_five_arrives_cut(&store, &proxy).await;
 }
 
 /// The same over HTTP/2: the store answers token 5 and gives its 1 MiB body
@@ -348,7 +338,13 @@ async fn a_body_answered_early_and_not_read_has_its_connection_reset_http2() {
     let proxy = Proxy::start(&routes(&store, extra)).await;
 
     assert_eq!(put(&proxy, 5, vec![b'5'; 1 << 20]).await, 200);
-    assert_eq!(put(&proxy, 6, b"six".to_vec()).await, 200);
+    six_lands_and_five_arrives_cut(&store, &proxy).await;
+}
+
+/// Token 6 is applied; when the store reads on, token 5's connection was
+/// reset: its body never arrives whole, and 5 is never applied.
+async fn six_lands_and_five_arrives_cut(store: &SlowStore, proxy: &Proxy) {
+    assert_eq!(put(proxy, 6, b"six".to_vec()).await, 200);
     assert_eq!(store.wait_ended("6").await, Ended::Applied);
     store.resume.notify_one();
     let ended = store.wait_ended("5").await;

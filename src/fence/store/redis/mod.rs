@@ -1113,15 +1113,15 @@ mod tests {
     use crate::route::test_route;
 
     /// The hold after a confirm covers the longest lease any route gives a
-    /// write: two queue timeouts and the exchange of the same route, and the
-    /// longest settle of any (a COPY's destination may settle longer).
+    /// write: two queue timeouts and two timeouts (the exchange, and the wait
+    /// for a body answered early) of the same route, and the longest settle of any (a COPY's destination may settle longer).
     #[test]
     fn the_longest_write_lease_covers_every_route_and_the_longest_settle() {
         let s = Duration::from_secs;
         let slow = Route { timeout: s(30), queue_timeout: s(10), settle: s(0), ..test_route("slow", "/slow/") };
         let settles = Route { timeout: s(2), queue_timeout: s(1), settle: s(5), ..test_route("settles", "/s/") };
-        assert_eq!(longest_write_lease(&[slow.clone(), settles.clone()]), s(50 + 5));
-        assert_eq!(longest_write_lease(&[settles]), s(4 + 5));
+        assert_eq!(longest_write_lease(&[slow.clone(), settles.clone()]), s(20 + 60 + 5));
+        assert_eq!(longest_write_lease(&[settles]), s(2 + 4 + 5));
         assert_eq!(longest_write_lease(&[]), Duration::ZERO);
     }
 
