@@ -39,10 +39,10 @@ use memmap2::MmapMut;
 use tokio::sync::Notify;
 use tower::{Layer, Service};
 
-use crate::error::{ProxyError, Rejection};
-use crate::fence::Checked;
-use crate::proxy::{BoxError, ProxyBody};
-use crate::server::connection::ClientBody;
+use crate::http::ClientBody;
+use crate::http::{BoxError, ProxyBody};
+use crate::stack::error::{ProxyError, Rejection};
+use crate::stack::head::Checked;
 
 /// A request body on its way upstream: streamed under the route's limit, or
 /// read in full already (with the share of the budget it holds). A fenced

@@ -39,25 +39,17 @@
 
 #![forbid(unsafe_code)]
 
-mod access_log;
 pub mod admin;
 mod body;
 pub mod canonical;
 pub mod config;
-mod error;
 pub mod fence;
-mod head_limits;
+mod http;
 mod metrics;
-mod outcome;
-mod problem;
 mod proxy;
-mod refused;
-mod rescue;
 pub mod route;
-mod routing;
 mod server;
 mod stack;
-mod stream;
 pub mod telemetry;
 pub mod tls;
 mod watch;

@@ -16,7 +16,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::fence::store::CommitStats;
-use crate::outcome::Outcome;
+use crate::http::Outcome;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -40,6 +40,17 @@ pub struct RouteMetrics {
 }
 
 impl RouteMetrics {
+    /// Records one finished request; `settled`: its key was held for a
+    /// settle period after it.
+    pub fn record(&self, outcome: Outcome, seconds: f64, settled: bool) {
+        // `by_outcome` is in `Outcome::ALL` order, which is declaration order.
+        self.by_outcome[outcome as usize].inc();
+        self.duration.observe(seconds);
+        if settled {
+            self.settles.inc();
+        }
+    }
+
     /// Counters registered nowhere: a route's until it is put in service.
     pub fn detached() -> Arc<RouteMetrics> {
         Arc::new(RouteMetrics {
@@ -341,16 +352,9 @@ impl Metrics {
         self.families.route(name)
     }
 
-    /// Records one finished request of `route` (`None`: no route);
-    /// `settled`: the key was held for a settle period after it.
-    pub fn record(&self, route: Option<&RouteMetrics>, outcome: Outcome, seconds: f64, settled: bool) {
-        let m = route.unwrap_or(&self.no_route);
-        // `by_outcome` is in `Outcome::ALL` order, which is declaration order.
-        m.by_outcome[outcome as usize].inc();
-        m.duration.observe(seconds);
-        if settled {
-            m.settles.inc();
-        }
+    /// Records one finished request that matched no route.
+    pub fn record_unrouted(&self, outcome: Outcome, seconds: f64) {
+        self.no_route.record(outcome, seconds, false);
     }
 
     /// `fencegate_abuse_total`, kept by the proxy listener.
@@ -390,13 +394,13 @@ mod tests {
     fn records_by_route_and_outcome() {
         let m = Metrics::new(["objects", "blobs"], None);
         let (objects, blobs) = (m.route("objects"), m.route("blobs"));
-        m.record(Some(&objects), Outcome::Stale, 0.001, false);
-        m.record(Some(&objects), Outcome::Stale, 0.001, false);
-        m.record(Some(&blobs), Outcome::Forwarded, 0.002, false);
-        m.record(Some(&blobs), Outcome::UpstreamTimeout, 0.002, true);
-        m.record(None, Outcome::NoRoute, 0.0001, false);
+        objects.record(Outcome::Stale, 0.001, false);
+        objects.record(Outcome::Stale, 0.001, false);
+        blobs.record(Outcome::Forwarded, 0.002, false);
+        blobs.record(Outcome::UpstreamTimeout, 0.002, true);
+        m.record_unrouted(Outcome::NoRoute, 0.0001);
         // A route put in service again (a reload) counts on where it was.
-        m.record(Some(&m.route("objects")), Outcome::Stale, 0.001, false);
+        m.route("objects").record(Outcome::Stale, 0.001, false);
         let text =
             m.encode(Snapshot { tracked_keys: 3, cached_keys: 3, active_keys: 1, waiting: 2, buffered_bytes: 5 });
         assert!(text.contains(r#"fencegate_requests_total{route="objects",outcome="stale"} 3"#), "{text}");

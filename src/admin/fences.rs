@@ -23,7 +23,7 @@
 
 use std::net::SocketAddr;
 
-use crate::server::connection::ClientBody;
+use crate::http::ClientBody;
 use bytes::Bytes;
 use http::header::{HeaderValue, AUTHORIZATION, WWW_AUTHENTICATE};
 use http::{Method, Request, Response, StatusCode};
@@ -34,7 +34,7 @@ use subtle::ConstantTimeEq;
 use super::{json_response, problem, AdminState};
 use crate::canonical::{admin_key, check_query_utf8};
 use crate::fence::store::{Advance, AnyStore, FenceStore, Selection, MAX_LIST_LIMIT};
-use crate::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
+use crate::http::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
 
 /// Default page size of a listing.
 const DEFAULT_LIMIT: usize = 100;

@@ -15,15 +15,15 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::server::connection::ClientBody;
+use crate::http::ClientBody;
 use bytes::Bytes;
 use http::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::fence::store::FenceStore;
+use crate::http::problem::{Problem, ProblemType};
 use crate::metrics::Snapshot;
-use crate::problem::{Problem, ProblemType};
 use crate::stack::Shared;
 
 /// State the admin endpoints read.

@@ -1,95 +1,14 @@
-//! The fence: token parsing, mark stores, per-key turns and the tower middleware.
-//!
-//! Two layers, with the body read between them (see `src/stack.rs`):
-//! `HeadChecksLayer` decides everything the request head can decide (token,
-//! signature, key, a stale or jumping token) before a byte of the body is
-//! read; `FencingLayer` then takes the keys' turns in key order, raises the
-//! marks atomically under them, and forwards to the end even if the client
-//! leaves (then on a task of its own). What each
-//! step refuses, and with which status, is the guarantee written down once in
-//! `docs/behaviour.md` ("The guarantee, step by step").
+//! The fence core: tokens, signatures, per-key turns and the stores that
+//! keep each key's mark. It knows nothing of HTTP layers above it: the stack
+//! (`stack/head`, `stack/turn`) puts it in front of the upstream.
 
-mod future;
 pub mod gate;
-mod head;
-mod layer;
-mod service;
 pub mod signature;
 pub mod store;
 pub mod token;
 
-use std::sync::Arc;
-
 pub use gate::KeyGate;
-pub(crate) use head::HeadChecksLayer;
-pub(crate) use layer::FencingLayer;
-
-use crate::error::{ProxyError, Rejection};
-use crate::route::Route;
-use crate::routing::Routed;
 
 /// A concurrent map keyed by fence key, hashed with a per-process random seed
 /// (keys come from clients, so the seed matters as much as the speed).
 pub(crate) type KeyMap<V> = dashmap::DashMap<Box<str>, V, ahash::RandomState>;
-
-/// A routed request after the head checks, with what they decided.
-#[derive(Debug)]
-pub(crate) struct Checked<B> {
-    pub routed: Routed<B>,
-    /// `None`: the request passes unfenced (safe method, or a missing token
-    /// the route allows).
-    pub fence: Option<Fence>,
-}
-
-/// What a fenced request must pass: its token against each key's mark.
-#[derive(Debug, Clone)]
-pub struct Fence {
-    pub token: u64,
-    pub key: Arc<str>,
-    /// The WebDAV destination's key and its route, when the request has one.
-    pub destination: Option<(Arc<str>, Arc<Route>)>,
-}
-
-impl Fence {
-    /// A refusal of this fence's request for `key`, one of the keys it writes.
-    pub fn rejection(&self, error: ProxyError, key: &Arc<str>) -> Rejection {
-        Rejection::new(error, Some(key.clone()), Some(self.token))
-    }
-}
-
-impl<B> Checked<B> {
-    /// Splits off the body; [`with_body`](Self::with_body) puts one back.
-    pub fn take_body(self) -> (Checked<()>, B) {
-        let Checked { routed, fence } = self;
-        let (parts, body) = routed.request.into_parts();
-        let request = http::Request::from_parts(parts, ());
-        let Routed { route, fenced, destination, slot_taken, .. } = routed;
-        (Checked { routed: Routed { route, request, fenced, destination, slot_taken }, fence }, body)
-    }
-
-    /// A refusal of this request, naming its key and token when it has them.
-    pub fn rejection(&self, error: ProxyError) -> Rejection {
-        match &self.fence {
-            Some(fence) => fence.rejection(error, &fence.key),
-            None => Rejection::from(error),
-        }
-    }
-}
-
-impl Checked<()> {
-    pub fn with_body<B>(self, body: B) -> Checked<B> {
-        let Checked { routed, fence } = self;
-        let (parts, ()) = routed.request.into_parts();
-        let request = http::Request::from_parts(parts, body);
-        Checked {
-            routed: Routed {
-                request,
-                route: routed.route,
-                fenced: routed.fenced,
-                destination: routed.destination,
-                slot_taken: routed.slot_taken,
-            },
-            fence,
-        }
-    }
-}

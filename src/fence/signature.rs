@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn refusals_read_as_the_problem_detail_always_did() {
-        let detail = |e: SignatureError| crate::error::ProxyError::from(e).to_string();
+        let detail = |e: SignatureError| crate::stack::error::ProxyError::from(e).to_string();
         assert_eq!(detail(SignatureError::Missing), "the token signature is missing");
         assert_eq!(detail(SignatureError::Repeated), "the token signature is repeated");
         assert_eq!(detail(SignatureError::Wrong), "the token signature is wrong");

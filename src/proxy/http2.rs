@@ -65,7 +65,7 @@ use super::error::UpstreamError;
 use super::tls::UpstreamTls;
 use super::upstream::{open_with_retries, Pool, Resettable, Slot, Teardown, UpstreamSlots, Waiting};
 use crate::body::{Handover, RequestBody};
-use crate::server::connection::WokenOnly;
+use crate::http::WokenOnly;
 
 /// Most streams fencegate runs at once on one upstream connection, whatever
 /// the upstream allows: the common servers' default or below it (nginx 128,
@@ -172,7 +172,14 @@ impl Multiplexed {
 /// One stream in use on an upstream HTTP/2 connection, until dropped: with
 /// the response body, or with the request that failed.
 #[derive(Clone)]
-pub struct StreamHeld(#[allow(dead_code)] Arc<Stream>);
+pub struct StreamHeld(Arc<Stream>);
+
+impl StreamHeld {
+    /// What a response body keeps until it is dropped.
+    pub fn into_guard(self) -> crate::http::Guard {
+        self.0
+    }
+}
 
 impl std::fmt::Debug for StreamHeld {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -474,7 +481,7 @@ async fn connect(
     teardown: &Teardown,
 ) -> Result<(Sender, Connection), UpstreamError> {
     let stream = open_with_retries(authority, tls).await?;
-    if let crate::stream::TcpOrTls::Tls(tls_stream) = &stream {
+    if let crate::http::stream::TcpOrTls::Tls(tls_stream) = &stream {
         let alpn = tls_stream.get_ref().1.alpn_protocol();
         if alpn != Some(b"h2".as_slice()) {
             let offered = alpn.map(String::from_utf8_lossy).unwrap_or_else(|| "nothing".into());

@@ -64,8 +64,8 @@ use tokio::time::Instant;
 use super::error::{chain, BoxError, UpstreamError};
 use super::tls::{self, UpstreamTls};
 use crate::body::{Handover, RequestBody};
-use crate::server::connection::WokenOnly;
-use crate::stream::TcpOrTls;
+use crate::http::stream::TcpOrTls;
+use crate::http::WokenOnly;
 
 /// Connection attempts after the first.
 pub const MAX_RETRIES: u32 = 3;

@@ -21,13 +21,9 @@ pub use upstream::Upstream;
 
 use crate::canonical::PathOptions;
 use crate::fence::signature::SigningKey;
+use crate::http::{Outcome, RouteLabel};
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::proxy::{UpstreamSlots, UpstreamTls};
-
-/// Which route a response belongs to: the route as the request was routed,
-/// whatever table serves requests by the time it is logged.
-#[derive(Debug, Clone)]
-pub struct RouteTag(pub Arc<Route>);
 
 /// One configured route, validated.
 #[derive(Debug, Clone)]
@@ -94,6 +90,18 @@ pub struct Route {
     /// Its requests' counters: registered nowhere until the route is put in
     /// service ([`in_service`](Self::in_service)).
     pub metrics: Arc<RouteMetrics>,
+}
+
+/// The access log's view of a route: its name and its counters, as the
+/// request was routed, whatever table serves requests by the time it is logged.
+impl RouteLabel for Route {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn record(&self, outcome: Outcome, seconds: f64, settled: bool) {
+        self.metrics.record(outcome, seconds, settled);
+    }
 }
 
 impl Route {

@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tracing::{info, warn};
 
 use crate::config::{Config, StoreKind};
-use crate::problem::{Problem, ProblemType};
+use crate::http::problem::{Problem, ProblemType};
 
 /// Descriptors the file store keeps open (the B-tree file, two journal
 /// files) and opens for a moment (directories it syncs, a fold).

@@ -13,18 +13,20 @@ use hyper_util::service::TowerToHyperService;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Duration;
+use tower::Layer;
 use tracing::debug;
 
 use super::connection::{
-    self, Activity, ActivityIo, ClientStream, Ended, Protocols, ProxyConnection, REFUSALS_IN_A_ROW,
+    self, Activity, ActivityIo, ClientStream, Ended, Protocols, ProxyConnection, TrackRequestsLayer, REFUSALS_IN_A_ROW,
 };
 use super::guard::{Admission, Connections};
 use super::penalty::Penalties;
 use super::workers::Workers;
 use crate::config::ServerConfig;
-use crate::proxy::{ClientAddr, Forward};
+use crate::http::stream::TcpOrTls;
+use crate::proxy::ClientAddr;
+use crate::stack::forward::Forward;
 use crate::stack::{proxy_service, Shared};
-use crate::stream::TcpOrTls;
 use crate::tls::ServerTls;
 
 /// Accepts and serves proxy connections until the future is dropped:
@@ -120,7 +122,12 @@ async fn serve(
         TcpOrTls::Tls(_) => ClientAddr::new(peer).over_tls(),
     };
     let io = ActivityIo::new(stream, activity.clone());
-    let service = TowerToHyperService::new(proxy_service(shared, &Forward::of(client), activity.clone()));
+    // Requests in flight, so the idle and slow-head guards never close a
+    // connection that is serving a request; and every body dropped before its
+    // end, by whichever layer refused its request, drained so the client
+    // reads the refusal.
+    let tracked = TrackRequestsLayer::new(activity.clone(), shared.per_connection.refusal_drain);
+    let service = TowerToHyperService::new(tracked.layer(proxy_service(shared, &Forward::of(client))));
     let conn = ProxyConnection::new(io, service, protocols, activity.clone());
     connection::serve(conn, activity, admission, peer).await
 }

@@ -78,7 +78,6 @@ mod resting;
 mod stream;
 #[cfg(test)]
 mod testing;
-mod watch;
 
 use std::fmt::Display;
 use std::future::Future;
@@ -94,13 +93,13 @@ use tracing::debug;
 use activity::Expiry;
 pub(crate) use activity::{Activity, REFUSALS_IN_A_ROW};
 pub(crate) use io::ActivityIo;
-pub(crate) use requests::{ClientBody, TrackRequestsLayer};
+pub(crate) use requests::TrackRequestsLayer;
 pub use resting::give_back_memory_with;
 pub(crate) use resting::{Protocols, ProxyConnection};
 pub(crate) use stream::ClientStream;
-pub(crate) use watch::WokenOnly;
 
 use super::guard::Admission;
+use crate::http::WokenOnly;
 
 /// A client connection as [`serve`] drives it.
 pub(crate) trait ClientConnection: Future<Output = Result<(), Self::Error>> {

@@ -18,19 +18,20 @@ use tower::{Layer, Service};
 use super::activity::Activity;
 use super::drain;
 use crate::config::RefusalDrain;
-use crate::proxy::{refuses_heads_with, UpstreamAnswer};
+use crate::http::{refuses_heads_with, ClientBody, OpenBodies, UpstreamAnswer};
 
 /// Counts a connection's requests in flight for its [`Activity`], and drains
 /// the bodies dropped before their end within `drain`.
 #[derive(Clone)]
 pub(crate) struct TrackRequestsLayer {
     activity: Arc<Activity>,
-    drain: RefusalDrain,
+    bodies: Arc<dyn OpenBodies>,
 }
 
 impl TrackRequestsLayer {
     pub(crate) fn new(activity: Arc<Activity>, drain: RefusalDrain) -> TrackRequestsLayer {
-        TrackRequestsLayer { activity, drain }
+        let bodies = Arc::new(Bodies { activity: activity.clone(), drain });
+        TrackRequestsLayer { activity, bodies }
     }
 }
 
@@ -38,7 +39,7 @@ impl<S> Layer<S> for TrackRequestsLayer {
     type Service = TrackRequests<S>;
 
     fn layer(&self, inner: S) -> TrackRequests<S> {
-        TrackRequests { inner, activity: self.activity.clone(), drain: self.drain }
+        TrackRequests { inner, activity: self.activity.clone(), bodies: self.bodies.clone() }
     }
 }
 
@@ -47,7 +48,28 @@ impl<S> Layer<S> for TrackRequestsLayer {
 pub(crate) struct TrackRequests<S> {
     inner: S,
     activity: Arc<Activity>,
+    bodies: Arc<dyn OpenBodies>,
+}
+
+/// A connection's request bodies: counted open in its [`Activity`], and
+/// drained within `drain` when dropped before their end.
+struct Bodies {
+    activity: Arc<Activity>,
     drain: RefusalDrain,
+}
+
+impl OpenBodies for Bodies {
+    fn body_started(&self) {
+        self.activity.body_started();
+    }
+
+    fn body_ended(&self) {
+        self.activity.body_ended();
+    }
+
+    fn dropped_early(self: Arc<Self>, rest: Incoming, http1: bool) {
+        drain::start(rest, self.drain, self.activity.clone(), http1);
+    }
 }
 
 impl<S, B> Service<http::Request<Incoming>> for TrackRequests<S>
@@ -64,18 +86,13 @@ where
 
     fn call(&mut self, req: http::Request<Incoming>) -> Self::Future {
         self.activity.request_started();
-        let drain = Drain {
-            bounds: self.drain,
-            http1: req.version() < http::Version::HTTP_2,
-            awaits_continue: req
-                .headers()
-                .get(EXPECT)
-                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")),
-        };
-        let req = req.map(|body| ClientBody::new(body, &self.activity, drain));
+        let http1 = req.version() < http::Version::HTTP_2;
+        let awaits_continue =
+            req.headers().get(EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        let req = req.map(|body| ClientBody::new(body, &self.bodies, http1, awaits_continue));
         // The guard travels with the response body: a request counts until its
         // body is sent (or dropped), including one whose future is dropped early.
-        let guard = Some(InFlight(self.activity.clone()));
+        let guard = Some(RequestInFlight(self.activity.clone()));
         TrackedFuture { inner: self.inner.call(req), guard }
     }
 }
@@ -85,7 +102,7 @@ pin_project_lite::pin_project! {
     pub(crate) struct TrackedFuture<F> {
         #[pin]
         inner: F,
-        guard: Option<InFlight>,
+        guard: Option<RequestInFlight>,
     }
 }
 
@@ -99,7 +116,7 @@ where
         let this = self.project();
         let response = std::task::ready!(this.inner.poll(cx))?;
         let guard = this.guard.take();
-        if let Some(InFlight(activity)) = &guard {
+        if let Some(RequestInFlight(activity)) = &guard {
             activity.answered(refuses_the_head(&response));
         }
         Poll::Ready(Ok(response.map(|body| TrackedBody { inner: body, _guard: guard })))
@@ -111,7 +128,7 @@ pin_project_lite::pin_project! {
     pub(crate) struct TrackedBody<B> {
         #[pin]
         inner: B,
-        _guard: Option<InFlight>,
+        _guard: Option<RequestInFlight>,
     }
 }
 
@@ -132,94 +149,6 @@ impl<B: Body> Body for TrackedBody<B> {
     }
 }
 
-/// A request body as hyper hands it over, counted in its connection's
-/// [`Activity`] until it is read to its end. Dropped before that, it is
-/// drained (drain.rs).
-pub struct ClientBody {
-    /// `None` only once dropped.
-    inner: Option<Incoming>,
-    open: Option<Arc<Activity>>,
-    drain: Drain,
-}
-
-/// What a [`ClientBody`] dropped before its end needs to know to drain.
-#[derive(Debug, Clone, Copy)]
-struct Drain {
-    bounds: RefusalDrain,
-    http1: bool,
-    /// The client asked for `100 Continue` and nothing has polled the body
-    /// yet: hyper has not sent it, so the client holds the body back, and a
-    /// drain would send it (hyper does on the first poll of the body),
-    /// inviting a body nobody wants. Dropped now, hyper reads what was sent
-    /// anyway and closes the connection after the answer.
-    awaits_continue: bool,
-}
-
-impl ClientBody {
-    fn new(inner: Incoming, activity: &Arc<Activity>, drain: Drain) -> ClientBody {
-        let open = (!inner.is_end_stream()).then(|| {
-            activity.body_started();
-            activity.clone()
-        });
-        ClientBody { inner: Some(inner), open, drain }
-    }
-
-    fn inner(&self) -> &Incoming {
-        self.inner.as_ref().expect("a body's Incoming is taken only when it is dropped")
-    }
-}
-
-impl Drop for ClientBody {
-    /// A body dropped before its end is drained, unless its client still
-    /// waits for `100 Continue`: see [`Drain::awaits_continue`].
-    fn drop(&mut self) {
-        let (Some(activity), Some(inner)) = (self.open.take(), self.inner.take()) else { return };
-        if !self.drain.awaits_continue {
-            drain::start(inner, self.drain.bounds, activity, self.drain.http1);
-        }
-    }
-}
-
-impl std::fmt::Debug for ClientBody {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.inner.fmt(f)
-    }
-}
-
-impl Body for ClientBody {
-    type Data = bytes::Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<bytes::Bytes>, hyper::Error>>> {
-        let this = self.get_mut();
-        // Polled: hyper sends `100 Continue` now if it was asked for.
-        this.drain.awaits_continue = false;
-        let inner = this.inner.as_mut().expect("a body's Incoming is taken only when it is dropped");
-        let frame = std::task::ready!(Pin::new(&mut *inner).poll_frame(cx));
-        // The end: no more frames, or (with a declared length) the last byte
-        // of it. hyper has left the body behind by then: it marks its reading
-        // done before it hands over the last chunk. A reader that stops at
-        // the declared length (hyper's client does) never asks again.
-        if frame.is_none() || inner.is_end_stream() {
-            if let Some(activity) = this.open.take() {
-                activity.body_ended();
-            }
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner().is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner().size_hint()
-    }
-}
-
 /// Whether fencegate itself refused the request for what its head is
 /// ([`refuses_heads_with`]). The upstream's answers (forwarded, fenced or
 /// not) never are, whatever their status: an upstream that rate-limits a
@@ -229,9 +158,9 @@ fn refuses_the_head<B>(response: &http::Response<B>) -> bool {
 }
 
 /// Counts one request in flight until dropped.
-pub(crate) struct InFlight(Arc<Activity>);
+pub(crate) struct RequestInFlight(Arc<Activity>);
 
-impl Drop for InFlight {
+impl Drop for RequestInFlight {
     fn drop(&mut self) {
         self.0.request_finished();
     }
@@ -240,8 +169,7 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outcome::{Decision, Outcome};
-    use crate::proxy::{decide, ProxyBody};
+    use crate::http::{decide, Decision, Outcome, ProxyBody};
 
     fn answer(status: u16, outcome: Option<Outcome>) -> http::Response<ProxyBody> {
         let mut response = http::Response::builder().status(status).body(ProxyBody::default()).unwrap();

@@ -23,7 +23,7 @@ use super::activity::Activity;
 use super::io::{ActivityIo, Protocol};
 use super::stream::ClientStream;
 use super::ClientConnection;
-use crate::proxy::BoxError;
+use crate::http::BoxError;
 
 /// How long after a connection rests its thread asks the allocator to give
 /// freed memory back: past mimalloc's purge delays (10 ms for pages, 100 ms
@@ -283,7 +283,8 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
-    use crate::server::connection::requests::{ClientBody, TrackRequestsLayer, TrackedBody};
+    use crate::http::ClientBody;
+    use crate::server::connection::requests::{TrackRequestsLayer, TrackedBody};
 
     const DRAIN: crate::config::RefusalDrain = crate::config::RefusalDrain {
         bytes: 1 << 20,

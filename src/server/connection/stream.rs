@@ -4,7 +4,7 @@ use std::task::{Context, Poll};
 
 use tokio::net::TcpStream;
 
-use crate::stream::TcpOrTls;
+use crate::http::stream::TcpOrTls;
 
 /// What a proxy connection reads and writes.
 pub(crate) type ClientStream = TcpOrTls<tokio_rustls::server::TlsStream<TcpStream>>;

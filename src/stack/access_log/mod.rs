@@ -21,9 +21,9 @@ use tower_http::trace::{MakeSpan, OnResponse, TraceLayer};
 use tracing::Span;
 
 use crate::config::LogFormat;
+use crate::http::Outcome;
+use crate::http::ProxyBody;
 use crate::metrics::{Metrics, NO_ROUTE_LABEL};
-use crate::outcome::Outcome;
-use crate::proxy::ProxyBody;
 use crate::telemetry::access_sink;
 
 /// The trace layer that writes the access log: a debug span per request, and
@@ -63,9 +63,12 @@ impl OnResponse<ProxyBody> for AccessLog {
         let route = decision.and_then(|d| d.route.as_ref());
         let outcome = decision.map(|d| d.outcome).unwrap_or(Outcome::Internal);
         let settled = decision.is_some_and(|d| d.settled);
-        self.metrics.record(route.map(|r| &*r.0.metrics), outcome, latency.as_secs_f64(), settled);
+        match route {
+            Some(route) => route.0.record(outcome, latency.as_secs_f64(), settled),
+            None => self.metrics.record_unrouted(outcome, latency.as_secs_f64()),
+        }
         let line = Line {
-            route: route.map(|r| &*r.0.name).unwrap_or(NO_ROUTE_LABEL),
+            route: route.map(|r| r.0.name()).unwrap_or(NO_ROUTE_LABEL),
             key: decision.and_then(|d| d.key.as_deref()),
             token: decision.and_then(|d| d.token),
             decision: outcome.as_str(),

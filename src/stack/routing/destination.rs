@@ -8,8 +8,8 @@ use http::{HeaderMap, HeaderName, Uri};
 
 use super::find_route;
 use crate::canonical::{self, canonical_host};
-use crate::error::ProxyError;
 use crate::route::{Route, RouteTable};
+use crate::stack::error::ProxyError;
 
 /// The WebDAV header naming where a COPY or MOVE writes (RFC 4918 §10.3).
 pub const DESTINATION: HeaderName = HeaderName::from_static("destination");

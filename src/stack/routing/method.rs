@@ -4,8 +4,8 @@
 use http::header::HeaderValue;
 use http::{HeaderMap, HeaderName};
 
-use crate::error::ProxyError;
 use crate::route::Route;
+use crate::stack::error::ProxyError;
 
 /// Headers that common middleware (Rails, Express, Werkzeug, Symfony) honour
 /// as the method a request is to be run as.

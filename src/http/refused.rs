@@ -9,12 +9,11 @@ use std::time::Duration;
 use http::Response;
 use tokio::time::Sleep;
 
-use crate::error::{ProxyError, Rejection};
-use crate::proxy::ProxyBody;
+use super::ProxyBody;
 
 /// A boxed response future, for the rare request that must wait before it is
 /// passed on.
-pub type Boxed = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Rejection>> + Send>>;
+pub type Boxed<E> = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, E>> + Send>>;
 
 pin_project_lite::pin_project! {
     /// The response future of a layer that either refuses a request or passes
@@ -22,16 +21,16 @@ pin_project_lite::pin_project! {
     /// while, or a request that must wait on a boxed future before it is
     /// passed on).
     #[project = RefusedOrProj]
-    pub enum RefusedOr<F> {
-        Refused { rejection: Option<Rejection>, after: Option<Pin<Box<Sleep>>> },
+    pub enum RefusedOr<F, E> {
+        Refused { rejection: Option<E>, after: Option<Pin<Box<Sleep>>> },
         Passed { #[pin] inner: F },
-        Boxed { inner: Boxed },
+        Boxed { inner: Boxed<E> },
     }
 }
 
-impl<F> Future for RefusedOr<F>
+impl<F, E> Future for RefusedOr<F, E>
 where
-    F: Future<Output = Result<Response<ProxyBody>, Rejection>>,
+    F: Future<Output = Result<Response<ProxyBody>, E>>,
 {
     type Output = F::Output;
 
@@ -49,13 +48,13 @@ where
     }
 }
 
-impl<F> RefusedOr<F> {
-    pub fn refused(rejection: impl Into<Rejection>) -> Self {
+impl<F, E> RefusedOr<F, E> {
+    pub fn refused(rejection: impl Into<E>) -> Self {
         RefusedOr::Refused { rejection: Some(rejection.into()), after: None }
     }
 
     /// Refused once `wait` has passed.
-    pub fn refused_after(error: ProxyError, wait: Duration) -> Self {
+    pub fn refused_after(error: impl Into<E>, wait: Duration) -> Self {
         RefusedOr::Refused { rejection: Some(error.into()), after: Some(Box::pin(tokio::time::sleep(wait))) }
     }
 }

@@ -9,10 +9,10 @@ use tower::Service;
 
 use super::future::Tagged;
 use super::{route_request, Routed};
-use crate::error::Rejection;
-use crate::proxy::ProxyBody;
-use crate::refused::RefusedOr;
+use crate::http::ProxyBody;
 use crate::route::LiveRoutes;
+use crate::stack::error::RefusedOr;
+use crate::stack::error::Rejection;
 
 /// Canonicalizes a request's target and finds its route; see the [module docs](super).
 /// Every response below, and every refusal, is tagged with the route.

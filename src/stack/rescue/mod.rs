@@ -12,8 +12,8 @@ use std::task::{Context, Poll};
 use http::Response;
 use tower::{Layer, Service};
 
-use crate::error::{ProxyError, Rejection};
-use crate::proxy::ProxyBody;
+use crate::http::ProxyBody;
+use crate::stack::error::{ProxyError, Rejection};
 
 /// Turns every [`Rejection`] into its problem+json response, and a panic
 /// in the layers below (in their `call` or their future) into a 500 problem.
@@ -108,7 +108,7 @@ fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<ProxyBody> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outcome::Outcome;
+    use crate::http::Outcome;
     use http::Request;
     use http_body_util::BodyExt;
     use tower::ServiceExt;

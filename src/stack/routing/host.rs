@@ -86,7 +86,7 @@ fn canonical(text: &str, default_port: u16) -> Result<Cow<'_, str>, HostError> {
 mod tests {
     use super::super::tests::route;
     use super::*;
-    use crate::error::ProxyError;
+    use crate::stack::error::ProxyError;
 
     #[test]
     fn hosts_are_canonical_and_must_agree() {

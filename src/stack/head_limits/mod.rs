@@ -27,10 +27,10 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use crate::error::{ProxyError, Rejection};
-use crate::proxy::ProxyBody;
-use crate::refused::RefusedOr;
-use crate::routing::Routed;
+use crate::http::ProxyBody;
+use crate::stack::error::RefusedOr;
+use crate::stack::error::{ProxyError, Rejection};
+use crate::stack::routing::Routed;
 
 /// Refuses a request with more than `max` header fields (431); see the
 /// [module docs](self).

@@ -48,9 +48,10 @@ pub use tunnel::TunnelError;
 pub use underscores::FoldedHeaders;
 
 use crate::canonical::{canonical_path, check_path_utf8, EscapedSlashes, NonUtf8, PathOptions};
-use crate::error::ProxyError;
-use crate::proxy::SlotTaken;
-use crate::route::{Route, RouteTable, RouteTag};
+use crate::http::RouteTag;
+use crate::route::{Route, RouteTable};
+use crate::stack::error::ProxyError;
+use crate::stack::forward::SlotTaken;
 
 /// A request and the route it matched: what the layers below routing take, so
 /// none of them can be reached by a request that was not routed.

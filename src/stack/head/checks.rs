@@ -8,15 +8,15 @@ use http::{HeaderMap, HeaderName, Response};
 use hyper::body::Body;
 use tower::{Layer, Service, ServiceExt};
 
-use super::signature::SIGNATURE_HEADER;
-use super::store::{AtHand, FenceStore};
-use super::token::token_from_headers;
 use super::{Checked, Fence};
-use crate::error::{ProxyError, Rejection};
-use crate::proxy::ProxyBody;
-use crate::refused::RefusedOr;
+use crate::fence::signature::SIGNATURE_HEADER;
+use crate::fence::store::{AtHand, FenceStore};
+use crate::fence::token::token_from_headers;
+use crate::http::ProxyBody;
 use crate::route::Route;
-use crate::routing::Routed;
+use crate::stack::error::RefusedOr;
+use crate::stack::error::{ProxyError, Rejection};
+use crate::stack::routing::Routed;
 
 /// The header that signs a WebDAV destination's key, on a request whose
 /// `Destination` falls under a route with a `signing_key_file`.
@@ -110,7 +110,7 @@ where
 /// Step 2 of the guarantee in `docs/behaviour.md` ("The guarantee, step by step"),
 /// and the body rule for unfenced requests.
 #[cfg(test)]
-pub(super) async fn check<St: FenceStore, B: Body>(store: &St, routed: Routed<B>) -> Result<Checked<B>, Rejection> {
+pub(crate) async fn check<St: FenceStore, B: Body>(store: &St, routed: Routed<B>) -> Result<Checked<B>, Rejection> {
     let checked = check_head(routed)?;
     check_marks(store, checked.fence.as_ref(), &checked.routed.route).await?;
     Ok(checked)
@@ -227,7 +227,7 @@ fn check_signature(
 /// Refuses `token` when it is below `key`'s mark (on a `strict` route, also
 /// when it equals it) or jumps too far above it: early from the head, and
 /// again with the turn held.
-pub(super) async fn check_mark<St: FenceStore>(
+pub(crate) async fn check_mark<St: FenceStore>(
     store: &St,
     route: &Route,
     key: &str,
@@ -249,7 +249,7 @@ fn compare_mark(route: &Route, token: u64, mark: Option<u64>) -> Result<(), Prox
 
 /// Refuses a token more than `max_jump` above the mark `current`. Without a
 /// limit, or when `current + max_jump` passes `u64::MAX`, every token is near enough.
-pub(super) fn check_jump(max_jump: Option<u64>, token: u64, current: u64) -> Result<(), ProxyError> {
+pub(crate) fn check_jump(max_jump: Option<u64>, token: u64, current: u64) -> Result<(), ProxyError> {
     match max_jump {
         Some(max_jump) if token > current.saturating_add(max_jump) => {
             Err(ProxyError::TokenJump { token, current, max_jump })
@@ -278,7 +278,7 @@ mod tests {
     use super::*;
     use crate::fence::store::{Advance, Deleted, MemoryStore, Selection};
     use crate::route::test_route;
-    use crate::routing::Destination;
+    use crate::stack::routing::Destination;
     use tower::ServiceExt;
 
     /// The memory store, as a store that never has a mark at hand: every

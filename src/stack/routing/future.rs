@@ -1,5 +1,5 @@
 //! [`Routing`](super::Routing)'s response future: the refusal routing made
-//! itself ([`RefusedOr`](crate::refused::RefusedOr)), or the answer from
+//! itself ([`RefusedOr`](crate::stack::error::RefusedOr)), or the answer from
 //! below tagged with the route ([`Tagged`]).
 
 use std::future::Future;
@@ -8,9 +8,9 @@ use std::task::{ready, Context, Poll};
 
 use http::Response;
 
-use crate::error::Rejection;
-use crate::proxy::ProxyBody;
-use crate::route::RouteTag;
+use crate::http::ProxyBody;
+use crate::http::RouteTag;
+use crate::stack::error::Rejection;
 
 pin_project_lite::pin_project! {
     /// Resolves to the response or refusal from below, tagged with the

@@ -17,11 +17,18 @@ use crate::canonical::PathError;
 use crate::fence::signature::SignatureError;
 use crate::fence::store::StoreError;
 use crate::fence::token::TokenError;
-use crate::outcome::{Decision, Outcome};
-use crate::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
-use crate::proxy::{BoxError, ProxyBody, UpstreamError};
-use crate::route::{KeyError, RouteTag};
-use crate::routing::{DestinationError, FoldedHeaders, HostError, TunnelError};
+use crate::http::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
+use crate::http::{BoxError, ProxyBody};
+use crate::http::{Decision, Outcome};
+use crate::proxy::UpstreamError;
+
+/// The response future of a layer that refuses some requests and passes the
+/// rest on ([`crate::http::RefusedOr`]), refusing with a [`Rejection`].
+pub type RefusedOr<F> = crate::http::RefusedOr<F, Rejection>;
+
+use crate::http::RouteTag;
+use crate::route::KeyError;
+use crate::stack::routing::{DestinationError, FoldedHeaders, HostError, TunnelError};
 
 /// Why fencegate answered a request itself instead of the upstream.
 #[derive(Debug, thiserror::Error)]
@@ -248,7 +255,7 @@ impl Rejection {
         let mut response = problem.into_response().map(ProxyBody::full);
         let settled = self.settle.is_some();
         let decision = Decision { outcome, key: self.key, token: self.token, settled, route: self.route };
-        crate::proxy::decide(&mut response, decision);
+        crate::http::decide(&mut response, decision);
         response
     }
 }

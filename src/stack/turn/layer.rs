@@ -6,8 +6,8 @@ use std::sync::Arc;
 use tower::Layer;
 
 use super::service::Fencing;
-use super::store::FenceStore;
-use super::KeyGate;
+use crate::fence::store::FenceStore;
+use crate::fence::KeyGate;
 
 /// Applies [`Fencing`] to a service that forwards requests upstream.
 ///

@@ -6,9 +6,9 @@ use std::task::{Context, Poll};
 
 use http::Response;
 
-use crate::error::Rejection;
-use crate::proxy::ProxyBody;
-use crate::proxy::SlotTaken;
+use crate::http::ProxyBody;
+use crate::stack::error::Rejection;
+use crate::stack::forward::SlotTaken;
 
 type BoxedDecision = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Rejection>> + Send>>;
 

@@ -13,17 +13,18 @@ use http::Response;
 use tower::Service;
 
 use super::future::ResponseFuture;
-use super::gate::{Ask, NoTurn, Turn};
-use super::head::check_mark;
-use super::store::{Entered, FenceStore, InFlight};
-use super::{Checked, Fence, KeyGate};
 use crate::body::Delivery;
-use crate::error::{ProxyError, Rejection};
-use crate::outcome::{Decision, Outcome};
-use crate::proxy::SlotTaken;
-use crate::proxy::{decide, ProxyBody, Upstream};
+use crate::fence::gate::{Ask, NoTurn, Turn};
+use crate::fence::store::{Entered, FenceStore, InFlight};
+use crate::fence::KeyGate;
+use crate::http::{decide, ProxyBody};
+use crate::http::{Decision, Outcome};
 use crate::route::Route;
-use crate::routing::Routed;
+use crate::stack::error::{ProxyError, Rejection};
+use crate::stack::forward::SlotTaken;
+use crate::stack::forward::Upstream;
+use crate::stack::head::{check_mark, Checked, Fence};
+use crate::stack::routing::Routed;
 
 /// The fence's turn-taking middleware: steps 4 to 6 of the guarantee in
 /// `docs/behaviour.md` ("The guarantee, step by step").
@@ -372,11 +373,11 @@ mod tests {
     use http_body_util::Empty;
 
     use super::*;
-    use crate::fence::head::check_jump;
     use crate::fence::signature::sign;
     use crate::fence::signature::SigningKey;
     use crate::fence::store::{Advance, Deleted, MemoryStore, Selection, StoreError};
     use crate::route::Route;
+    use crate::stack::head::check_jump;
 
     const SECRET: &[u8] = b"service-test-secret-0123";
 
@@ -442,7 +443,7 @@ mod tests {
         }
         let request = req.body(Empty::<Bytes>::new()).unwrap();
         let req = Routed { route, request, fenced: true, destination: None, slot_taken: None };
-        let decided = match super::super::head::check(&*store, req).await {
+        let decided = match crate::stack::head::check(&*store, req).await {
             Ok(checked) => Fencing::new(inner, store, Arc::new(KeyGate::default())).call(checked).await,
             Err(rejection) => Err(rejection),
         };

@@ -6,25 +6,35 @@
 //! → the key's turn + advance → forward. What the layers guarantee together is written down once, in
 //! `docs/behaviour.md` ("The guarantee, step by step").
 
+pub(crate) mod access_log;
+pub(crate) mod error;
+pub(crate) mod forward;
+pub(crate) mod head;
+pub(crate) mod head_limits;
+pub(crate) mod rescue;
+pub(crate) mod routing;
+pub(crate) mod turn;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
 use tower::{Service, ServiceBuilder};
 
-use crate::access_log::access_log;
 use crate::body::{BodyLayer, BufferBudget};
 use crate::config::RefusalDrain;
 use crate::fence::store::AnyStore;
-use crate::fence::{FencingLayer, HeadChecksLayer, KeyGate};
-use crate::head_limits::{HeaderCountLayer, HeaderRateLayer};
+use crate::fence::KeyGate;
+use crate::http::ClientBody;
 use crate::metrics::Metrics;
-use crate::proxy::Forward;
-use crate::rescue::RescueLayer;
 use crate::route::LiveRoutes;
-use crate::routing::RoutingLayer;
-use crate::server::connection::{Activity, TrackRequestsLayer};
+use access_log::access_log;
+use forward::Forward;
+use head::HeadChecksLayer;
+use head_limits::{HeaderCountLayer, HeaderRateLayer};
+use rescue::RescueLayer;
+use routing::RoutingLayer;
+use turn::FencingLayer;
 
 /// What every connection's stack shares.
 #[derive(Debug)]
@@ -58,13 +68,14 @@ pub struct ConnectionLimits {
 }
 
 /// The stack for one client connection, forwarding through `forward` (its own
-/// upstream connections, which know the client's address).
+/// upstream connections, which know the client's address). The server wraps
+/// it in the connection's count of requests in flight, which hands it each
+/// request's body as a [`ClientBody`].
 pub fn proxy_service(
     shared: &Shared,
     forward: &Forward,
-    activity: Arc<Activity>,
 ) -> impl Service<
-    Request<Incoming>,
+    Request<ClientBody>,
     Response = Response<
         impl hyper::body::Body<Data = bytes::Bytes, Error = impl Into<Box<dyn std::error::Error + Send + Sync>>>
             + Send
@@ -77,12 +88,7 @@ pub fn proxy_service(
        + 'static {
     let limits = shared.per_connection;
     ServiceBuilder::new()
-        // Per connection: requests in flight, so the idle and slow-head guards
-        // never close a connection that is serving a request; and every body
-        // dropped before its end, by whichever layer below refused its
-        // request, drained so the client reads the refusal.
-        .layer(TrackRequestsLayer::new(activity, limits.refusal_drain))
-        // Outermost but for that, so the access log and metrics see every
+        // Outermost but for the server's count of requests in flight, so the access log and metrics see every
         // response, including the ones fencegate makes itself below.
         .layer(access_log(shared.metrics.clone()))
         // Rescue: every refusal from the layers below becomes its problem+json

@@ -6,8 +6,6 @@ use std::sync::Arc;
 
 use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 
-use crate::route::RouteTag;
-
 /// What happened to a request. The names ([`Outcome::as_str`]) are part of the
 /// contract: dashboards and alerts match on them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -110,7 +108,7 @@ impl EncodeLabelValue for Outcome {
 }
 
 /// The fence decision for one request, carried in the response's body
-/// ([`ProxyBody`](crate::proxy::ProxyBody)) up to the access log and metrics.
+/// ([`ProxyBody`](super::ProxyBody)) up to the access log and metrics.
 #[derive(Debug, Clone)]
 pub struct Decision {
     pub outcome: Outcome,
@@ -120,4 +118,18 @@ pub struct Decision {
     pub settled: bool,
     /// The route, once routing has tagged the response.
     pub route: Option<RouteTag>,
+}
+
+/// The route a response was routed by, as the access log and the metrics
+/// read it: the route itself is built floors above this one.
+#[derive(Debug, Clone)]
+pub struct RouteTag(pub Arc<dyn RouteLabel>);
+
+/// What the access log needs of a route: its name, and its counters.
+pub trait RouteLabel: std::fmt::Debug + Send + Sync {
+    fn name(&self) -> &str;
+
+    /// Counts one finished request of this route; `settled`: its key was
+    /// held for a settle period after it.
+    fn record(&self, outcome: Outcome, seconds: f64, settled: bool);
 }
