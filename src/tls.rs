@@ -18,29 +18,13 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::CertificateDer;
 use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
-use crate::config::TlsFiles;
+use crate::config::{pem_certificates, pem_private_key, TlsError, TlsFiles};
 use crate::metrics::TlsReloads;
 use crate::watch::{watch_dirs_of, DirWatch};
-
-/// Why TLS files could not be used, naming the field whose file it is
-/// (`server.tls.cert`, or a route's `ca_file`, `client_cert`, `client_key`).
-#[derive(Debug, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct TlsError {
-    pub field: &'static str,
-    pub message: String,
-}
-
-impl TlsError {
-    pub(crate) fn new(field: &'static str, message: impl Into<String>) -> TlsError {
-        TlsError { field, message: message.into() }
-    }
-}
 
 /// The contents of the TLS files, as last read.
 #[derive(Debug, PartialEq, Eq)]
@@ -171,23 +155,6 @@ fn build(material: &Material) -> Result<ServerConfig, TlsError> {
 
 fn certificates(field: &'static str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     pem_certificates(pem).map_err(|message| TlsError::new(field, message))
-}
-
-/// Every certificate of a PEM file, at least one; the error says what is
-/// wrong with the file. Shared with the upstream side (`proxy/tls.rs`).
-pub(crate) fn pem_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("not a PEM certificate file: {e}"))?;
-    if certs.is_empty() {
-        return Err("holds no PEM certificate".to_string());
-    }
-    Ok(certs)
-}
-
-/// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
-pub(crate) fn pem_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
-    PrivateKeyDer::from_pem_slice(pem).map_err(|e| format!("no usable PEM private key: {e}"))
 }
 
 #[cfg(test)]

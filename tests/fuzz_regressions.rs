@@ -15,8 +15,8 @@ use checks::{
 };
 use fencegate::canonical::{canonical_host, canonical_path, PathOptions};
 use fencegate::config::{parse_size, Config};
+use fencegate::config::{KeyTemplate, PathPattern};
 use fencegate::fence::token::{parse_token, TokenError};
-use fencegate::route::{KeyTemplate, PathPattern};
 use http::{HeaderMap, HeaderValue, Uri};
 
 #[test]

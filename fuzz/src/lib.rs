@@ -21,9 +21,11 @@ use fencegate::canonical::{
     admin_key, canonical_host, canonical_path, query_param, query_param_with, EscapedSlashes, NonUtf8, PathError,
     PathOptions, QueryError,
 };
-use fencegate::config::{parse_size, Config, FileConfig, StoreKind};
+use fencegate::config::{
+    parse_size, Config, FileConfig, KeyTemplate, PathPattern, RouteConfig, StoreKind, UpstreamUrl,
+};
 use fencegate::fence::token::{parse_token, token_from_headers, TokenError};
-use fencegate::route::{KeyTemplate, PathPattern, Route, RouteTable, Upstream};
+use fencegate::route::{Route, RouteTable};
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 
@@ -457,8 +459,8 @@ pub fn check_key_template(data: &[u8]) {
 
 /// A route with the config defaults, built once through the config loader so
 /// that a new `Route` field does not break the harness.
-fn base_route() -> &'static Route {
-    static BASE: OnceLock<Route> = OnceLock::new();
+fn base_route() -> &'static RouteConfig {
+    static BASE: OnceLock<RouteConfig> = OnceLock::new();
     BASE.get_or_init(|| {
         let text = "[fences]\nstore = \"memory\"\n[[route]]\nname = \"base\"\nprefix = \"/\"\nupstream = \"http://127.0.0.1:1\"\n";
         Config::from_toml_str(text).expect("the base config is valid").routes[0].clone()
@@ -469,7 +471,7 @@ fn route(name: String, prefix: String) -> Route {
     let mut r = base_route().clone();
     r.name = name.into();
     r.prefix = prefix;
-    r
+    Route::detached(r)
 }
 
 /// Brute force: the config index of the route `find` must return for `path`,
@@ -484,7 +486,7 @@ fn ref_find(prefixes: &[String], path: &str) -> Option<usize> {
 }
 
 fn check_upstream(text: &str) {
-    let Ok(u) = Upstream::parse(text) else { return };
+    let Ok(u) = UpstreamUrl::parse(text) else { return };
     assert!(!u.authority.host().is_empty(), "{text:?} parsed with an empty host");
     assert!(
         u.base_path.is_empty() || u.base_path.starts_with('/') && !u.base_path.ends_with('/'),
@@ -498,13 +500,13 @@ fn check_upstream(text: &str) {
         u.server_name().unwrap_or_else(|e| panic!("{text:?} parsed as https with no name to verify: {e}"));
     }
     let again = format!("{}://{}{}", u.scheme, u.authority, u.base_path);
-    assert_eq!(Upstream::parse(&again).as_ref(), Ok(&u), "{text:?} does not round-trip through {again:?}");
+    assert_eq!(UpstreamUrl::parse(&again).as_ref(), Ok(&u), "{text:?} does not round-trip through {again:?}");
 }
 
 /// `route_match` target. Fields: up to 16 route prefixes, then a request path
 /// (the last field). Oracles: `find`/`find_indexed` agree with a brute-force
 /// longest-prefix search for the path and for every prefix; `names` keeps the
-/// config order; `Upstream::parse` on every field never panics and what it
+/// config order; `UpstreamUrl::parse` on every field never panics and what it
 /// accepts is usable (`uri_for` works, and the result round-trips).
 pub fn check_route_match(data: &[u8]) {
     let f: Vec<String> = fields(data).into_iter().map(text).collect();
@@ -531,7 +533,7 @@ pub fn check_route_match(data: &[u8]) {
     // A request path that is a valid path-and-query always makes an upstream URI
     // (the http crate drops a '#fragment' from both alike).
     if let (true, Ok(pq)) = (path.starts_with('/'), PathAndQuery::try_from(path.as_str())) {
-        let u = Upstream::parse("http://127.0.0.1:1/base/").expect("a valid upstream");
+        let u = UpstreamUrl::parse("http://127.0.0.1:1/base/").expect("a valid upstream");
         let uri = u.uri_for(path).unwrap_or_else(|e| panic!("uri_for({path:?}) failed: {e}"));
         assert_eq!(uri.path_and_query().map(|pq| pq.as_str()), Some(format!("/base{pq}").as_str()), "{path:?}");
     }
@@ -663,7 +665,7 @@ fn check_valid_config(c: &Config, text: &str) {
             let _ = r.key.render(&uri, &HeaderMap::new());
         }
     }
-    let table = RouteTable::new(c.routes.iter().cloned());
+    let table = RouteTable::new(c.routes.iter().cloned().map(Route::detached));
     for r in &c.routes {
         let found = table.find(&r.prefix).map(|f| f.name.clone());
         assert_eq!(found.as_ref(), Some(&r.name), "the route with prefix {:?} is not found by it", r.prefix);

@@ -27,6 +27,7 @@ mod problems;
 mod route;
 mod secrets;
 mod size;
+mod tls;
 mod validate;
 
 use std::ops::Deref;
@@ -39,8 +40,13 @@ pub use model::{
     TlsFiles,
 };
 pub use problems::{ConfigError, ConfigProblem};
+#[cfg(test)]
+pub(crate) use route::test_route_config;
+pub use route::{KeyError, KeyTemplate, PathPattern, RouteConfig, UpstreamUrl};
+pub use secrets::SigningKey;
 pub use secrets::{load_signing_key, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};
 pub use size::{parse_size, Size};
+pub use tls::{pem_certificates, pem_private_key, PlatformRoots, TlsError, UpstreamTls, UpstreamTlsFiles};
 
 use secrets::SecretSources;
 

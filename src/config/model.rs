@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::route::Route;
+use super::route::RouteConfig;
 
 /// A validated configuration: everything here is known to be usable.
 #[derive(Debug, Clone)]
@@ -17,7 +17,7 @@ pub struct Config {
     pub admin: AdminConfig,
     pub fences: FencesConfig,
     pub log: LogConfig,
-    pub routes: Vec<Route>,
+    pub routes: Vec<RouteConfig>,
 }
 
 /// The proxy listener.
@@ -84,7 +84,7 @@ pub struct RefusalDrain {
 }
 
 /// `[server.tls]`: the PEM files TLS is served from, read at start and again
-/// whenever their directory changes (`crate::tls`).
+/// whenever their directory changes (the server's `tls`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
     /// The certificate chain, leaf first.

@@ -16,7 +16,7 @@ use super::model::{
 };
 use super::problems::{ConfigProblem, Problems};
 use super::route::validate_route;
-use crate::route::Route;
+use super::route::RouteConfig;
 
 /// Turns a parsed file into a typed [`Config`], or lists every problem.
 ///
@@ -32,7 +32,7 @@ pub(crate) fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
     if file.routes.is_empty() {
         p.add("route", "no [[route]] is configured; fencegate would answer 404 to everything");
     }
-    let mut routes: Vec<Route> =
+    let mut routes: Vec<RouteConfig> =
         file.routes.into_iter().enumerate().filter_map(|(i, section)| validate_route(i, section, &mut p)).collect();
     for route in &mut routes {
         route.max_key_bytes = fences.max_key_bytes;
@@ -182,7 +182,7 @@ fn tls(t: &TlsSection, p: &mut Problems) -> Option<TlsFiles> {
 /// route reads whole (else that body could never be held), at most the
 /// whole budget. Unset, a quarter of `max_buffered_bytes`, raised to that
 /// largest body, so every config valid without the field stays valid.
-fn connection_share(s: &ServerSection, server: &ServerConfig, routes: &[Route], p: &mut Problems) -> u64 {
+fn connection_share(s: &ServerSection, server: &ServerConfig, routes: &[RouteConfig], p: &mut Problems) -> u64 {
     let largest = routes.iter().filter(|r| !r.stream_body).map(|r| r.max_body).max().unwrap_or(0);
     let budget = server.max_buffered_bytes;
     let Some(size) = &s.max_connection_buffered_bytes else {
@@ -293,7 +293,7 @@ fn redis(f: &FencesSection, cache_keys: usize, p: &mut Problems) -> RedisConfig 
             String::new()
         }
         Some(url) => {
-            if let Err(why) = crate::fence::store::redis::check_url(url) {
+            if let Err(why) = check_redis_url(url) {
                 p.add("fences.url", why);
             }
             url.to_owned()
@@ -336,7 +336,7 @@ fn log(s: LogSection, p: &mut Problems) -> LogConfig {
 
 /// What only shows with every route in view: unique names and prefixes, and
 /// bodies that fit the buffer budget.
-fn across_routes(routes: &[Route], server: &ServerConfig, p: &mut Problems) {
+fn across_routes(routes: &[RouteConfig], server: &ServerConfig, p: &mut Problems) {
     for r in routes {
         if !r.stream_body && r.max_body > server.max_buffered_bytes {
             p.add(
@@ -361,6 +361,18 @@ fn across_routes(routes: &[Route], server: &ServerConfig, p: &mut Problems) {
                 );
             }
         }
+    }
+}
+
+/// Whether `url` is one the Redis client takes. The reason never repeats
+/// the URL, which may carry a password.
+fn check_redis_url(url: &str) -> Result<(), String> {
+    match redis::Client::open(url) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!(
+            "is not a Redis URL like \"redis://[user:password@]host:6379/0\" or \"rediss://...\" ({:?})",
+            e.kind()
+        )),
     }
 }
 
@@ -526,11 +538,11 @@ mod tests {
     fn connection_caps_have_defaults_and_refuse_zero_by_name() {
         let c = Config::from_toml_str(MINIMAL).unwrap();
         assert_eq!(c.admin.max_connections, 64);
-        assert_eq!(c.routes[0].upstream_slots.cap(), 256);
+        assert_eq!(c.routes[0].max_upstream_connections, 256);
         let c =
             Config::from_toml_str(&format!("[admin]\nmax_connections = 3\n{MINIMAL}max_upstream_connections = 5\n"))
                 .unwrap();
-        assert_eq!((c.admin.max_connections, c.routes[0].upstream_slots.cap()), (3, 5));
+        assert_eq!((c.admin.max_connections, c.routes[0].max_upstream_connections), (3, 5));
         let text = format!("[admin]\nmax_connections = 0\n{MINIMAL}max_upstream_connections = 0\n");
         assert_eq!(fields(&text), ["admin.max_connections", "route[0] 'objects'.max_upstream_connections"]);
     }
@@ -538,9 +550,9 @@ mod tests {
     #[test]
     fn upstream_idle_timeout_has_a_default_and_refuses_zero_by_name() {
         let c = Config::from_toml_str(MINIMAL).unwrap();
-        assert_eq!(c.routes[0].upstream_slots.idle_timeout(), Duration::from_secs(60));
+        assert_eq!(c.routes[0].upstream_idle_timeout, Duration::from_secs(60));
         let c = Config::from_toml_str(&format!("{MINIMAL}upstream_idle_timeout = \"5s\"\n")).unwrap();
-        assert_eq!(c.routes[0].upstream_slots.idle_timeout(), Duration::from_secs(5));
+        assert_eq!(c.routes[0].upstream_idle_timeout, Duration::from_secs(5));
         let text = format!("{MINIMAL}upstream_idle_timeout = \"0s\"\n");
         assert_eq!(fields(&text), ["route[0] 'objects'.upstream_idle_timeout"]);
     }

@@ -19,7 +19,7 @@
 //!   documents show. With the default `{path}` template it is the request path
 //!   as sent on the wire, without the query string and without percent-decoding
 //!   (`/objects/a%20b` stays `/objects/a%20b`). Keys render injectively
-//!   (see [`KeyTemplate`](crate::route::KeyTemplate)): a value holding the
+//!   (see [`KeyTemplate`](crate::config::KeyTemplate)): a value holding the
 //!   template's separator has it escaped, so a signature binds one resource
 //!   (with `{header.x-tenant}:{path}`, tenant `a:b` writing `/c` signs
 //!   `a%3Ab:/c`).
@@ -50,13 +50,13 @@
 //! Verification compares MACs in constant time (`hmac`'s `verify_slice`), so the
 //! time a refusal takes says nothing about how close a forged signature came.
 
-use std::sync::Arc;
-
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
+
+pub use crate::config::SigningKey;
 
 /// The request header that carries the signature.
 pub const SIGNATURE_HEADER: HeaderName = HeaderName::from_static("x-fencing-signature");
@@ -66,48 +66,19 @@ const MAC_LEN: usize = 32;
 /// Length of the unpadded base64url encoding of the MAC.
 const ENCODED_LEN: usize = 43;
 
-/// A route's shared secret for token signatures, read once from its key file.
-/// Its `Debug` never shows the bytes, so a logged config cannot leak it.
-#[derive(Clone)]
-pub struct SigningKey(Option<Arc<[u8]>>);
-
-impl SigningKey {
-    pub fn new(bytes: &[u8]) -> Self {
-        SigningKey(Some(bytes.into()))
-    }
-
-    /// The key of a route whose config names a key file that has not been
-    /// read yet. No signature verifies against it: a route that signs fails
-    /// closed, never open, if its secrets step was skipped.
-    pub fn unread() -> Self {
-        SigningKey(None)
-    }
-
-    /// The secret, or `None` while it is unread.
-    pub fn bytes(&self) -> Option<&[u8]> {
-        self.0.as_deref()
-    }
-
-    /// Checks the signature in header `name` for `token` on `fence_key`:
-    /// exactly one, and right.
-    pub fn verify_header(
-        &self,
-        fence_key: &str,
-        token: u64,
-        headers: &HeaderMap,
-        name: &HeaderName,
-    ) -> Result<(), SignatureError> {
-        let signature = one_header(headers, name)?;
-        match self.bytes() {
-            Some(key) => verify(key, fence_key, token, signature.as_bytes()),
-            None => Err(SignatureError::Wrong),
-        }
-    }
-}
-
-impl std::fmt::Debug for SigningKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SigningKey(..)")
+/// Checks the signature in header `name` for `token` on `fence_key` with
+/// `key`: exactly one, and right. An unread key verifies nothing.
+pub fn verify_header(
+    key: &SigningKey,
+    fence_key: &str,
+    token: u64,
+    headers: &HeaderMap,
+    name: &HeaderName,
+) -> Result<(), SignatureError> {
+    let signature = one_header(headers, name)?;
+    match key.bytes() {
+        Some(key) => verify(key, fence_key, token, signature.as_bytes()),
+        None => Err(SignatureError::Wrong),
     }
 }
 
@@ -254,11 +225,11 @@ mod tests {
         let sig = sign(KEY, "/objects/a", 42);
         let mut h = HeaderMap::new();
         let key = SigningKey::new(KEY);
-        assert_eq!(key.verify_header("/objects/a", 42, &h, &SIGNATURE_HEADER), Err(SignatureError::Missing));
+        assert_eq!(verify_header(&key, "/objects/a", 42, &h, &SIGNATURE_HEADER), Err(SignatureError::Missing));
         h.insert(SIGNATURE_HEADER, HeaderValue::from_str(&sig).unwrap());
-        assert_eq!(key.verify_header("/objects/a", 42, &h, &SIGNATURE_HEADER), Ok(()));
+        assert_eq!(verify_header(&key, "/objects/a", 42, &h, &SIGNATURE_HEADER), Ok(()));
         h.append(SIGNATURE_HEADER, HeaderValue::from_str(&sig).unwrap());
-        assert_eq!(key.verify_header("/objects/a", 42, &h, &SIGNATURE_HEADER), Err(SignatureError::Repeated));
+        assert_eq!(verify_header(&key, "/objects/a", 42, &h, &SIGNATURE_HEADER), Err(SignatureError::Repeated));
     }
 
     #[test]
@@ -266,7 +237,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(SIGNATURE_HEADER, HeaderValue::from_str(&sign(b"", "/objects/a", 42)).unwrap());
         let unread = SigningKey::unread();
-        assert_eq!(unread.verify_header("/objects/a", 42, &h, &SIGNATURE_HEADER), Err(SignatureError::Wrong));
+        assert_eq!(verify_header(&unread, "/objects/a", 42, &h, &SIGNATURE_HEADER), Err(SignatureError::Wrong));
     }
 
     #[test]

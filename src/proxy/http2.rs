@@ -62,9 +62,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::error::UpstreamError;
-use super::tls::UpstreamTls;
 use super::upstream::{open_with_retries, Pool, Resettable, Slot, Teardown, UpstreamSlots, Waiting};
 use crate::body::{Handover, RequestBody};
+use crate::config::UpstreamTls;
 use crate::http::WokenOnly;
 
 /// Most streams fencegate runs at once on one upstream connection, whatever

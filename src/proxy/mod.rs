@@ -16,7 +16,7 @@ use http::header::HeaderValue;
 
 pub use error::UpstreamError;
 pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
-pub use tls::{PlatformRoots, UpstreamTls, UpstreamTlsFiles};
+
 pub use upstream::{Parking, Teardown, UpstreamSlots};
 
 pub use http2::StreamHeld;

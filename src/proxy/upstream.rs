@@ -62,8 +62,9 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::error::{chain, BoxError, UpstreamError};
-use super::tls::{self, UpstreamTls};
+use super::tls;
 use crate::body::{Handover, RequestBody};
+use crate::config::UpstreamTls;
 use crate::http::stream::TcpOrTls;
 use crate::http::WokenOnly;
 
@@ -862,7 +863,7 @@ async fn open(authority: &Authority, tls: Option<&UpstreamTls>) -> Result<Upstre
     stream.set_nodelay(true)?;
     let Some(tls) = tls else { return Ok(TcpOrTls::Plain(stream)) };
     // Fencegate::bind refuses a route whose TLS files were never read.
-    let (connector, name) = tls.connector().ok_or("the route's TLS files were never read")?;
+    let (connector, name) = super::tls::connector(tls).ok_or("the route's TLS files were never read")?;
     match connector.connect(name, stream).await {
         Ok(stream) => Ok(TcpOrTls::Tls(Box::new(stream))),
         Err(source) => Err(HandshakeFailed { upstream: authority.clone(), source }.into()),

@@ -60,7 +60,7 @@ impl Account {
         Account {
             proxy: count(config.server.max_connections),
             admin: count(config.admin.max_connections),
-            upstream: config.routes.iter().fold(0u64, |sum, r| sum.saturating_add(count(r.upstream_slots.cap()))),
+            upstream: config.routes.iter().fold(0u64, |sum, r| sum.saturating_add(count(r.max_upstream_connections))),
             files: match config.fences.store {
                 StoreKind::File { .. } => FILE_STORE_DESCRIPTORS,
                 StoreKind::Memory => 0,

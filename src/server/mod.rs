@@ -27,15 +27,16 @@ use tracing::{info, warn};
 
 use crate::admin::AdminState;
 use crate::body::BufferBudget;
+use crate::config::TlsError;
 use crate::config::{Config, StoreKind};
 use crate::fence::store::redis::longest_write_lease;
 use crate::fence::store::FenceStore;
 use crate::fence::store::{AnyStore, CacheBounds, FileStore, MemoryStore, OpenError, RedisStore};
 use crate::fence::KeyGate;
 use crate::metrics::Metrics;
-use crate::route::{LiveRoutes, RouteTable};
+use crate::route::{LiveRoutes, Route, RouteTable};
 use crate::stack::{ConnectionLimits, Shared};
-use crate::tls::{ServerTls, TlsError};
+use crate::tls::ServerTls;
 use admin::AdminListener;
 use descriptors::{Account, Spare};
 use guard::Connections;
@@ -126,7 +127,7 @@ impl Fencegate {
             _ => KeyGate::default(),
         };
         let metrics = Metrics::new(config.routes.iter().map(|r| &*r.name), store.stats());
-        let routes = RouteTable::new(config.routes.iter().map(|r| r.in_service(&metrics, None)));
+        let routes = RouteTable::new(config.routes.iter().map(|r| Route::in_service(r, &metrics, None)));
         let shared = Arc::new(Shared {
             metrics: Arc::new(metrics),
             routes: Arc::new(LiveRoutes::new(routes)),

@@ -32,7 +32,7 @@ use crate::config::{secret_files, AdminConfig, Config, ConfigError, ConfigProble
 use crate::fence::store::redis::longest_write_lease;
 use crate::fence::store::AnyStore;
 use crate::metrics::Reloads;
-use crate::route::RouteTable;
+use crate::route::{Route, RouteTable};
 use crate::stack::Shared;
 use crate::watch::{watch_dirs_of, DirWatch};
 
@@ -116,7 +116,7 @@ impl Reloader {
         let serving = self.shared.routes.current();
         let metrics = &self.shared.metrics;
         let table = RouteTable::new(
-            new.routes.iter().map(|route| route.in_service(metrics, serving.named(&route.name).map(|r| &**r))),
+            new.routes.iter().map(|route| Route::in_service(route, metrics, serving.named(&route.name).map(|r| &**r))),
         );
         self.shared.routes.replace(table);
         // After a confirm of a shared store, writes are held as long as a

@@ -26,8 +26,8 @@ use crate::proxy::UpstreamError;
 /// rest on ([`crate::http::RefusedOr`]), refusing with a [`Rejection`].
 pub type RefusedOr<F> = crate::http::RefusedOr<F, Rejection>;
 
+use crate::config::KeyError;
 use crate::http::RouteTag;
-use crate::route::KeyError;
 use crate::stack::routing::{DestinationError, FoldedHeaders, HostError, TunnelError};
 
 /// Why fencegate answered a request itself instead of the upstream.

@@ -132,9 +132,9 @@ mod tests {
         assert!(matches!(safe, Err(ProxyError::BadDestination(_))), "{safe:?}");
         // A method the source route lets through is still fenced when the
         // destination's route fences it: the destination is what it writes.
-        let mut lenient = test_route("lenient", "/lenient/");
+        let mut lenient = crate::config::test_route_config("lenient", "/lenient/");
         lenient.safe_methods.push(http::Method::from_bytes(b"COPY").unwrap());
-        let table = RouteTable::new([test_route("objects", "/objects/"), lenient]);
+        let table = RouteTable::new([test_route("objects", "/objects/"), Route::detached(lenient)]);
         let copy = |to: &str| {
             let request = Request::builder().method("COPY").uri("/lenient/a").header("host", "a.example");
             let request = request.header("destination", to).body(()).unwrap();

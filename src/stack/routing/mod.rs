@@ -185,24 +185,25 @@ fn check_header_whitespace(headers: &HeaderMap) -> Result<(), ProxyError> {
 mod tests {
     use super::*;
     use crate::canonical::PathError;
-    use crate::route::{test_route, Upstream};
+    use crate::config::UpstreamUrl;
+    use crate::route::test_route;
 
     pub(super) fn table() -> RouteTable {
-        let mut keep = test_route("keep", "/keep/");
+        let mut keep = crate::config::test_route_config("keep", "/keep/");
         keep.path_options.escaped_slashes = EscapedSlashes::Keep;
-        let mut unmerged = test_route("unmerged", "/unmerged/");
+        let mut unmerged = crate::config::test_route_config("unmerged", "/unmerged/");
         unmerged.path_options.merge_slashes = false;
-        let mut folded = test_route("folded", "/folded/");
+        let mut folded = crate::config::test_route_config("folded", "/folded/");
         folded.fold_key_case = true;
-        let mut elsewhere = test_route("elsewhere", "/elsewhere/");
-        elsewhere.upstream = Upstream::parse("http://127.0.0.1:2").unwrap();
+        let mut elsewhere = crate::config::test_route_config("elsewhere", "/elsewhere/");
+        elsewhere.upstream = UpstreamUrl::parse("http://127.0.0.1:2").unwrap();
         RouteTable::new([
             test_route("objects", "/objects/"),
             test_route("secure", "/secure/"),
-            keep,
-            unmerged,
-            folded,
-            elsewhere,
+            Route::detached(keep),
+            Route::detached(unmerged),
+            Route::detached(folded),
+            Route::detached(elsewhere),
         ])
     }
 

@@ -373,6 +373,7 @@ mod tests {
     use http_body_util::Empty;
 
     use super::*;
+    use crate::config::RouteConfig;
     use crate::fence::signature::sign;
     use crate::fence::signature::SigningKey;
     use crate::fence::store::{Advance, Deleted, MemoryStore, Selection, StoreError};
@@ -382,11 +383,11 @@ mod tests {
     const SECRET: &[u8] = b"service-test-secret-0123";
 
     fn route(signing_key: Option<&[u8]>, max_token_jump: Option<u64>) -> Arc<Route> {
-        Arc::new(Route {
+        Arc::new(Route::detached(RouteConfig {
             signing_key: signing_key.map(SigningKey::new),
             max_token_jump,
-            ..crate::route::test_route("objects", "/objects/")
-        })
+            ..crate::config::test_route_config("objects", "/objects/")
+        }))
     }
 
     /// A memory store that counts reads, and whose read number `race_on`
@@ -493,7 +494,10 @@ mod tests {
     /// the read with the turn held and the advance): nothing is forwarded.
     #[tokio::test]
     async fn a_strict_route_refuses_a_mark_raised_to_the_token_after_it_was_read() {
-        let strict = Arc::new(Route { strict: true, ..crate::route::test_route("objects", "/objects/") });
+        let strict = Arc::new(Route::detached(RouteConfig {
+            strict: true,
+            ..crate::config::test_route_config("objects", "/objects/")
+        }));
         let headers = [("x-fencing-token", "7")];
         // Reads: 0 early from the head, 1 with the turn held; the race follows 1.
         let store = Arc::new(WitnessStore { raced_to: Some(7), race_on: 1, ..Default::default() });
@@ -515,9 +519,14 @@ mod tests {
     /// route's settle period, not the source route's none.
     #[tokio::test(start_paused = true)]
     async fn each_key_settles_as_long_as_its_route_asks() {
-        let source = Arc::new(Route { settle: Duration::ZERO, ..crate::route::test_route("lenient", "/lenient/") });
-        let dest =
-            Arc::new(Route { settle: Duration::from_secs(2), ..crate::route::test_route("objects", "/objects/") });
+        let source = Arc::new(Route::detached(RouteConfig {
+            settle: Duration::ZERO,
+            ..crate::config::test_route_config("lenient", "/lenient/")
+        }));
+        let dest = Arc::new(Route::detached(RouteConfig {
+            settle: Duration::from_secs(2),
+            ..crate::config::test_route_config("objects", "/objects/")
+        }));
         let request = Request::builder().method("COPY").uri("/lenient/a").body(Empty::<Bytes>::new()).unwrap();
         let checked = Checked {
             routed: Routed { route: source, request, fenced: true, destination: None, slot_taken: None },

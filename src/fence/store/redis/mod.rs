@@ -40,9 +40,9 @@ use tracing::{error, info, warn};
 
 use super::{Advance, Deleted, Entered, InFlight, Selection, StoreError};
 use crate::config::RedisConfig;
+use crate::config::RouteConfig;
 use crate::fence::gate::Ask;
 use crate::fence::KeyMap;
-use crate::route::Route;
 
 const SCRIPTS: &str = include_str!("scripts.lua");
 
@@ -63,18 +63,6 @@ const HEALTH_EVERY: Duration = Duration::from_secs(1);
 /// time between the lease's start in Redis and the forward's own clock.
 const LEASE_MARGIN: Duration = Duration::from_secs(1);
 
-/// Whether `url` is one the Redis client takes (for config checks). The
-/// reason never repeats the URL, which may carry a password.
-pub fn check_url(url: &str) -> Result<(), String> {
-    match redis::Client::open(url) {
-        Ok(_) => Ok(()),
-        Err(e) => Err(format!(
-            "is not a Redis URL like \"redis://[user:password@]host:6379/0\" or \"rediss://...\" ({:?})",
-            e.kind()
-        )),
-    }
-}
-
 /// The longest lease a fenced write of `routes` is given (see
 /// `crate::fence::service`: what is left of the wait for its turns, at most
 /// a `queue_timeout`; a wait for an upstream connection, another; the
@@ -82,7 +70,7 @@ pub fn check_url(url: &str) -> Result<(), String> {
 /// `timeout`; and the settle period, at most the longest of any
 /// route, a COPY's destination's included). The store adds its replica wait
 /// and [`LEASE_MARGIN`].
-pub fn longest_write_lease(routes: &[Route]) -> Duration {
+pub fn longest_write_lease(routes: &[RouteConfig]) -> Duration {
     let settle = routes.iter().map(|r| r.settle).max().unwrap_or_default();
     let exchange = routes.iter().map(|r| r.queue_timeout * 2 + r.timeout * 2).max().unwrap_or_default();
     exchange + settle
@@ -1110,7 +1098,7 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::test_route;
+    use crate::config::test_route_config;
 
     /// The hold after a confirm covers the longest lease any route gives a
     /// write: two queue timeouts and two timeouts (the exchange, and the wait
@@ -1118,8 +1106,10 @@ mod tests {
     #[test]
     fn the_longest_write_lease_covers_every_route_and_the_longest_settle() {
         let s = Duration::from_secs;
-        let slow = Route { timeout: s(30), queue_timeout: s(10), settle: s(0), ..test_route("slow", "/slow/") };
-        let settles = Route { timeout: s(2), queue_timeout: s(1), settle: s(5), ..test_route("settles", "/s/") };
+        let slow =
+            RouteConfig { timeout: s(30), queue_timeout: s(10), settle: s(0), ..test_route_config("slow", "/slow/") };
+        let settles =
+            RouteConfig { timeout: s(2), queue_timeout: s(1), settle: s(5), ..test_route_config("settles", "/s/") };
         assert_eq!(longest_write_lease(&[slow.clone(), settles.clone()]), s(20 + 60 + 5));
         assert_eq!(longest_write_lease(&[settles]), s(2 + 4 + 5));
         assert_eq!(longest_write_lease(&[]), Duration::ZERO);

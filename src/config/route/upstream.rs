@@ -7,7 +7,7 @@ use rustls_pki_types::ServerName;
 
 /// An upstream origin with an optional base path prepended to every request path.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Upstream {
+pub struct UpstreamUrl {
     pub scheme: Scheme,
     pub authority: Authority,
     /// Empty, or starts with '/' and has no trailing '/'.
@@ -16,10 +16,10 @@ pub struct Upstream {
     pub host: http::HeaderValue,
 }
 
-impl Upstream {
+impl UpstreamUrl {
     /// Parses `http://host[:port][/base]` or `https://host[:port][/base]`
     /// (default ports 80 and 443); the error says what to fix.
-    pub fn parse(text: &str) -> Result<Upstream, String> {
+    pub fn parse(text: &str) -> Result<UpstreamUrl, String> {
         let uri: Uri = text.parse().map_err(|e| format!("'{text}' is not a URL ({e})"))?;
         let scheme = match uri.scheme() {
             Some(s) if *s == Scheme::HTTP => Scheme::HTTP,
@@ -38,7 +38,7 @@ impl Upstream {
         }
         let base_path = uri.path().trim_end_matches('/').to_string();
         let host = http::HeaderValue::from_str(authority.as_str()).map_err(|e| format!("'{text}': host: {e}"))?;
-        let upstream = Upstream { scheme, authority, base_path, host };
+        let upstream = UpstreamUrl { scheme, authority, base_path, host };
         if upstream.is_tls() {
             upstream.server_name().map_err(|e| format!("'{text}': {e}"))?;
         }
@@ -92,13 +92,13 @@ mod tests {
 
     #[test]
     fn upstream_base_path_is_prepended() {
-        let u = Upstream::parse("http://10.0.0.5:9000/v1/").unwrap();
+        let u = UpstreamUrl::parse("http://10.0.0.5:9000/v1/").unwrap();
         assert_eq!(u.base_path, "/v1");
         assert_eq!(u.uri_for("/objects/a?x=1").unwrap().to_string(), "http://10.0.0.5:9000/v1/objects/a?x=1");
-        let origin = |u: &Upstream, uri: &str| u.origin_form(uri.parse().unwrap()).unwrap().to_string();
+        let origin = |u: &UpstreamUrl, uri: &str| u.origin_form(uri.parse().unwrap()).unwrap().to_string();
         assert_eq!(origin(&u, "/objects/a?x=1"), "/v1/objects/a?x=1");
         assert_eq!(origin(&u, "http://a.example/objects/a"), "/v1/objects/a");
-        let u = Upstream::parse("http://10.0.0.5:9000").unwrap();
+        let u = UpstreamUrl::parse("http://10.0.0.5:9000").unwrap();
         assert_eq!(u.uri_for("/a").unwrap().to_string(), "http://10.0.0.5:9000/a");
         assert_eq!(origin(&u, "/a?b"), "/a?b");
         assert_eq!(origin(&u, "http://a.example/a?b"), "/a?b");
@@ -106,15 +106,15 @@ mod tests {
 
     #[test]
     fn https_upstreams_name_the_host_their_certificate_must_carry() {
-        let u = Upstream::parse("https://store.example/v1").unwrap();
+        let u = UpstreamUrl::parse("https://store.example/v1").unwrap();
         assert!(u.is_tls());
         assert_eq!(u.authority.port_u16(), None, "443 is the default, filled in when connecting");
         assert_eq!(u.host, "store.example");
         assert_eq!(u.server_name().unwrap(), ServerName::try_from("store.example").unwrap());
         assert_eq!(u.uri_for("/a").unwrap().to_string(), "https://store.example/v1/a");
-        let ip = Upstream::parse("https://[::1]:8443").unwrap();
+        let ip = UpstreamUrl::parse("https://[::1]:8443").unwrap();
         assert_eq!(ip.server_name().unwrap(), ServerName::try_from("::1").unwrap());
-        assert!(!Upstream::parse("http://store.example").unwrap().is_tls());
-        assert!(Upstream::parse("HTTPS://store.example").unwrap().is_tls());
+        assert!(!UpstreamUrl::parse("http://store.example").unwrap().is_tls());
+        assert!(UpstreamUrl::parse("HTTPS://store.example").unwrap().is_tls());
     }
 }
