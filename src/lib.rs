@@ -51,8 +51,8 @@ pub mod route;
 mod server;
 mod stack;
 pub mod telemetry;
-pub mod tls;
-mod watch;
 
 pub use config::Config;
-pub use server::{give_back_memory_with, run, Fencegate, Reloaded, Reloader, StartError, MAX_BLOCKING_THREADS};
+pub use server::{
+    give_back_memory_with, run, CertsReloaded, Fencegate, Reloaded, Reloader, ServerTls, StartError, MAX_BLOCKING_THREADS,
+};

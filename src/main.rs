@@ -144,7 +144,7 @@ fn main() -> ExitCode {
         // The TLS files are read as at start: a certificate that does not
         // load fails the check.
         if let Some(files) = &config.server.tls {
-            if let Err(e) = fencegate::tls::ServerTls::load(files) {
+            if let Err(e) = fencegate::ServerTls::load(files) {
                 eprintln!("{}: {e}", cli.config.display());
                 return ExitCode::from(2);
             }

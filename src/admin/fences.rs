@@ -135,7 +135,7 @@ pub(super) async fn handle(state: &AdminState, peer: SocketAddr, req: Request<Cl
         Ok(query) => query,
         Err(refused) => return *refused,
     };
-    let store = &state.shared.store;
+    let store = &state.store;
     if query.all.is_some() {
         return problem(StatusCode::BAD_REQUEST, "Bad query", "all applies to DELETE only");
     }
@@ -235,7 +235,7 @@ pub(super) async fn confirm_store<B>(state: &AdminState, peer: SocketAddr, req: 
     if let Some(refused) = unauthorized(state, peer, req) {
         return refused;
     }
-    let AnyStore::Redis(store) = &*state.shared.store else {
+    let AnyStore::Redis(store) = &*state.store else {
         return problem(
             StatusCode::CONFLICT,
             "Not a shared store",
@@ -301,7 +301,7 @@ async fn raise(state: &AdminState, peer: SocketAddr, req: Request<ClientBody>) -
             )
         }
     };
-    match state.shared.store.advance(&key, token).await {
+    match state.store.advance(&key, token).await {
         Ok(Advance::Accepted { previous }) => {
             tracing::info!(target: "fencegate::audit", caller = %peer, key, token, previous, "fence raised");
             json_response(StatusCode::OK, &json!({ "key": key, "token": token, "previous": previous }))
@@ -384,7 +384,7 @@ async fn delete(state: &AdminState, peer: SocketAddr, req: Request<ClientBody>) 
     // The delete and its audit line run on a task of their own: a client
     // that goes away (or the admin drain at shutdown) then cannot leave a
     // delete done and unlogged.
-    let store = state.shared.store.clone();
+    let store = state.store.clone();
     match tokio::spawn(async move { delete_and_log(&*store, peer, &which).await }).await {
         Ok(response) => response,
         Err(e) => unavailable(format!("fence store unavailable: delete task failed: {e}")),

@@ -21,15 +21,20 @@ use http::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
-use crate::fence::store::FenceStore;
+use crate::body::BufferBudget;
+use crate::fence::store::{AnyStore, FenceStore};
+use crate::fence::KeyGate;
 use crate::http::problem::{Problem, ProblemType};
-use crate::metrics::Snapshot;
-use crate::stack::Shared;
+use crate::metrics::{Metrics, Snapshot};
 
 /// State the admin endpoints read.
 #[derive(Debug)]
 pub(crate) struct AdminState {
-    pub shared: Arc<Shared>,
+    /// What the proxy shares, as far as the admin endpoints read it.
+    pub store: Arc<AnyStore>,
+    pub gate: Arc<KeyGate>,
+    pub metrics: Arc<Metrics>,
+    pub buffers: Arc<BufferBudget>,
     /// Set when shutdown begins; `/readyz` answers 503 from then on.
     pub draining: AtomicBool,
     /// Bearer token for fence changes; `None` disables them (403). A config
@@ -65,8 +70,24 @@ pub(crate) async fn handle(
     Ok(match path {
         "/healthz" => text(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into()),
         "/readyz" => readiness(&state),
+        "/fences/store/confirm" => &[Method::POST],
+        _ => return Ok(problem(StatusCode::NOT_FOUND, "Not found", format!("no admin endpoint at '{path}'"))),
+    };
+    if !allowed.contains(req.method()) {
+        let names: Vec<&str> = allowed.iter().map(Method::as_str).collect();
+        let mut r = problem(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "Method not allowed",
+            format!("{path} answers {} only", names.join(", ")),
+        );
+        r.headers_mut().insert(ALLOW, HeaderValue::from_str(&names.join(", ")).expect("method names are ASCII"));
+        return Ok(r);
+    }
+    Ok(match path {
+        "/healthz" => text(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into()),
+        "/readyz" => readiness(&state),
         "/metrics" => {
-            let shared = &state.shared;
+            let shared = &*state;
             if let (Some(stats), Some(bytes)) = (shared.store.stats(), shared.store.disk_bytes()) {
                 stats.disk_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
             }
@@ -92,7 +113,7 @@ fn readiness(state: &AdminState) -> Response<Full<Bytes>> {
     if state.draining.load(Ordering::Acquire) {
         return problem(StatusCode::SERVICE_UNAVAILABLE, "Draining", "fencegate is shutting down");
     }
-    if let Some(why) = state.shared.store.unready() {
+    if let Some(why) = state.store.unready() {
         return problem(StatusCode::SERVICE_UNAVAILABLE, "Fence store unavailable", why);
     }
     text(StatusCode::OK, "text/plain; charset=utf-8", "ready\n".into())

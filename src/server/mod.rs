@@ -6,13 +6,15 @@
 //! [`Fencegate::run`] spells out. Every descriptor they may hold is counted
 //! in one account, checked at start (descriptors.rs).
 
-mod admin;
+mod admin_listener;
+pub(crate) mod certs;
 pub(crate) mod connection;
 mod descriptors;
 mod guard;
 mod penalty;
-mod proxy;
+mod listener;
 mod reload;
+mod watch;
 mod workers;
 
 use std::future::Future;
@@ -36,13 +38,13 @@ use crate::fence::KeyGate;
 use crate::metrics::Metrics;
 use crate::route::{LiveRoutes, Route, RouteTable};
 use crate::stack::{ConnectionLimits, Shared};
-use crate::tls::ServerTls;
-use admin::AdminListener;
+use admin_listener::AdminListener;
 use descriptors::{Account, Spare};
 use guard::Connections;
 use workers::Workers;
 
 pub use connection::give_back_memory_with;
+pub use certs::{CertsReloaded, ServerTls};
 pub use reload::{Reloaded, Reloader};
 pub use workers::MAX_BLOCKING_THREADS;
 
@@ -70,6 +72,7 @@ pub struct Fencegate {
     proxy: TcpListener,
     admin: TcpListener,
     state: Arc<AdminState>,
+    shared: Arc<Shared>,
     tls: Option<Arc<ServerTls>>,
     reloader: Arc<Reloader>,
     /// What reloads the config from its file, once
@@ -145,12 +148,15 @@ impl Fencegate {
         let auth_token = Arc::new(arc_swap::ArcSwapOption::from(config.admin.auth_token.clone().map(Arc::new)));
         let reloader = Arc::new(Reloader::new(shared.clone(), auth_token.clone(), config.clone()));
         let state = Arc::new(AdminState {
-            shared,
+            store: shared.store.clone(),
+            gate: shared.gate.clone(),
+            metrics: shared.metrics.clone(),
+            buffers: shared.buffers.clone(),
             draining: AtomicBool::new(false),
             auth_token,
             max_key_bytes: config.fences.max_key_bytes,
         });
-        Ok(Fencegate { config, proxy, admin, state, tls, reloader, reloads: None })
+        Ok(Fencegate { config, proxy, admin, state, shared, tls, reloader, reloads: None })
     }
 
     /// Reloads the routes from `path` on SIGHUP and whenever the file's
@@ -183,7 +189,7 @@ impl Fencegate {
     /// to finish; the admin listener answers until the proxy has drained, and
     /// is then drained within the same grace.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
-        let Fencegate { config, proxy, admin, state, tls, reloader: _, reloads } = self;
+        let Fencegate { config, proxy, admin, state, shared, tls, reloader: _, reloads } = self;
         let server = &config.server;
         info!(proxy = %proxy.local_addr().map(|a| a.to_string()).unwrap_or_default(),
               admin = %admin.local_addr().map(|a| a.to_string()).unwrap_or_default(),
@@ -192,7 +198,7 @@ impl Fencegate {
         // Reloads while these live.
         let _reloads = reloads;
         // A rotated certificate is picked up while this watch lives.
-        let _tls_watch = tls.as_ref().and_then(|tls| match tls.watch(state.shared.metrics.tls_reloads()) {
+        let _tls_watch = tls.as_ref().and_then(|tls| match tls.watch(shared.metrics.tls_reloads()) {
             Ok(watch) => Some(watch),
             Err(e) => {
                 warn!(error = %e, "cannot watch the TLS files: a rotated certificate needs a restart");
@@ -213,7 +219,7 @@ impl Fencegate {
         // says 503 once draining).
         let admin = AdminListener::start(admin, admin_connections, state.clone(), server.clone());
         tokio::select! {
-            never = proxy::accept(&proxy, &proxy_connections, &mut workers, &state.shared, server, tls) => match never {},
+            never = listener::accept(&proxy, &proxy_connections, &mut workers, &shared, server, tls) => match never {},
             () = shutdown => {}
         }
         // 1. Not ready: load balancers stop sending.
@@ -238,7 +244,7 @@ impl Fencegate {
         // 5. No connection is left to use the fence store: it closes here,
         //    and nowhere else while fencegate runs, writing what is queued
         //    and folding its journal before the process exits.
-        state.shared.store.close().await;
+        shared.store.close().await;
         drop(state);
     }
 }

@@ -34,7 +34,7 @@ use crate::fence::store::AnyStore;
 use crate::metrics::Reloads;
 use crate::route::{Route, RouteTable};
 use crate::stack::Shared;
-use crate::watch::{watch_dirs_of, DirWatch};
+use crate::server::watch::{watch_dirs_of, DirWatch};
 
 /// What a reload did.
 #[derive(Debug)]

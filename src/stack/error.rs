@@ -28,7 +28,7 @@ pub type RefusedOr<F> = crate::http::RefusedOr<F, Rejection>;
 
 use crate::config::KeyError;
 use crate::http::RouteTag;
-use crate::stack::routing::{DestinationError, FoldedHeaders, HostError, TunnelError};
+use crate::stack::router::{DestinationError, FoldedHeaders, RequestHostError, TunnelError};
 
 /// Why fencegate answered a request itself instead of the upstream.
 #[derive(Debug, thiserror::Error)]
@@ -70,7 +70,7 @@ pub enum ProxyError {
     #[error("the request path cannot be made canonical: {0}")]
     BadPath(#[from] PathError),
     #[error("the request's host is not one fencegate can route by: {0}")]
-    BadHost(#[from] HostError),
+    BadHost(#[from] RequestHostError),
     #[error("header '{0}' has a value with leading or trailing whitespace, which HTTP/2 forbids")]
     BadHeader(HeaderName),
     #[error(transparent)]

@@ -12,7 +12,7 @@ pub(crate) mod forward;
 pub(crate) mod head;
 pub(crate) mod head_limits;
 pub(crate) mod rescue;
-pub(crate) mod routing;
+pub(crate) mod router;
 pub(crate) mod turn;
 
 use std::convert::Infallible;
@@ -33,7 +33,7 @@ use forward::Forward;
 use head::HeadChecksLayer;
 use head_limits::{HeaderCountLayer, HeaderRateLayer};
 use rescue::RescueLayer;
-use routing::RoutingLayer;
+use router::RoutingLayer;
 use turn::FencingLayer;
 
 /// What every connection's stack shares.

@@ -19,7 +19,7 @@ use crate::proxy::{
 };
 use crate::route::Route;
 use crate::stack::error::ProxyError;
-use crate::stack::routing::{Destination, Routed};
+use crate::stack::router::{Destination, Routed};
 
 /// Given with a request (`Routed::slot_taken`) by whoever runs its forward
 /// to its end even if the caller leaves (the fence): the forward marks it
@@ -71,7 +71,7 @@ struct ClientSide {
     upstreams: Upstreams,
     client: ClientAddr,
     /// The flag of this connection's fenced requests over HTTP/1.1, one at a
-    /// time (see [`Upstream::slot_flag`]).
+    /// time (see [`Forwarder::slot_flag`]).
     slot_taken: SlotTaken,
 }
 
@@ -91,7 +91,7 @@ impl Forward {
 /// tower service (tests). A trait of its own rather than `tower::Service`, so
 /// the forward's future needs no name: it rides inside the fence's one boxed
 /// future, not in a box of its own.
-pub trait Upstream<B>: Clone + Send + 'static {
+pub trait Forwarder<B>: Clone + Send + 'static {
     /// Sends `request` upstream; resolves with the response head.
     fn send(self, request: Routed<B>) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send;
 
@@ -102,7 +102,7 @@ pub trait Upstream<B>: Clone + Send + 'static {
     }
 }
 
-impl Upstream<RequestBody> for Forward {
+impl Forwarder<RequestBody> for Forward {
     fn send(
         self,
         request: Routed<RequestBody>,
@@ -124,7 +124,7 @@ impl Upstream<RequestBody> for Forward {
     }
 }
 
-impl<S, B> Upstream<B> for S
+impl<S, B> Forwarder<B> for S
 where
     S: Service<Routed<B>, Response = Response<ProxyBody>, Error = ProxyError> + Clone + Send + 'static,
     S::Future: Send,
@@ -275,7 +275,7 @@ fn prepare(
             destination.query.as_deref().unwrap_or_default()
         );
         let value = HeaderValue::try_from(target).map_err(|e| ProxyError::internal("Destination", e))?;
-        parts.headers.insert(crate::stack::routing::DESTINATION, value);
+        parts.headers.insert(crate::stack::router::DESTINATION, value);
     }
     let mut request = Request::new(body);
     if route.upstream_http2 {

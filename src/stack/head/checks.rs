@@ -16,7 +16,7 @@ use crate::http::ProxyBody;
 use crate::route::Route;
 use crate::stack::error::RefusedOr;
 use crate::stack::error::{ProxyError, Rejection};
-use crate::stack::routing::Routed;
+use crate::stack::router::Routed;
 
 /// The header that signs a WebDAV destination's key, on a request whose
 /// `Destination` falls under a route with a `signing_key_file`.
@@ -278,7 +278,7 @@ mod tests {
     use super::*;
     use crate::fence::store::{Advance, Deleted, MemoryStore, Selection};
     use crate::route::test_route;
-    use crate::stack::routing::Destination;
+    use crate::stack::router::Destination;
     use tower::ServiceExt;
 
     /// The memory store, as a store that never has a mark at hand: every

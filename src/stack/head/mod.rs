@@ -13,7 +13,7 @@ pub(crate) use checks::{check_mark, HeadChecksLayer};
 
 use crate::route::Route;
 use crate::stack::error::{ProxyError, Rejection};
-use crate::stack::routing::Routed;
+use crate::stack::router::Routed;
 
 /// A routed request after the head checks, with what they decided.
 #[derive(Debug)]

@@ -30,7 +30,7 @@ use tower::{Layer, Service};
 use crate::http::ProxyBody;
 use crate::stack::error::RefusedOr;
 use crate::stack::error::{ProxyError, Rejection};
-use crate::stack::routing::Routed;
+use crate::stack::router::Routed;
 
 /// Refuses a request with more than `max` header fields (431); see the
 /// [module docs](self).

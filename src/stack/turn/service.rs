@@ -22,9 +22,9 @@ use crate::http::{Decision, Outcome};
 use crate::route::Route;
 use crate::stack::error::{ProxyError, Rejection};
 use crate::stack::forward::SlotTaken;
-use crate::stack::forward::Upstream;
+use crate::stack::forward::Forwarder;
 use crate::stack::head::{check_mark, Checked, Fence};
-use crate::stack::routing::Routed;
+use crate::stack::router::Routed;
 
 /// The fence's turn-taking middleware: steps 4 to 6 of the guarantee in
 /// `docs/behaviour.md` ("The guarantee, step by step").
@@ -55,7 +55,7 @@ impl<S, St> Fencing<S, St> {
 
 impl<S, St, B> Service<Checked<B>> for Fencing<S, St>
 where
-    S: Upstream<B>,
+    S: Forwarder<B>,
     St: FenceStore,
     B: Send + 'static,
 {
@@ -95,7 +95,7 @@ fn take_turn_and_forward<S, St, B>(
     taken: SlotTaken,
 ) -> impl Future<Output = Result<Response<ProxyBody>, Rejection>> + Send
 where
-    S: Upstream<B>,
+    S: Forwarder<B>,
     St: FenceStore,
     B: Send + 'static,
 {
@@ -356,7 +356,7 @@ impl Drop for SettlingTurns {
 
 async fn forward_unfenced<S, B>(inner: S, req: Routed<B>) -> Result<Response<ProxyBody>, Rejection>
 where
-    S: Upstream<B>,
+    S: Forwarder<B>,
 {
     let mut response = inner.send(req).await?;
     let decision = Decision { outcome: Outcome::Unfenced, key: None, token: None, settled: false, route: None };

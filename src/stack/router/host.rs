@@ -12,7 +12,7 @@ use crate::canonical::{self, canonical_host};
 /// are the problem's `detail`, after "the request's host is not one
 /// fencegate can route by: ".
 #[derive(Debug, thiserror::Error)]
-pub enum HostError {
+pub enum RequestHostError {
     #[error("more than one Host header")]
     Repeated,
     #[error("the Host header is not ASCII")]
@@ -44,7 +44,7 @@ pub(super) fn request_host(
     uri: &Uri,
     headers: &mut HeaderMap,
     over_tls: bool,
-) -> Result<Option<HeaderValue>, HostError> {
+) -> Result<Option<HeaderValue>, RequestHostError> {
     let https = match uri.scheme() {
         Some(scheme) => *scheme == http::uri::Scheme::HTTPS,
         None => over_tls,
@@ -53,16 +53,16 @@ pub(super) fn request_host(
     let mut hosts = headers.get_all(HOST).iter();
     let header = hosts.next();
     if hosts.next().is_some() {
-        return Err(HostError::Repeated);
+        return Err(RequestHostError::Repeated);
     }
     let from_header = match header {
-        Some(value) => Some(canonical(value.to_str().map_err(|_| HostError::NotAscii)?, default_port)?),
+        Some(value) => Some(canonical(value.to_str().map_err(|_| RequestHostError::NotAscii)?, default_port)?),
         None => None,
     };
     let from_uri = uri.authority().map(|authority| canonical(authority.as_str(), default_port)).transpose()?;
     let host = match (from_header, from_uri) {
         (Some(named), Some(target)) if named != target => {
-            return Err(HostError::Disagree { target: target.into_owned(), header: named.into_owned() })
+            return Err(RequestHostError::Disagree { target: target.into_owned(), header: named.into_owned() })
         }
         (Some(host), _) | (None, Some(host)) => host,
         (None, None) => return Ok(None),
@@ -72,14 +72,14 @@ pub(super) fn request_host(
         return Ok(header.cloned());
     }
     let value =
-        HeaderValue::from_str(&host).map_err(|source| HostError::NotHeaderValue { host: host.to_string(), source })?;
+        HeaderValue::from_str(&host).map_err(|source| RequestHostError::NotHeaderValue { host: host.to_string(), source })?;
     headers.insert(HOST, value.clone());
     Ok(Some(value))
 }
 
 /// `text`'s canonical host, refused in the words of a malformed one.
-fn canonical(text: &str, default_port: u16) -> Result<Cow<'_, str>, HostError> {
-    canonical_host(text, default_port).map_err(|source| HostError::Malformed { text: text.to_string(), source })
+fn canonical(text: &str, default_port: u16) -> Result<Cow<'_, str>, RequestHostError> {
+    canonical_host(text, default_port).map_err(|source| RequestHostError::Malformed { text: text.to_string(), source })
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use crate::http::stream::TcpOrTls;
 use crate::proxy::ClientAddr;
 use crate::stack::forward::Forward;
 use crate::stack::{proxy_service, Shared};
-use crate::tls::ServerTls;
+use crate::server::certs::ServerTls;
 
 /// Accepts and serves proxy connections until the future is dropped:
 /// it never ends on its own.

@@ -24,7 +24,7 @@ use tracing::{info, warn};
 
 use crate::config::{pem_certificates, pem_private_key, TlsError, TlsFiles};
 use crate::metrics::TlsReloads;
-use crate::watch::{watch_dirs_of, DirWatch};
+use crate::server::watch::{watch_dirs_of, DirWatch};
 
 /// The contents of the TLS files, as last read.
 #[derive(Debug, PartialEq, Eq)]
@@ -36,7 +36,7 @@ struct Material {
 
 /// What a look at the files did.
 #[derive(Debug)]
-pub enum Reloaded {
+pub enum CertsReloaded {
     /// New files, loaded: the next handshake uses them.
     Applied,
     /// The files hold what is already served.
@@ -71,23 +71,23 @@ impl ServerTls {
 
     /// Reads the files again and serves them from the next handshake on if
     /// they changed and load.
-    pub fn reload(&self) -> Reloaded {
+    pub fn reload(&self) -> CertsReloaded {
         let material = match read(&self.files) {
             Ok(material) => material,
-            Err(e) => return Reloaded::Refused(e),
+            Err(e) => return CertsReloaded::Refused(e),
         };
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         if *seen == material {
-            return Reloaded::Unchanged;
+            return CertsReloaded::Unchanged;
         }
         let built = build(&material);
         *seen = material;
         match built {
             Ok(config) => {
                 *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(config);
-                Reloaded::Applied
+                CertsReloaded::Applied
             }
-            Err(e) => Reloaded::Refused(e),
+            Err(e) => CertsReloaded::Refused(e),
         }
     }
 
@@ -99,12 +99,12 @@ impl ServerTls {
         watch_dirs_of(files.into_iter().flatten().map(|p| p.as_path()), move || {
             let Some(tls) = tls.upgrade() else { return };
             match tls.reload() {
-                Reloaded::Applied => {
+                CertsReloaded::Applied => {
                     counts.applied.inc();
                     info!("TLS certificate reloaded: new connections use it");
                 }
-                Reloaded::Unchanged => {}
-                Reloaded::Refused(e) => {
+                CertsReloaded::Unchanged => {}
+                CertsReloaded::Refused(e) => {
                     counts.refused.inc();
                     warn!(error = %e, "TLS files changed but do not load; the last good certificate keeps serving");
                 }
@@ -216,17 +216,17 @@ mod tests {
         let tls = ServerTls::load(&files(tmp.path(), &cert, &key, None)).unwrap();
         let serving = |tls: &ServerTls| Arc::as_ptr(&tls.current.read().unwrap());
         let first = serving(&tls);
-        assert!(matches!(tls.reload(), Reloaded::Unchanged));
+        assert!(matches!(tls.reload(), CertsReloaded::Unchanged));
         assert_eq!(serving(&tls), first);
 
         let (cert2, key2) = pair();
         files(tmp.path(), &cert2, &key, None);
-        assert!(matches!(tls.reload(), Reloaded::Refused(TlsError { field: "server.tls.key", .. })));
+        assert!(matches!(tls.reload(), CertsReloaded::Refused(TlsError { field: "server.tls.key", .. })));
         assert_eq!(serving(&tls), first, "a pair that does not match is not served");
-        assert!(matches!(tls.reload(), Reloaded::Unchanged), "and not tried again until it changes");
+        assert!(matches!(tls.reload(), CertsReloaded::Unchanged), "and not tried again until it changes");
 
         files(tmp.path(), &cert2, &key2, None);
-        assert!(matches!(tls.reload(), Reloaded::Applied));
+        assert!(matches!(tls.reload(), CertsReloaded::Applied));
         assert_ne!(serving(&tls), first);
     }
 }

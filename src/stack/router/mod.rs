@@ -41,7 +41,7 @@ use http::uri::PathAndQuery;
 use http::{HeaderMap, Request, Uri, Version};
 
 pub use destination::{Destination, DestinationError, DESTINATION};
-pub use host::HostError;
+pub use host::RequestHostError;
 pub use layer::RoutingLayer;
 pub use service::Routing;
 pub use tunnel::TunnelError;
