@@ -54,5 +54,6 @@ pub mod telemetry;
 
 pub use config::Config;
 pub use server::{
-    give_back_memory_with, run, CertsReloaded, Fencegate, Reloaded, Reloader, ServerTls, StartError, MAX_BLOCKING_THREADS,
+    give_back_memory_with, run, CertsReloaded, Fencegate, Reloaded, Reloader, ServerTls, StartError,
+    MAX_BLOCKING_THREADS,
 };

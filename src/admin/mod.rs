@@ -70,38 +70,21 @@ pub(crate) async fn handle(
     Ok(match path {
         "/healthz" => text(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into()),
         "/readyz" => readiness(&state),
-        "/fences/store/confirm" => &[Method::POST],
-        _ => return Ok(problem(StatusCode::NOT_FOUND, "Not found", format!("no admin endpoint at '{path}'"))),
-    };
-    if !allowed.contains(req.method()) {
-        let names: Vec<&str> = allowed.iter().map(Method::as_str).collect();
-        let mut r = problem(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "Method not allowed",
-            format!("{path} answers {} only", names.join(", ")),
-        );
-        r.headers_mut().insert(ALLOW, HeaderValue::from_str(&names.join(", ")).expect("method names are ASCII"));
-        return Ok(r);
-    }
-    Ok(match path {
-        "/healthz" => text(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into()),
-        "/readyz" => readiness(&state),
         "/metrics" => {
-            let shared = &*state;
-            if let (Some(stats), Some(bytes)) = (shared.store.stats(), shared.store.disk_bytes()) {
+            if let (Some(stats), Some(bytes)) = (state.store.stats(), state.store.disk_bytes()) {
                 stats.disk_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
             }
             let snapshot = Snapshot {
-                tracked_keys: shared.store.tracked_keys(),
-                cached_keys: shared.store.cached_keys(),
-                active_keys: shared.gate.active_keys(),
-                waiting: shared.gate.waiting(),
-                buffered_bytes: shared.buffers.used(),
+                tracked_keys: state.store.tracked_keys(),
+                cached_keys: state.store.cached_keys(),
+                active_keys: state.gate.active_keys(),
+                waiting: state.gate.waiting(),
+                buffered_bytes: state.buffers.used(),
             };
             text(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                shared.metrics.encode(snapshot),
+                state.metrics.encode(snapshot),
             )
         }
         "/fences/store/confirm" => fences::confirm_store(&state, peer, &req).await,

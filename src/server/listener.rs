@@ -25,9 +25,9 @@ use super::workers::Workers;
 use crate::config::ServerConfig;
 use crate::http::stream::TcpOrTls;
 use crate::proxy::ClientAddr;
+use crate::server::certs::ServerTls;
 use crate::stack::forward::Forward;
 use crate::stack::{proxy_service, Shared};
-use crate::server::certs::ServerTls;
 
 /// Accepts and serves proxy connections until the future is dropped:
 /// it never ends on its own.

@@ -11,8 +11,8 @@ pub(crate) mod certs;
 pub(crate) mod connection;
 mod descriptors;
 mod guard;
-mod penalty;
 mod listener;
+mod penalty;
 mod reload;
 mod watch;
 mod workers;
@@ -43,8 +43,8 @@ use descriptors::{Account, Spare};
 use guard::Connections;
 use workers::Workers;
 
-pub use connection::give_back_memory_with;
 pub use certs::{CertsReloaded, ServerTls};
+pub use connection::give_back_memory_with;
 pub use reload::{Reloaded, Reloader};
 pub use workers::MAX_BLOCKING_THREADS;
 

@@ -33,8 +33,8 @@ use crate::fence::store::redis::longest_write_lease;
 use crate::fence::store::AnyStore;
 use crate::metrics::Reloads;
 use crate::route::{Route, RouteTable};
-use crate::stack::Shared;
 use crate::server::watch::{watch_dirs_of, DirWatch};
+use crate::stack::Shared;
 
 /// What a reload did.
 #[derive(Debug)]

@@ -71,8 +71,8 @@ pub(super) fn request_host(
     if unchanged {
         return Ok(header.cloned());
     }
-    let value =
-        HeaderValue::from_str(&host).map_err(|source| RequestHostError::NotHeaderValue { host: host.to_string(), source })?;
+    let value = HeaderValue::from_str(&host)
+        .map_err(|source| RequestHostError::NotHeaderValue { host: host.to_string(), source })?;
     headers.insert(HOST, value.clone());
     Ok(Some(value))
 }

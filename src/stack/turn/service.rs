@@ -21,8 +21,8 @@ use crate::http::{decide, ProxyBody};
 use crate::http::{Decision, Outcome};
 use crate::route::Route;
 use crate::stack::error::{ProxyError, Rejection};
-use crate::stack::forward::SlotTaken;
 use crate::stack::forward::Forwarder;
+use crate::stack::forward::SlotTaken;
 use crate::stack::head::{check_mark, Checked, Fence};
 use crate::stack::router::Routed;
 
