@@ -8,8 +8,8 @@
 /// allocation's alignment to `mi_malloc_aligned`, and mimalloc 3 sends an
 /// alignment that every block has anyway down its slow, over-allocating path
 /// when the block is over 1 KiB and not a power of two: about ten
-/// allocations of every request (its boxed futures, hyper's buffers), ~2.3k
-/// of a fenced `PUT`'s ~62k instructions (benches/README.md). Word-aligned
+/// allocations of every request (its boxed futures, hyper's buffers): a
+/// measurable share of a fenced `PUT` (docs/perf-log.md). Word-aligned
 /// requests, nearly all, go to plain `mi_malloc`: every mimalloc block is
 /// word-aligned. Only larger alignments take the aligned calls.
 pub struct Mimalloc;

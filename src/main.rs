@@ -22,8 +22,9 @@ fn give_back_memory() {
     // SAFETY: mi_collect takes no pointers and may be called on any thread
     // at any time. Only the forced collection purges freed pages at once
     // (the unforced one returned nothing measurable); fencegate calls it at
-    // most once per 200 ms per worker, and only after connections rest. It
-    // took 30-500 µs with 2,000 idle connections: at most 0.25% of a core.
+    // most once per 200 ms per worker, and only after connections rest: a
+    // small share of a core even with thousands of idle connections
+    // (docs/perf-log.md, "Code comments' figures").
     unsafe { libmimalloc_sys::mi_collect(true) }
 }
 

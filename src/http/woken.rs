@@ -3,8 +3,8 @@
 //! A connection's task is woken several times per request by its socket, and
 //! `tokio::select!` polls every branch on every wake: the guards' timer, the
 //! refusal signal and shutdown's two tokens each took a lock to check that
-//! nothing had changed (~1,500 instructions per request, more than the fence
-//! decision). [`WokenOnly`] gives the future it wraps a waker of its own and
+//! nothing had changed, at a cost per request above the fence decision's
+//! (docs/perf-log.md). [`WokenOnly`] gives the future it wraps a waker of its own and
 //! polls it again only once that waker was used: the task's other wakes pass
 //! it by. Everything it wraps must be driven by its wakers (timers, `Notify`,
 //! cancellation), never by being polled: what it waits for is then seen on

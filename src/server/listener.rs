@@ -155,8 +155,8 @@ fn protocols(server: &ServerConfig, resting: Gauge<i64, AtomicI64>) -> Protocols
     // So does one with more fields than this; HTTP/2 heads are counted in
     // the stack (head_limits.rs). hyper's own limit is 100 fields, in arrays
     // on the stack; a limit set here, even 100, makes it allocate and fill
-    // two arrays of that many slots for every head it parses (~800
-    // instructions a request), so it is set only when it differs.
+    // two arrays of that many slots for every head it parses (docs/perf-log.md,
+    // "Code comments' figures"), so it is set only when it differs.
     if server.max_headers != HYPER_MAX_HEADERS {
         h1.max_headers(server.max_headers);
     }

@@ -4,9 +4,9 @@
 //! A flood that gets its connection closed (a run of refusals, or HTTP/2's
 //! GOAWAY for too many resets or refused streams) reconnects at once, and a
 //! new connection costs a handshake and a few dozen decoded heads before the
-//! guards close it again: ~30,000 connections in 8 s in the hostile
-//! benchmark's `reset` attack, a core of the proxy's time taken from the
-//! clients beside it. So each such close strikes the client's address (and
+//! guards close it again: the hostile benchmark's `reset` attack reconnects
+//! by the tens of thousands (docs/perf-log.md), a core of the proxy's time
+//! taken from the clients beside it. So each such close strikes the client's address (and
 //! so does a run of [`REFUSALS_IN_A_ROW`] refusals spread over connections
 //! the client closed itself just short of it), and
 //! the address's next connections wait unread, the first strike for
