@@ -453,6 +453,19 @@ impl BufferBudget {
     }
 }
 
+/// A budget had no room for a body's next bytes: which one, and its limit.
+/// Kept apart from the request path's errors so the budget depends on none
+/// of them; the layer turns it into a 503.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BudgetFull {
+    /// The process's budget, shared by every connection.
+    #[error("the process's budget of {0} bytes for buffered bodies is spent")]
+    Process(u64),
+    /// The share of it one client connection may hold.
+    #[error("the connection's share of {0} bytes for buffered bodies is spent")]
+    Connection(u64),
+}
+
 /// Bytes one body took from its connection's share and from the process's
 /// budget; handed back to both when dropped.
 #[derive(Debug)]
@@ -470,11 +483,11 @@ impl Held {
     /// Takes `bytes` more from both budgets, or from neither. The
     /// connection's share is asked first, so one connection at its share
     /// never touches the budget the others share.
-    fn take(&mut self, bytes: u64) -> Result<(), ProxyError> {
-        self.connection.reserve(bytes).map_err(ProxyError::ConnectionBufferFull)?;
+    fn take(&mut self, bytes: u64) -> Result<(), BudgetFull> {
+        self.connection.reserve(bytes).map_err(BudgetFull::Connection)?;
         if let Err(limit) = self.global.reserve(bytes) {
             self.connection.release(bytes);
-            return Err(ProxyError::BufferFull(limit));
+            return Err(BudgetFull::Process(limit));
         }
         self.bytes += bytes;
         Ok(())
@@ -556,7 +569,7 @@ where
         let mut held = Held::new(&self.budgets.0, &self.budgets.1);
         if let Some(len) = declared {
             if let Err(e) = held.take(len) {
-                return BodyFuture::Refused { rejection: Some(checked.rejection(e)) };
+                return BodyFuture::Refused { rejection: Some(checked.rejection(e.into())) };
             }
         }
         // Bounded in time too (the route's timeout): a client that stalls
@@ -610,7 +623,7 @@ where
             BodyFutureProj::Reading { reading, deadline, timeout } => {
                 let read = reading.as_mut().expect("the body's future polled after it was done").reader.poll_read(cx);
                 let result = match read {
-                    Poll::Ready(result) => result,
+                    Poll::Ready(result) => result.map_err(ProxyError::from),
                     Poll::Pending => {
                         ready!(deadline.poll(cx));
                         Err(ProxyError::BodyTimeout(*timeout))
@@ -625,6 +638,26 @@ where
         };
         self.set(BodyFuture::Passed { inner: next });
         self.project_passed().poll(cx)
+    }
+}
+
+impl From<BudgetFull> for ProxyError {
+    fn from(full: BudgetFull) -> Self {
+        match full {
+            BudgetFull::Process(limit) => ProxyError::BufferFull(limit),
+            BudgetFull::Connection(limit) => ProxyError::ConnectionBufferFull(limit),
+        }
+    }
+}
+
+impl From<ReadError> for ProxyError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            // Read before the turn: nothing of the body went upstream.
+            ReadError::TooLarge { limit } => ProxyError::BodyTooLarge { limit, partly_sent: false },
+            ReadError::BufferFull(full) => full.into(),
+            ReadError::Client(e) => ProxyError::ClientBody(e),
+        }
     }
 }
 
@@ -707,6 +740,22 @@ impl Block {
     }
 }
 
+/// Why a fenced body could not be read whole. The reader's own, so it needs
+/// nothing of the request path; the layer maps each to the refusal it
+/// answers with.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReadError {
+    /// More than the route's `max_body` came (nothing of it went upstream).
+    #[error("the request body is larger than the limit of {limit} bytes")]
+    TooLarge { limit: u64 },
+    /// A budget had no room for the next block.
+    #[error(transparent)]
+    BufferFull(#[from] BudgetFull),
+    /// The client's body failed: its connection broke, or sent garbage.
+    #[error("the client's request body failed: {0}")]
+    Client(#[source] hyper::Error),
+}
+
 /// Reads a body whole, up to `limit` bytes, into blocks whose capacity
 /// `held` has taken from the budgets first: one of exactly the declared
 /// length, if there is one (already taken), else blocks that grow with the
@@ -728,9 +777,9 @@ impl Reader {
     }
 
     /// Reads on until the body ends (`Ok`) or fails its limits.
-    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ReadError>> {
         while let Some(frame) = ready!(Pin::new(&mut self.body).poll_frame(cx)) {
-            let frame = frame.map_err(ProxyError::ClientBody)?;
+            let frame = frame.map_err(ReadError::Client)?;
             let Ok(data) = frame.into_data() else { continue };
             self.push(data)?;
         }
@@ -741,11 +790,11 @@ impl Reader {
         Poll::Ready(Ok(()))
     }
 
-    fn push(&mut self, mut data: Bytes) -> Result<(), ProxyError> {
+    fn push(&mut self, mut data: Bytes) -> Result<(), ReadError> {
         let limit = self.limit;
         self.seen += data.len() as u64;
         if self.seen > limit {
-            return Err(ProxyError::BodyTooLarge { limit, partly_sent: false });
+            return Err(ReadError::TooLarge { limit });
         }
         while !data.is_empty() {
             if self.block.is_full() {
@@ -841,16 +890,27 @@ mod tests {
         a.take(50).unwrap();
         // The connection's share runs out first, and the budget is untouched.
         let mut b = Held::new(&budget, &one);
-        assert!(matches!(b.take(20), Err(ProxyError::ConnectionBufferFull(60))));
+        assert_eq!(b.take(20), Err(BudgetFull::Connection(60)));
         assert_eq!((budget.used(), one.used()), (50, 50));
         // Another connection has a share of its own, but the budget is shared:
         // a refusal there hands the share back.
         let mut c = Held::new(&budget, &other);
         c.take(50).unwrap();
         let mut d = Held::new(&budget, &other);
-        assert!(matches!(d.take(5), Err(ProxyError::BufferFull(100))));
+        assert_eq!(d.take(5), Err(BudgetFull::Process(100)));
         assert_eq!((budget.used(), other.used()), (100, 50));
         drop((a, b, c, d));
         assert_eq!((budget.used(), one.used(), other.used()), (0, 0, 0));
+    }
+
+    /// The reader's and the budget's errors answer as the request path's
+    /// own did: 413 with nothing sent, 503 for either budget.
+    #[test]
+    fn a_failed_read_is_refused_as_before() {
+        let too_large = ProxyError::from(ReadError::TooLarge { limit: 5 });
+        assert!(matches!(too_large, ProxyError::BodyTooLarge { limit: 5, partly_sent: false }));
+        let full = ProxyError::from(ReadError::BufferFull(BudgetFull::Process(9)));
+        assert!(matches!(full, ProxyError::BufferFull(9)));
+        assert!(matches!(ProxyError::from(BudgetFull::Connection(7)), ProxyError::ConnectionBufferFull(7)));
     }
 }
