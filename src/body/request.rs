@@ -214,8 +214,8 @@ pub(crate) fn declared_length(headers: &HeaderMap) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::super::blocks::MAX_FRAME;
+    use super::*;
 
     fn buffered(len: usize) -> RequestBody {
         let mut blocks = Blocks::default();
