@@ -40,7 +40,6 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
-mod body;
 pub mod canonical;
 pub mod config;
 pub mod fence;

@@ -21,10 +21,10 @@ use http::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
-use crate::body::BufferBudget;
 use crate::fence::store::{AnyStore, FenceStore};
 use crate::fence::KeyGate;
 use crate::http::problem::{Problem, ProblemType};
+use crate::http::BufferBudget;
 use crate::metrics::{Metrics, Snapshot};
 
 /// State the admin endpoints read.

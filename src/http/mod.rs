@@ -7,16 +7,18 @@
 //! sockets and futures that both the listener and the upstream pool use.
 //! Nothing here imports another module of the crate.
 
-mod client_body;
+pub(crate) mod body;
 mod outcome;
 pub mod problem;
 mod refused;
-mod response;
 pub(crate) mod stream;
 mod woken;
 
-pub use client_body::{ClientBody, OpenBodies};
+pub use body::{
+    decide, declared_length, overran_limit, refuses_heads_with, BoxError, BudgetFull, BufferBudget, ClientBody,
+    Delivery, Guard, Handover, Held, OpenBodies, Overran, ProxyBody, RequestBody, UpstreamAnswer,
+};
+pub(crate) use body::{ReadError, Reader};
 pub use outcome::{Decision, Outcome, RouteLabel, RouteTag};
 pub use refused::RefusedOr;
-pub use response::{decide, refuses_heads_with, BoxError, Guard, ProxyBody, UpstreamAnswer};
 pub(crate) use woken::WokenOnly;

@@ -63,9 +63,9 @@ use tokio::time::Instant;
 
 use super::error::UpstreamError;
 use super::upstream::{open_with_retries, Pool, Resettable, Slot, Teardown, UpstreamSlots, Waiting};
-use crate::body::{Handover, RequestBody};
 use crate::config::UpstreamTls;
 use crate::http::WokenOnly;
+use crate::http::{Handover, RequestBody};
 
 /// Most streams fencegate runs at once on one upstream connection, whatever
 /// the upstream allows: the common servers' default or below it (nginx 128,
@@ -345,7 +345,7 @@ pub(super) async fn send(
                 None => return Err(e),
             },
             Err(_) if overran.as_ref().is_some_and(|o| o.load(Ordering::Acquire)) => {
-                return Err(UpstreamError::exchange(crate::body::Overran));
+                return Err(UpstreamError::exchange(crate::http::Overran));
             }
             Err(e) => return Err(e),
         };

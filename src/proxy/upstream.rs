@@ -63,10 +63,10 @@ use tokio::time::Instant;
 
 use super::error::{chain, BoxError, UpstreamError};
 use super::tls;
-use crate::body::{Handover, RequestBody};
 use crate::config::UpstreamTls;
 use crate::http::stream::TcpOrTls;
 use crate::http::WokenOnly;
+use crate::http::{Handover, RequestBody};
 
 /// Connection attempts after the first.
 pub const MAX_RETRIES: u32 = 3;

@@ -28,13 +28,13 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::admin::AdminState;
-use crate::body::BufferBudget;
 use crate::config::TlsError;
 use crate::config::{Config, StoreKind};
 use crate::fence::store::redis::longest_write_lease;
 use crate::fence::store::FenceStore;
 use crate::fence::store::{AnyStore, CacheBounds, FileStore, MemoryStore, OpenError, RedisStore};
 use crate::fence::KeyGate;
+use crate::http::BufferBudget;
 use crate::metrics::Metrics;
 use crate::route::{LiveRoutes, Route, RouteTable};
 use crate::stack::{ConnectionLimits, Shared};

@@ -7,6 +7,7 @@
 //! `docs/behaviour.md` ("The guarantee, step by step").
 
 pub(crate) mod access_log;
+pub(crate) mod body;
 pub(crate) mod error;
 pub(crate) mod forward;
 pub(crate) mod head;
@@ -21,14 +22,15 @@ use std::sync::Arc;
 use http::{Request, Response};
 use tower::{Service, ServiceBuilder};
 
-use crate::body::{BodyLayer, BufferBudget};
 use crate::config::RefusalDrain;
 use crate::fence::store::AnyStore;
 use crate::fence::KeyGate;
+use crate::http::BufferBudget;
 use crate::http::ClientBody;
 use crate::metrics::Metrics;
 use crate::route::LiveRoutes;
 use access_log::access_log;
+use body::BodyLayer;
 use forward::Forward;
 use head::HeadChecksLayer;
 use head_limits::{HeaderCountLayer, HeaderRateLayer};

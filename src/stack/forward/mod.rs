@@ -12,8 +12,8 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tower::Service;
 
-use crate::body::{Handover, RequestBody};
 use crate::http::ProxyBody;
+use crate::http::{Handover, RequestBody};
 use crate::proxy::{
     add_forwarded, strip_hop_by_hop, wants_upgrade, ClientAddr, Parking, StreamHeld, UpstreamError, Upstreams,
 };
@@ -177,7 +177,7 @@ fn forward(
                 // A streamed body that overran the route's limit (an unfenced one,
                 // or a fenced one on a `stream_body` route): the client's fault,
                 // but part of it reached the upstream, so a fenced write settles.
-                if crate::body::overran_limit(&e) {
+                if crate::http::overran_limit(&e) {
                     return Err(ProxyError::BodyTooLarge { limit: route.max_body, partly_sent: true });
                 }
                 return Err(e.into());

@@ -264,7 +264,7 @@ fn carries_body<B: Body>(request: &http::Request<B>) -> bool {
     let headers = request.headers();
     match headers.get(CONTENT_LENGTH) {
         // What the body layer reads as the length; one it cannot read is a body.
-        Some(_) => crate::body::declared_length(headers) != Some(0),
+        Some(_) => crate::http::declared_length(headers) != Some(0),
         None => headers.contains_key(TRANSFER_ENCODING) || !request.body().is_end_stream(),
     }
 }

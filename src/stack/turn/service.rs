@@ -13,10 +13,10 @@ use http::Response;
 use tower::Service;
 
 use super::future::ResponseFuture;
-use crate::body::Delivery;
 use crate::fence::gate::{Ask, NoTurn, Turn};
 use crate::fence::store::{Entered, FenceStore, InFlight};
 use crate::fence::KeyGate;
+use crate::http::Delivery;
 use crate::http::{decide, ProxyBody};
 use crate::http::{Decision, Outcome};
 use crate::route::Route;

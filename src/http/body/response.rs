@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::{Either, Full};
 
-use super::outcome::{Decision, Outcome};
+use crate::http::{Decision, Outcome};
 
 /// Any error, boxed: what hyper's bodies and services hand back.
 pub type BoxError = Box<dyn Error + Send + Sync>;

@@ -1,0 +1,50 @@
+//! The body layer: the route's `max_body` (413 past it), and fenced bodies
+//! read whole, within the process's buffer budget and the connection's share
+//! of it, before they may take their key's turn. The body types and the
+//! budget are the bottom floor's (`http/body`); this layer applies them to
+//! the request path, and its refusals name the fence key and token.
+
+mod future;
+mod layer;
+mod service;
+
+use crate::http::{BudgetFull, ReadError};
+use crate::stack::error::ProxyError;
+
+pub use layer::BodyLayer;
+
+impl From<BudgetFull> for ProxyError {
+    fn from(full: BudgetFull) -> Self {
+        match full {
+            BudgetFull::Process(limit) => ProxyError::BufferFull(limit),
+            BudgetFull::Connection(limit) => ProxyError::ConnectionBufferFull(limit),
+        }
+    }
+}
+
+impl From<ReadError> for ProxyError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            // Read before the turn: nothing of the body went upstream.
+            ReadError::TooLarge { limit } => ProxyError::BodyTooLarge { limit, partly_sent: false },
+            ReadError::BufferFull(full) => full.into(),
+            ReadError::Client(e) => ProxyError::ClientBody(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reader's and the budget's errors answer as the request path's
+    /// own did: 413 with nothing sent, 503 for either budget.
+    #[test]
+    fn a_failed_read_is_refused_as_before() {
+        let too_large = ProxyError::from(ReadError::TooLarge { limit: 5 });
+        assert!(matches!(too_large, ProxyError::BodyTooLarge { limit: 5, partly_sent: false }));
+        let full = ProxyError::from(ReadError::BufferFull(BudgetFull::Process(9)));
+        assert!(matches!(full, ProxyError::BufferFull(9)));
+        assert!(matches!(ProxyError::from(BudgetFull::Connection(7)), ProxyError::ConnectionBufferFull(7)));
+    }
+}
