@@ -14,28 +14,14 @@
 //!
 //! # Where things are
 //!
-//! A request, from the listener to the upstream, file by file:
-//!
-//! | file | what it owns |
-//! |---|---|
-//! | `server/` | listeners, the connection limit, worker threads, the slow-head and idle guards, the drain |
-//! | `stack.rs` | the tower stack, composed in the order below |
-//! | `access_log.rs` | one access-log event and one metrics update per response |
-//! | `rescue.rs` | refusals and panics become problem+json responses, never resets |
-//! | `head_limits.rs` | per connection: header fields per head (431), head bytes sent upstream per second (429) |
-//! | `routing/` | the canonical target, the route, method overrides, the WebDAV `Destination` |
-//! | `fence/head.rs` | everything the head decides: token, signature, key, a stale or jumping token |
-//! | `body.rs` | the body limit, and fenced bodies read whole within a global budget |
-//! | `fence/service.rs` | the keys' turns, the atomic raise, the forward that outlives its client |
-//! | `proxy/` | the upstream connections (plain or TLS), header rewrite, timeouts, upgrades |
-//!
-//! And what they lean on: `canonical/` (path, host and query canonical forms),
-//! `route/` (routes, patterns, key templates), `fence/store/` (marks in memory
-//! or on disk), `fence/gate.rs` (per-key turns), `error.rs` (the refusals, and
-//! the outcome and problem type of each), `problem.rs` (problem+json, and the
-//! problem types with their status and title), `outcome.rs` (what the log
-//! and metrics call each outcome), `config/` (file → validated config →
-//! secrets), `admin/` (health, metrics, the fence API and its CLI client).
+//! The modules are floors, each using only the floors below it; the picture,
+//! and a line per module, are in `docs/architecture.md` (`tests/floors.rs`
+//! keeps them true). Bottom up: `http/` (bodies, outcomes, problem+json:
+//! what every layer shares), `canonical/`, `config/` (pure data),
+//! `telemetry/`, `fence/` (token, signature, per-key turns, the stores),
+//! `metrics.rs`, `proxy/` (the upstream client), `route/` (a route in
+//! service), `admin/`, `stack/` (the layers, in the order a request meets
+//! them), `server/` (listeners, connections, workers, reload).
 
 #![forbid(unsafe_code)]
 
