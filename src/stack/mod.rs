@@ -1,10 +1,17 @@
 //! The proxy's tower stack, top to bottom: this file only composes it.
 //!
 //! Data flows one way, one concern per layer, in the order a request meets
-//! them: requests in flight → trace and access log → panic rescue → rescue →
-//! header count → canonicalize + route → head-byte rate → head checks → body
-//! → the key's turn + advance → forward. What the layers guarantee together is written down once, in
-//! `docs/behaviour.md` ("The guarantee, step by step").
+//! them: requests in flight (the server's) → trace and access log → rescue
+//! (refusals and panics) → header count → canonicalize + route → head-byte
+//! rate → head checks → body → the key's turn + advance → forward. What the
+//! layers guarantee together is written down once, in `docs/behaviour.md`
+//! ("The guarantee, step by step").
+//!
+//! Each layer has a folder in tower-http's layout: `mod.rs` says what it
+//! guarantees and why it sits where it does, `layer.rs` holds the `Layer`,
+//! `service.rs` the `Service` and its `call`, `future.rs` its own response
+//! future when it has one; other files are named for their concern.
+//! `error.rs` holds the refusals every layer raises.
 
 pub(crate) mod access_log;
 pub(crate) mod error;
