@@ -8,9 +8,10 @@
 //! ("The guarantee, step by step").
 //!
 //! Each layer has a folder in tower-http's layout: `mod.rs` says what it
-//! guarantees and why it sits where it does, `layer.rs` holds the `Layer`,
-//! `service.rs` the `Service` and its `call`, `future.rs` its own response
-//! future when it has one; other files are named for their concern.
+//! guarantees and why it sits where it does, `layer.rs` holds the `Layer`
+//! (the forward, at the bottom, is a service only), `service.rs` the
+//! `Service` and its `call`, `future.rs` its own response future when it has
+//! one; other files are named for their concern.
 //! `error.rs` holds the refusals every layer raises.
 
 pub(crate) mod access_log;
