@@ -259,3 +259,14 @@ impl Rejection {
         response
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_overrun_streamed_body_leaves_the_outcome_unknown() {
+        assert!(ProxyError::BodyTooLarge { limit: 1, partly_sent: true }.is_ambiguous());
+        assert!(!ProxyError::BodyTooLarge { limit: 1, partly_sent: false }.is_ambiguous());
+    }
+}

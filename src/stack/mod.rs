@@ -1,17 +1,26 @@
 //! The proxy's tower stack, top to bottom: this file only composes it.
 //!
 //! Data flows one way, one concern per layer, in the order a request meets
-//! them: requests in flight → trace and access log → panic rescue → rescue →
-//! header count → canonicalize + route → head-byte rate → head checks → body
-//! → the key's turn + advance → forward. What the layers guarantee together is written down once, in
-//! `docs/behaviour.md` ("The guarantee, step by step").
+//! them: requests in flight (the server's) → trace and access log → rescue
+//! (refusals and panics) → header count → canonicalize + route → head-byte
+//! rate → head checks → body → the key's turn + advance → forward. What the
+//! layers guarantee together is written down once, in `docs/behaviour.md`
+//! ("The guarantee, step by step").
+//!
+//! Each layer has a folder in tower-http's layout: `mod.rs` says what it
+//! guarantees and why it sits where it does, `layer.rs` holds the `Layer`
+//! (the forward, at the bottom, is a service only), `service.rs` the
+//! `Service` and its `call`, `future.rs` its own response future when it has
+//! one; other files are named for their concern.
+//! `error.rs` holds the refusals every layer raises.
 
 pub(crate) mod access_log;
 pub(crate) mod body;
 pub(crate) mod error;
 pub(crate) mod forward;
 pub(crate) mod head;
-pub(crate) mod head_limits;
+pub(crate) mod header_count;
+pub(crate) mod header_rate;
 pub(crate) mod rescue;
 pub(crate) mod router;
 pub(crate) mod turn;
@@ -33,7 +42,8 @@ use access_log::access_log;
 use body::BodyLayer;
 use forward::Forward;
 use head::HeadChecksLayer;
-use head_limits::{HeaderCountLayer, HeaderRateLayer};
+use header_count::HeaderCountLayer;
+use header_rate::HeaderRateLayer;
 use rescue::RescueLayer;
 use router::RoutingLayer;
 use turn::FencingLayer;

@@ -1,111 +1,22 @@
 //! The head checks: everything the fence can decide before a body byte is read.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, Response};
+use http::{HeaderMap, HeaderName};
 use hyper::body::Body;
-use tower::{Layer, Service, ServiceExt};
 
 use super::{Checked, Fence};
 use crate::fence::signature::{verify_header, SIGNATURE_HEADER};
 use crate::fence::store::{AtHand, FenceStore};
 use crate::fence::token::token_from_headers;
-use crate::http::ProxyBody;
 use crate::route::Route;
-use crate::stack::error::RefusedOr;
 use crate::stack::error::{ProxyError, Rejection};
 use crate::stack::router::Routed;
 
 /// The header that signs a WebDAV destination's key, on a request whose
 /// `Destination` falls under a route with a `signing_key_file`.
 pub const DESTINATION_SIGNATURE_HEADER: HeaderName = HeaderName::from_static("x-fencing-destination-signature");
-
-/// Applies [`HeadChecks`]; see the module docs.
-#[derive(Debug)]
-pub(crate) struct HeadChecksLayer<St> {
-    store: Arc<St>,
-}
-
-impl<St> HeadChecksLayer<St> {
-    pub fn new(store: Arc<St>) -> Self {
-        HeadChecksLayer { store }
-    }
-}
-
-impl<St> Clone for HeadChecksLayer<St> {
-    fn clone(&self) -> Self {
-        HeadChecksLayer { store: self.store.clone() }
-    }
-}
-
-impl<S, St> Layer<S> for HeadChecksLayer<St> {
-    type Service = HeadChecks<S, St>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        HeadChecks { inner, store: Arc::new(ConnectionStore(self.store.clone())) }
-    }
-}
-
-/// Refuses, from the head alone, a fenced request that can never pass, and an
-/// unfenced one that carries a body it must not; hands the rest on as
-/// [`Checked`]. Step 2 of the guarantee in `docs/behaviour.md` ("The guarantee, step by step").
-#[derive(Debug)]
-pub(crate) struct HeadChecks<S, St> {
-    inner: S,
-    /// The store behind a count of this connection's own: cloned for every
-    /// request, it touches no count the other worker threads write.
-    store: Arc<ConnectionStore<St>>,
-}
-
-/// One connection's handle on the store every connection shares.
-#[derive(Debug)]
-struct ConnectionStore<St>(Arc<St>);
-
-impl<S: Clone, St> Clone for HeadChecks<S, St> {
-    fn clone(&self) -> Self {
-        HeadChecks { inner: self.inner.clone(), store: self.store.clone() }
-    }
-}
-
-impl<S, St, B> Service<Routed<B>> for HeadChecks<S, St>
-where
-    S: Service<Checked<B>, Response = Response<ProxyBody>, Error = Rejection> + Clone + Send + 'static,
-    S::Future: Send,
-    St: FenceStore,
-    B: Body + Send + 'static,
-{
-    type Response = Response<ProxyBody>;
-    type Error = Rejection;
-    type Future = RefusedOr<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, routed: Routed<B>) -> Self::Future {
-        let checked = match check_head(routed) {
-            Ok(checked) => checked,
-            Err(rejection) => return RefusedOr::refused(rejection),
-        };
-        match marks_at_hand(&*self.store.0, checked.fence.as_ref(), &checked.routed.route) {
-            Some(Ok(())) => RefusedOr::Passed { inner: self.inner.call(checked) },
-            Some(Err(rejection)) => RefusedOr::refused(rejection),
-            // A mark the store must read first (the file store's cache did
-            // not hold it): the rest waits for it, on a future of its own.
-            None => {
-                let (inner, store) = (self.inner.clone(), self.store.clone());
-                RefusedOr::Boxed {
-                    inner: Box::pin(async move {
-                        check_marks(&*store.0, checked.fence.as_ref(), &checked.routed.route).await?;
-                        inner.oneshot(checked).await
-                    }),
-                }
-            }
-        }
-    }
-}
 
 /// Step 2 of the guarantee in `docs/behaviour.md` ("The guarantee, step by step"),
 /// and the body rule for unfenced requests.
@@ -120,7 +31,7 @@ pub(crate) async fn check<St: FenceStore, B: Body>(store: &St, routed: Routed<B>
 // A refusal is moved once, into the response future; boxing it would cost
 // every refused request an allocation.
 #[allow(clippy::result_large_err)]
-fn check_head<B: Body>(routed: Routed<B>) -> Result<Checked<B>, Rejection> {
+pub(super) fn check_head<B: Body>(routed: Routed<B>) -> Result<Checked<B>, Rejection> {
     let route = &routed.route;
     if !routed.fenced {
         // An upstream that expects no body may read this one as the next
@@ -180,7 +91,11 @@ fn written_keys<'a>(fence: &'a Fence, route: &'a Route) -> impl Iterator<Item = 
 
 /// A token already below a mark can never win, and one too far above it
 /// never will: refuse both without queueing, and without reading the body.
-async fn check_marks<St: FenceStore>(store: &St, fence: Option<&Fence>, route: &Route) -> Result<(), Rejection> {
+pub(super) async fn check_marks<St: FenceStore>(
+    store: &St,
+    fence: Option<&Fence>,
+    route: &Route,
+) -> Result<(), Rejection> {
     let Some(fence) = fence else { return Ok(()) };
     for (key, route) in written_keys(fence, route) {
         check_mark(store, route, key, fence.token).await.map_err(|e| fence.rejection(e, key))?;
@@ -190,7 +105,11 @@ async fn check_marks<St: FenceStore>(store: &St, fence: Option<&Fence>, route: &
 
 /// [`check_marks`] from the marks the store has at hand; `None` when it must
 /// read one first.
-fn marks_at_hand<St: FenceStore>(store: &St, fence: Option<&Fence>, route: &Route) -> Option<Result<(), Rejection>> {
+pub(super) fn marks_at_hand<St: FenceStore>(
+    store: &St,
+    fence: Option<&Fence>,
+    route: &Route,
+) -> Option<Result<(), Rejection>> {
     let Some(fence) = fence else { return Some(Ok(())) };
     for (key, route) in written_keys(fence, route) {
         let checked = match store.at_hand(key) {
@@ -276,82 +195,9 @@ mod tests {
     use http_body_util::Empty;
 
     use super::*;
-    use crate::fence::store::{Advance, Deleted, MemoryStore, Selection};
+    use crate::fence::store::MemoryStore;
     use crate::route::test_route;
     use crate::stack::router::Destination;
-    use tower::ServiceExt;
-
-    /// The memory store, as a store that never has a mark at hand: every
-    /// head check then reads the mark the slow way (a file store's cold key).
-    #[derive(Default)]
-    struct Cold(MemoryStore);
-
-    impl FenceStore for Cold {
-        async fn get(&self, key: &str) -> Result<Option<u64>, crate::fence::store::StoreError> {
-            self.0.get(key).await
-        }
-        async fn advance(&self, key: &str, token: u64) -> Result<Advance, crate::fence::store::StoreError> {
-            self.0.advance(key, token).await
-        }
-        async fn list(
-            &self,
-            prefix: &str,
-            after: Option<&str>,
-            limit: usize,
-        ) -> Result<Vec<(String, u64)>, crate::fence::store::StoreError> {
-            self.0.list(prefix, after, limit).await
-        }
-        async fn delete(&self, which: &Selection) -> Result<Deleted, crate::fence::store::StoreError> {
-            self.0.delete(which).await
-        }
-        fn tracked_keys(&self) -> usize {
-            self.0.tracked_keys()
-        }
-        fn cached_keys(&self) -> usize {
-            self.0.cached_keys()
-        }
-    }
-
-    /// One `PUT /objects/a` with `token` through the head checks over `store`:
-    /// its status (200 passed on) and whether it reached the layer below.
-    async fn put_through<St: FenceStore>(store: Arc<St>, token: u64) -> (u16, bool) {
-        let reached = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let below = {
-            let reached = reached.clone();
-            tower::service_fn(move |_: Checked<Empty<bytes::Bytes>>| {
-                reached.store(true, std::sync::atomic::Ordering::SeqCst);
-                async { Ok::<_, Rejection>(Response::new(ProxyBody::default())) }
-            })
-        };
-        let request = http::Request::put("/objects/a")
-            .header("x-fencing-token", token.to_string())
-            .body(Empty::<bytes::Bytes>::new())
-            .unwrap();
-        let route = Arc::new(test_route("objects", "/objects/"));
-        let routed = Routed { route, request, fenced: true, destination: None, slot_taken: None };
-        let status = match HeadChecksLayer::new(store).layer(below).oneshot(routed).await {
-            Ok(response) => response.status().as_u16(),
-            Err(rejection) => rejection.into_response().status().as_u16(),
-        };
-        (status, reached.load(std::sync::atomic::Ordering::SeqCst))
-    }
-
-    /// A stale token is refused by the head checks (409, nothing below sees
-    /// it) and a current one passed on, whether the store has the mark at
-    /// hand (decided in `call`) or must read it (a boxed future).
-    #[tokio::test]
-    async fn a_stale_token_is_refused_from_the_head_whether_the_mark_is_at_hand_or_read() {
-        let hot = Arc::new(MemoryStore::default());
-        let cold = Arc::new(Cold::default());
-        hot.advance("/objects/a", 7).await.unwrap();
-        cold.advance("/objects/a", 7).await.unwrap();
-        assert_eq!(hot.peek("/objects/a"), Some(Some(7)));
-        assert_eq!(cold.peek("/objects/a"), None);
-        assert_eq!(put_through(hot.clone(), 6).await, (409, false));
-        assert_eq!(put_through(cold.clone(), 6).await, (409, false));
-        assert_eq!(put_through(hot, 7).await, (200, true));
-        assert_eq!(put_through(cold, 8).await, (200, true));
-    }
 
     /// A tokenless COPY from a route that allows missing tokens into one that
     /// does not is refused: the destination is written too.
@@ -379,5 +225,19 @@ mod tests {
         }
         let checked = check(&store, copy(lenient.clone())).await.unwrap();
         assert!(checked.fence.is_none());
+    }
+
+    #[test]
+    fn jump_limit_is_inclusive_and_cannot_overflow() {
+        assert!(check_jump(None, u64::MAX, 0).is_ok());
+        assert!(check_jump(Some(5), 15, 10).is_ok());
+        assert!(matches!(
+            check_jump(Some(5), 16, 10),
+            Err(ProxyError::TokenJump { token: 16, current: 10, max_jump: 5 })
+        ));
+        assert!(check_jump(Some(0), 10, 10).is_ok());
+        assert!(check_jump(Some(0), 11, 10).is_err());
+        assert!(check_jump(Some(u64::MAX), u64::MAX, 1).is_ok());
+        assert!(check_jump(Some(10), u64::MAX, u64::MAX - 3).is_ok());
     }
 }

@@ -2,77 +2,18 @@
 //! signature, key, a stale or jumping token) before a byte of its body is
 //! read. What each refuses, and with which status, is written down once in
 //! `docs/behaviour.md` ("The guarantee, step by step").
+//!
+//! It sits after routing, whose route says what is fenced and how the key is
+//! made, and before the body layer: a request already condemned never makes
+//! fencegate read (or buffer) its body.
 
+mod checked;
 mod checks;
+mod layer;
+mod service;
 
-use std::sync::Arc;
-
+pub(crate) use checked::{Checked, Fence};
 #[cfg(test)]
-pub(crate) use checks::{check, check_jump};
-pub(crate) use checks::{check_mark, HeadChecksLayer};
-
-use crate::route::Route;
-use crate::stack::error::{ProxyError, Rejection};
-use crate::stack::router::Routed;
-
-/// A routed request after the head checks, with what they decided.
-#[derive(Debug)]
-pub(crate) struct Checked<B> {
-    pub routed: Routed<B>,
-    /// `None`: the request passes unfenced (safe method, or a missing token
-    /// the route allows).
-    pub fence: Option<Fence>,
-}
-
-/// What a fenced request must pass: its token against each key's mark.
-#[derive(Debug, Clone)]
-pub struct Fence {
-    pub token: u64,
-    pub key: Arc<str>,
-    /// The WebDAV destination's key and its route, when the request has one.
-    pub destination: Option<(Arc<str>, Arc<Route>)>,
-}
-
-impl Fence {
-    /// A refusal of this fence's request for `key`, one of the keys it writes.
-    pub fn rejection(&self, error: ProxyError, key: &Arc<str>) -> Rejection {
-        Rejection::new(error, Some(key.clone()), Some(self.token))
-    }
-}
-
-impl<B> Checked<B> {
-    /// Splits off the body; [`with_body`](Self::with_body) puts one back.
-    pub fn take_body(self) -> (Checked<()>, B) {
-        let Checked { routed, fence } = self;
-        let (parts, body) = routed.request.into_parts();
-        let request = http::Request::from_parts(parts, ());
-        let Routed { route, fenced, destination, slot_taken, .. } = routed;
-        (Checked { routed: Routed { route, request, fenced, destination, slot_taken }, fence }, body)
-    }
-
-    /// A refusal of this request, naming its key and token when it has them.
-    pub fn rejection(&self, error: ProxyError) -> Rejection {
-        match &self.fence {
-            Some(fence) => fence.rejection(error, &fence.key),
-            None => Rejection::from(error),
-        }
-    }
-}
-
-impl Checked<()> {
-    pub fn with_body<B>(self, body: B) -> Checked<B> {
-        let Checked { routed, fence } = self;
-        let (parts, ()) = routed.request.into_parts();
-        let request = http::Request::from_parts(parts, body);
-        Checked {
-            routed: Routed {
-                request,
-                route: routed.route,
-                fenced: routed.fenced,
-                destination: routed.destination,
-                slot_taken: routed.slot_taken,
-            },
-            fence,
-        }
-    }
-}
+pub(crate) use checks::check;
+pub(crate) use checks::check_mark;
+pub(crate) use layer::HeadChecksLayer;

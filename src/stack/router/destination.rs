@@ -6,7 +6,7 @@ use std::sync::Arc;
 use http::header::HeaderValue;
 use http::{HeaderMap, HeaderName, Uri};
 
-use super::find_route;
+use super::path::find_route;
 use crate::canonical::{self, canonical_host};
 use crate::route::{Route, RouteTable};
 use crate::stack::error::ProxyError;
@@ -102,7 +102,7 @@ pub(super) fn destination(
 
 #[cfg(test)]
 mod tests {
-    use super::super::route_request;
+    use super::super::service::route_request;
     use super::super::tests::route;
     use super::*;
     use crate::route::test_route;

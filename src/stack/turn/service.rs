@@ -7,16 +7,15 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use http::Response;
 use tower::Service;
 
 use super::future::ResponseFuture;
-use crate::fence::gate::{Ask, NoTurn, Turn};
-use crate::fence::store::{Entered, FenceStore, InFlight};
+use super::turns::{hold_for, pass_when_sent, sent_whole, SettlingTurns, Turns};
+use crate::fence::gate::{Ask, NoTurn};
+use crate::fence::store::{Entered, FenceStore};
 use crate::fence::KeyGate;
-use crate::http::Delivery;
 use crate::http::{decide, ProxyBody};
 use crate::http::{Decision, Outcome};
 use crate::route::Route;
@@ -246,114 +245,6 @@ where
     }
 }
 
-/// The turns one request holds: its key's, and its `Destination`'s; and,
-/// with a store replicas share, their records of the write in flight.
-#[derive(Default)]
-struct Turns([Option<Turn>; 2], [InFlight; 2]);
-
-impl Turns {
-    fn push(&mut self, turn: Turn) {
-        let free = self.0.iter_mut().find(|t| t.is_none()).expect("a request holds at most two keys' turns");
-        *free = Some(turn);
-    }
-
-    fn record(&mut self, in_flight: InFlight) {
-        let free = self.1.iter_mut().find(|f| f.is_empty()).expect("a request writes at most two keys");
-        *free = in_flight;
-    }
-
-    /// See [`Turn::share`].
-    fn share(&mut self) {
-        self.0.iter_mut().flatten().for_each(Turn::share);
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.iter().all(Option::is_none)
-    }
-}
-
-/// Keeps keys closed for `settle` before passing their turns on.
-fn hold_for(turns: Turns, settle: Duration) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
-            runtime.spawn(async move {
-                tokio::time::sleep(settle).await;
-                drop(turns);
-            });
-        }
-        // No runtime left (the process is stopping): nothing else will forward.
-        Err(_) => drop(turns),
-    }
-}
-
-/// Whether the request's body (if any) has been handed to the upstream
-/// connection whole: hyper has taken its last frame.
-fn sent_whole(taken: &SlotTaken) -> bool {
-    matches!(taken.handover().delivery().0, Delivery::Nothing | Delivery::Whole)
-}
-
-/// Passes the keys' turns on once the request's body has left: the upstream
-/// answered before it was handed over whole.
-///
-/// Handed over is not arrived: what hyper took may still sit in the
-/// sockets' buffers on either side (megabytes), and the upstream, which has
-/// already answered, reads it when it will. So the keys settle from the
-/// moment the body was handed over whole, as after an unknown outcome. A
-/// body not handed over whole within the route's `timeout` (the upstream
-/// stopped reading) has its connection torn down (a reset: nothing it still
-/// held is written), and the keys settle from then.
-///
-/// A task of its own: the rare path (most upstreams read the body before
-/// they answer).
-fn pass_when_sent(turns: Turns, taken: SlotTaken, settle: Duration, timeout: Duration) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        // No runtime left (the process is stopping): nothing else will forward.
-        return drop(turns);
-    };
-    // Read now, not later: once the body is out, the next request of an
-    // HTTP/1.1 client connection reuses the handover.
-    let (_, generation) = taken.handover().delivery();
-    let connection = taken.handover().connection();
-    runtime.spawn(async move {
-        let handover = taken.handover();
-        if tokio::time::timeout(timeout, handover.delivered(generation)).await.is_err() {
-            if let Some(connection) = connection {
-                connection.tear_down().await;
-            }
-        }
-        drop(taken);
-        tokio::time::sleep(settle).await;
-        drop(turns);
-    });
-}
-
-/// Keys' turns while their request is with the upstream. Dropped without
-/// [`disarm`](Self::disarm) once the forward has its way to the upstream (it
-/// panicked, or its task was cancelled: the runtime is stopping), the
-/// outcome is unknown, so the keys settle like after a timeout (with no
-/// runtime left, nothing else forwards and they go at once); before, nothing
-/// was sent and the turns pass on.
-struct SettlingTurns {
-    turns: Turns,
-    settle: Duration,
-    taken: SlotTaken,
-}
-
-impl SettlingTurns {
-    fn disarm(mut self) -> (Turns, SlotTaken) {
-        (std::mem::take(&mut self.turns), self.taken.clone())
-    }
-}
-
-impl Drop for SettlingTurns {
-    fn drop(&mut self) {
-        let turns = std::mem::take(&mut self.turns);
-        if !turns.is_empty() && !self.settle.is_zero() && self.taken.is_taken() {
-            hold_for(turns, self.settle);
-        }
-    }
-}
-
 async fn forward_unfenced<S, B>(inner: S, req: Routed<B>) -> Result<Response<ProxyBody>, Rejection>
 where
     S: Forwarder<B>,
@@ -367,6 +258,7 @@ where
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
 
     use bytes::Bytes;
     use http::{Method, Request};
@@ -378,7 +270,6 @@ mod tests {
     use crate::fence::signature::SigningKey;
     use crate::fence::store::{Advance, Deleted, MemoryStore, Selection, StoreError};
     use crate::route::Route;
-    use crate::stack::head::check_jump;
 
     const SECRET: &[u8] = b"service-test-secret-0123";
 
@@ -545,25 +436,5 @@ mod tests {
         assert!(b(Duration::from_millis(1500)).await.is_err(), "the key settled too soon");
         assert!(b(Duration::from_secs(1)).await.is_ok());
         assert_eq!(started.elapsed(), Duration::from_secs(2), "paused time: the settle period exactly");
-    }
-
-    #[test]
-    fn an_overrun_streamed_body_leaves_the_outcome_unknown() {
-        assert!(ProxyError::BodyTooLarge { limit: 1, partly_sent: true }.is_ambiguous());
-        assert!(!ProxyError::BodyTooLarge { limit: 1, partly_sent: false }.is_ambiguous());
-    }
-
-    #[test]
-    fn jump_limit_is_inclusive_and_cannot_overflow() {
-        assert!(check_jump(None, u64::MAX, 0).is_ok());
-        assert!(check_jump(Some(5), 15, 10).is_ok());
-        assert!(matches!(
-            check_jump(Some(5), 16, 10),
-            Err(ProxyError::TokenJump { token: 16, current: 10, max_jump: 5 })
-        ));
-        assert!(check_jump(Some(0), 10, 10).is_ok());
-        assert!(check_jump(Some(0), 11, 10).is_err());
-        assert!(check_jump(Some(u64::MAX), u64::MAX, 1).is_ok());
-        assert!(check_jump(Some(10), u64::MAX, u64::MAX - 3).is_ok());
     }
 }

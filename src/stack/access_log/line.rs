@@ -1,0 +1,304 @@
+//! One access-log line, written byte for byte as tracing's human or JSON
+//! formatter would write the same event, into the log writer's buffer
+//! (telemetry/writer.rs): tracing's formatter cost many times more per line
+//! (docs/perf-log.md, "src/stack in one layout"). The event goes through
+//! tracing instead when the writer is not fencegate's (tests with a
+//! subscriber of their own), on a terminal (colours), and when the request's
+//! debug span is on (the line then names its span).
+
+use std::cell::Cell;
+use std::io::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::config::LogFormat;
+
+/// One access-log line's fields.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Line<'a> {
+    pub route: &'a str,
+    pub key: Option<&'a str>,
+    pub token: Option<u64>,
+    pub decision: &'static str,
+    pub status: u16,
+    pub latency_us: u64,
+}
+
+impl Line<'_> {
+    /// The line as a tracing event.
+    pub(super) fn event(&self) {
+        tracing::info!(
+            target: "fencegate::access",
+            route = self.route,
+            key = self.key,
+            token = self.token,
+            decision = self.decision,
+            status = self.status,
+            latency_us = self.latency_us,
+        );
+    }
+
+    /// The line as tracing's formatter writes [`Line::event`], at `now`:
+    /// `<time>  INFO fencegate::access: route="objects" key="/objects/a" ...`
+    /// with strings as `{:?}` writes them, or
+    /// `{"timestamp":"<time>","level":"INFO","route":...,"target":"fencegate::access"}`
+    /// with the fields flattened in their order and strings as serde_json
+    /// escapes them. An absent field is left out. Without `core::fmt` on the
+    /// common path: it cost more than the rest of the line together.
+    pub(super) fn write(&self, format: LogFormat, now: SystemTime, out: &mut Vec<u8>) {
+        let syntax = match format {
+            LogFormat::Human => {
+                timestamp(now, out);
+                out.extend_from_slice(b"  INFO fencegate::access:");
+                &HUMAN
+            }
+            LogFormat::Json => {
+                out.extend_from_slice(b"{\"timestamp\":\"");
+                timestamp(now, out);
+                out.extend_from_slice(b"\",\"level\":\"INFO\"");
+                &JSON
+            }
+        };
+        let [route, key, token, decision, status, latency] = syntax.names;
+        out.extend_from_slice(route);
+        (syntax.string)(self.route, out);
+        if let Some(value) = self.key {
+            out.extend_from_slice(key);
+            (syntax.string)(value, out);
+        }
+        if let Some(value) = self.token {
+            out.extend_from_slice(token);
+            decimal(value, out);
+        }
+        out.extend_from_slice(decision);
+        (syntax.string)(self.decision, out);
+        out.extend_from_slice(status);
+        decimal(self.status.into(), out);
+        out.extend_from_slice(latency);
+        decimal(self.latency_us, out);
+        out.extend_from_slice(syntax.end);
+    }
+}
+
+/// How one format spells a line's fields: what comes before each value, in
+/// field order (one copy a field), how a string value is written, and what
+/// ends the line.
+struct Syntax {
+    names: [&'static [u8]; 6],
+    string: WriteStr,
+    end: &'static [u8],
+}
+
+const HUMAN: Syntax = Syntax {
+    names: [b" route=", b" key=", b" token=", b" decision=", b" status=", b" latency_us="],
+    string: debug_str,
+    end: b"\n",
+};
+
+const JSON: Syntax = Syntax {
+    names: [b",\"route\":", b",\"key\":", b",\"token\":", b",\"decision\":", b",\"status\":", b",\"latency_us\":"],
+    string: json_str,
+    end: b",\"target\":\"fencegate::access\"}\n",
+};
+
+/// Writes a string field's value in one format.
+type WriteStr = fn(&str, &mut Vec<u8>);
+
+/// Whether `{:?}` and serde_json write `text` as it is, in quotes: printable
+/// ASCII but for the quote and the backslash.
+fn plain(text: &str) -> bool {
+    text.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+}
+
+/// `text` as `{:?}` writes it.
+fn debug_str(text: &str, out: &mut Vec<u8>) {
+    quoted(text, out, |text, out| {
+        // Writing to a Vec cannot fail.
+        let _ = write!(out, "{text:?}");
+    });
+}
+
+/// `text` as serde_json writes it.
+fn json_str(text: &str, out: &mut Vec<u8>) {
+    quoted(text, out, |text, out| {
+        // Writing a string to a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, text);
+    });
+}
+
+/// A [`plain`] `text` between quotes, anything else as `escaped` writes it.
+fn quoted(text: &str, out: &mut Vec<u8>, escaped: impl FnOnce(&str, &mut Vec<u8>)) {
+    if plain(text) {
+        out.push(b'"');
+        out.extend_from_slice(text.as_bytes());
+        out.push(b'"');
+    } else {
+        escaped(text, out);
+    }
+}
+
+/// `n` in decimal.
+fn decimal(mut n: u64, out: &mut Vec<u8>) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+/// `2026-12-02T04:20:43.935551Z`, as tracing's formatter writes the time:
+/// UTC, microseconds. The date and time of day are kept per thread for the
+/// second they were made in.
+fn timestamp(now: SystemTime, out: &mut Vec<u8>) {
+    thread_local! {
+        static SECOND: Cell<(u64, [u8; 19])> = const { Cell::new((u64::MAX, [0; 19])) };
+    }
+    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (cached, mut text) = SECOND.get();
+    if cached != secs {
+        text = civil(secs);
+        SECOND.set((secs, text));
+    }
+    out.extend_from_slice(&text);
+    out.push(b'.');
+    let micros = since.subsec_micros();
+    for place in [100_000, 10_000, 1_000, 100, 10, 1] {
+        out.push(b'0' + (micros / place % 10) as u8);
+    }
+    out.push(b'Z');
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` for seconds since the Unix epoch, in UTC (the
+/// proleptic Gregorian calendar, Howard Hinnant's days-to-civil).
+fn civil(secs: u64) -> [u8; 19] {
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let mut text = [0u8; 19];
+    let mut cursor = std::io::Cursor::new(&mut text[..]);
+    // 19 bytes hold any year below 10,000.
+    let _ = write!(cursor, "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}", rem / 3_600, rem % 3_600 / 60, rem % 60);
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::http::Outcome;
+    use crate::telemetry::testing::Captured;
+
+    /// The line through tracing's formatter, configured as telemetry::init does.
+    fn through_tracing(line: &Line<'_>, format: LogFormat) -> String {
+        let captured = Captured::default();
+        let layer = tracing_subscriber::fmt::layer().with_writer(captured.clone()).with_ansi(false);
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::Layer;
+        let layer = match format {
+            LogFormat::Human => layer.boxed(),
+            LogFormat::Json => layer.json().flatten_event(true).with_current_span(false).boxed(),
+        };
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, || line.event());
+        captured.text()
+    }
+
+    fn ours(line: &Line<'_>, format: LogFormat, now: SystemTime) -> String {
+        let mut out = Vec::new();
+        line.write(format, now, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    /// The line with the time's digits zeroed: the two take the time a
+    /// moment apart, but its layout must be the same.
+    fn without_time(text: &str) -> String {
+        let at = text.find('Z').expect("a timestamp");
+        let start = text.find("20").expect("a year");
+        let time: String = text[start..at].chars().map(|c| if c.is_ascii_digit() { '0' } else { c }).collect();
+        format!("{}{time}{}", &text[..start], &text[at..])
+    }
+
+    #[test]
+    fn lines_are_what_tracing_would_write() {
+        let keys = [
+            None,
+            Some("/objects/a"),
+            Some("/objects/it's ~{|}^`"),
+            Some("/objects/with \"quotes\" and \\ backslash"),
+            Some("/objects/tab\tnew\nline\r\u{0}\u{7f}"),
+            Some("/objects/é ünïcödé \u{200b} \u{fffd} 🦀"),
+            Some(""),
+        ];
+        for format in [LogFormat::Human, LogFormat::Json] {
+            for key in keys {
+                for token in [None, Some(0), Some(7), Some(u64::MAX)] {
+                    let line = Line {
+                        route: "objects \"odd\"",
+                        key,
+                        token,
+                        decision: Outcome::Stale.as_str(),
+                        status: 409,
+                        latency_us: 1234,
+                    };
+                    let theirs = through_tracing(&line, format);
+                    let ours = ours(&line, format, SystemTime::now());
+                    assert_eq!(without_time(&ours), without_time(&theirs), "{format:?} {key:?} {token:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_time_is_written_as_tracing_writes_it() {
+        let line = Line { route: "r", key: None, token: None, decision: "forwarded", status: 200, latency_us: 1 };
+        // Across a leap day, a year's end and the far future.
+        for secs in [0u64, 951_782_399, 951_782_400, 1_704_067_199, 1_764_648_043, 4_102_444_800, 253_402_300_799] {
+            for micros in [0u32, 1, 935_551, 999_999] {
+                let now = UNIX_EPOCH + Duration::new(secs, micros * 1_000);
+                let ours = ours(&line, LogFormat::Human, now);
+                let expected = reference_time(secs, micros);
+                assert!(ours.starts_with(&expected), "{ours} for {secs}.{micros}: {expected}");
+            }
+        }
+    }
+
+    /// The time by counting days, the slow way, in tracing's layout (its
+    /// clock cannot be set; the layout is checked against it above).
+    fn reference_time(secs: u64, micros: u32) -> String {
+        let leap = |y: u64| (y.is_multiple_of(4) && !y.is_multiple_of(100)) || y.is_multiple_of(400);
+        let (mut days, rem) = (secs / 86_400, secs % 86_400);
+        let mut year = 1970;
+        while days >= if leap(year) { 366 } else { 365 } {
+            days -= if leap(year) { 366 } else { 365 };
+            year += 1;
+        }
+        let lengths = [31, if leap(year) { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+        let mut month = 0;
+        while days >= lengths[month] {
+            days -= lengths[month];
+            month += 1;
+        }
+        format!(
+            "{year:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+            month + 1,
+            days + 1,
+            rem / 3_600,
+            rem % 3_600 / 60,
+            rem % 60
+        )
+    }
+}

@@ -1,0 +1,189 @@
+//! The forward service: [`Forward`], one per client connection, and what it
+//! does with each request.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use http::{Response, StatusCode};
+use tower::Service;
+
+use super::prepare::prepare;
+use super::upgrade::splice;
+use super::SlotTaken;
+use crate::http::ProxyBody;
+use crate::http::RequestBody;
+use crate::proxy::{strip_hop_by_hop, ClientAddr, StreamHeld, UpstreamError, Upstreams};
+use crate::stack::error::ProxyError;
+use crate::stack::router::Routed;
+
+/// The innermost service: sends a request to its route's upstream, on an
+/// upstream connection of the worker's (HTTP/1.1 clients) or of the client
+/// connection's own (HTTP/2; upstream.rs says why). Make one per client
+/// connection. The layers above clone it for every request: one count, of
+/// this connection's, is all a clone touches.
+#[derive(Clone, Debug)]
+pub struct Forward(Arc<ClientSide>);
+
+#[derive(Debug)]
+struct ClientSide {
+    upstreams: Upstreams,
+    client: ClientAddr,
+    /// The flag of this connection's fenced requests over HTTP/1.1, one at a
+    /// time (see [`Forwarder::slot_flag`]).
+    slot_taken: SlotTaken,
+}
+
+impl Forward {
+    /// Whether its client speaks TLS.
+    pub fn over_tls(&self) -> bool {
+        self.0.client.is_tls()
+    }
+
+    /// The forwarder of the client connection `client`.
+    pub fn of(client: ClientAddr) -> Forward {
+        Forward(Arc::new(ClientSide { upstreams: Upstreams::default(), client, slot_taken: SlotTaken::default() }))
+    }
+}
+
+/// Where the fence sends the requests it lets through: [`Forward`], or any
+/// tower service (tests). A trait of its own rather than `tower::Service`, so
+/// the forward's future needs no name: it rides inside the fence's one boxed
+/// future, not in a box of its own.
+pub trait Forwarder<B>: Clone + Send + 'static {
+    /// Sends `request` upstream; resolves with the response head.
+    fn send(self, request: Routed<B>) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send;
+
+    /// A cleared flag for a fenced request of `version` to be sent (its
+    /// [`Routed::slot_taken`]).
+    fn slot_flag(&self, _version: http::Version) -> SlotTaken {
+        SlotTaken::default()
+    }
+}
+
+impl Forwarder<RequestBody> for Forward {
+    fn send(
+        self,
+        request: Routed<RequestBody>,
+    ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send {
+        forward(self, request)
+    }
+
+    /// An HTTP/1.1 connection has one request at a time in the fence: the
+    /// next is not read before the last one's response head has come, and
+    /// only a connection its client closed has a forward left running. So
+    /// its requests share one flag, the connection's (no allocation per
+    /// request); an HTTP/2 connection's streams each get their own.
+    fn slot_flag(&self, version: http::Version) -> SlotTaken {
+        if version == http::Version::HTTP_2 {
+            SlotTaken::default()
+        } else {
+            self.0.slot_taken.renewed()
+        }
+    }
+}
+
+impl<S, B> Forwarder<B> for S
+where
+    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = ProxyError> + Clone + Send + 'static,
+    S::Future: Send,
+    B: Send + 'static,
+{
+    fn send(self, request: Routed<B>) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send {
+        tower::ServiceExt::oneshot(self, request)
+    }
+}
+
+/// Sends a routed request to its route's upstream. The head is rewritten
+/// before the first await, so the future keeps only what it still needs (it
+/// rides in every fenced request's box, and every move of it copies it all).
+fn forward(
+    connection: Forward,
+    req: Routed<RequestBody>,
+) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send {
+    let Routed { route, request, fenced, destination, slot_taken } = req;
+    let prepared = prepare(&connection.0.client, &route, request, fenced, destination);
+    async move {
+        let (request, upgrade) = prepared?;
+        // A way to the upstream first, outside the timeout: at the route's cap
+        // the wait for a slot is bounded by `queue_timeout` and ends, if no slot
+        // frees, in a refusal with nothing sent, never in an unknown outcome.
+        let upstreams = &connection.0.upstreams;
+        let (authority, tls, slots) = (&route.upstream.authority, route.upstream_tls.as_ref(), &route.upstream_slots);
+        let checkout = upstreams.checkout(authority, slots, route.queue_timeout, upgrade.parking).await?;
+        if let Some(taken) = &slot_taken {
+            taken.mark();
+        }
+        let handover = slot_taken.as_ref().map(SlotTaken::handover);
+        // The timeout covers connecting, retries and backoff included. A
+        // fenced request past it has its HTTP/1.1 connection torn down
+        // before the error goes back (and with it the key's settle period
+        // starts): a graceful close would still write out what the kernel
+        // held of the request. (Over HTTP/2, dropping the exchange resets
+        // its stream.)
+        let (answered, teardown) = {
+            let mut sending = std::pin::pin!(upstreams.send(authority, tls, slots, checkout, request, handover));
+            let answered = tokio::time::timeout(route.timeout, sending.as_mut()).await;
+            let on = handover.filter(|_| answered.is_err()).and_then(|h| h.connection());
+            (answered, on.filter(|connection| !connection.is_multiplexed()))
+        };
+        if let Some(teardown) = teardown {
+            teardown.tear_down().await;
+        }
+        let mut response = match answered {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) => {
+                // A streamed body that overran the route's limit (an unfenced one,
+                // or a fenced one on a `stream_body` route): the client's fault,
+                // but part of it reached the upstream, so a fenced write settles.
+                if crate::http::overran_limit(&e) {
+                    return Err(ProxyError::BodyTooLarge { limit: route.max_body, partly_sent: true });
+                }
+                return Err(e.into());
+            }
+            Err(_) => return Err(ProxyError::UpstreamTimeout(route.timeout)),
+        };
+
+        let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if switching && !upgrade.asked {
+            // The upstream took over the connection for a request that never
+            // asked it to: whatever it does with the request is unknown (a
+            // fenced write settles), and nothing of the switch is relayed.
+            return Err(UpstreamError::exchange(UNREQUESTED_SWITCH).into());
+        }
+        if switching {
+            if let Some(client_upgrade) = upgrade.client {
+                let upstream_upgrade = hyper::upgrade::on(&mut response);
+                tokio::spawn(splice(client_upgrade, upstream_upgrade));
+            }
+        }
+        strip_hop_by_hop(response.headers_mut(), switching && upgrade.asked, |_| false);
+        let stream = response.extensions_mut().remove::<StreamHeld>().map(StreamHeld::into_guard);
+        Ok(response.map(|body| ProxyBody::upstream(body).holding(stream)))
+    }
+}
+
+/// Why a 101 to a request that did not ask to switch protocols is an error.
+const UNREQUESTED_SWITCH: &str =
+    "the upstream answered 101 Switching Protocols to a request that did not ask to switch protocols";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An HTTP/1.1 connection's fenced requests share its flag, cleared for
+    /// each (a flag left set would make the next request's forward outlive
+    /// a client that left before anything was sent); HTTP/2 streams each
+    /// get one of their own.
+    #[test]
+    fn http1_requests_share_a_cleared_flag_and_http2_streams_get_their_own() {
+        let forward = Forward::of(ClientAddr::new(std::net::SocketAddr::from(([127, 0, 0, 1], 1))));
+        let first = forward.slot_flag(http::Version::HTTP_11);
+        first.mark();
+        assert!(first.is_taken());
+        let second = forward.slot_flag(http::Version::HTTP_11);
+        assert!(!second.is_taken() && !first.is_taken(), "the connection's flag, cleared");
+        let stream = forward.slot_flag(http::Version::HTTP_2);
+        second.mark();
+        assert!(!stream.is_taken(), "a stream's flag is its own");
+    }
+}

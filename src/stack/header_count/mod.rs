@@ -1,0 +1,15 @@
+//! How many header fields one request head may carry: more is refused (431
+//! `too-many-headers`).
+//!
+//! An answer to an HTTP/2 amplification: HPACK lets a few bytes on the wire
+//! name a large header field again and again, so a small HEADERS frame can
+//! decode into a head of `max_header_bytes`. HTTP/1.1 heads are counted by
+//! hyper's parser (`max_headers`); HTTP/2 heads arrive decoded, so
+//! [`HeaderCount`] counts them before anything else acts on the request.
+//! (header_rate/ bounds the bytes of heads a connection sends upstream.)
+
+mod layer;
+mod service;
+
+pub use layer::HeaderCountLayer;
+pub use service::HeaderCount;
