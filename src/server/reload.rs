@@ -29,8 +29,7 @@ use tracing::{info, warn};
 
 use super::descriptors::{self, Account};
 use crate::config::{secret_files, AdminConfig, Config, ConfigError, ConfigProblem};
-use crate::fence::store::redis::longest_write_lease;
-use crate::fence::store::AnyStore;
+use crate::fence::store::{longest_write_lease, FenceStore, WriteBounds};
 use crate::metrics::Reloads;
 use crate::route::RouteTable;
 use crate::stack::Shared;
@@ -121,9 +120,12 @@ impl Reloader {
         self.shared.routes.replace(table);
         // After a confirm of a shared store, writes are held as long as a
         // write of these routes may be in flight.
-        if let AnyStore::Redis(redis) = &*self.shared.store {
-            redis.set_write_lease(longest_write_lease(&new.routes));
-        }
+        let bounds = |r: &crate::route::Route| WriteBounds {
+            queue_timeout: r.queue_timeout,
+            timeout: r.timeout,
+            settle: r.settle,
+        };
+        self.shared.store.set_write_lease(longest_write_lease(new.routes.iter().map(bounds)));
         if new.admin.auth_token != running.admin.auth_token {
             self.admin_token.store(new.admin.auth_token.clone().map(Arc::new));
             info!("config reload: the fence API's admin token changed");

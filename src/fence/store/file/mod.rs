@@ -315,4 +315,9 @@ impl FenceStore for FileStore {
     fn stats(&self) -> Option<&CommitStats> {
         Some(&self.inner.stats)
     }
+
+    /// The inherent [`FileStore::close`], which callers without the trait use.
+    fn close(&self) -> impl std::future::Future<Output = ()> + Send {
+        FileStore::close(self)
+    }
 }
