@@ -30,6 +30,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub use super::damage::{BadRecord, FrameDamage, HeaderDamage, RecordError, ReplayError};
+
 /// The journal files inside `[fences] path`, beside the B-tree file.
 pub const FILES: [&str; 2] = ["fences.journal-0", "fences.journal-1"];
 
@@ -148,78 +150,6 @@ fn epoch_of(bytes: &[u8]) -> Result<u64, HeaderDamage> {
         return Err(HeaderDamage::Checksum);
     }
     Ok(epoch)
-}
-
-/// Why a journal file could not be replayed: where, and what was found there.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ReplayError {
-    /// The file's first block holds no header of its own.
-    #[error("the journal file's header is damaged ({0})")]
-    Header(HeaderDamage),
-    /// An intact frame of the file's epoch whose records do not add up:
-    /// the frame at byte `frame`, its record number `index` (from 0) at
-    /// byte `at` of the file.
-    #[error("journal frame at byte {frame}: record {index} at byte {at}: {why}")]
-    Record { frame: u64, index: u64, at: u64, why: RecordError },
-    /// A frame that does not check out (at byte `at`), with a good frame of
-    /// the file's epoch after it (at byte `next`): damage, not a torn write.
-    #[error("damaged journal frame at byte {at} ({why}), with a good frame after it at byte {next}")]
-    Damaged { at: u64, why: FrameDamage, next: u64 },
-}
-
-/// What is wrong with a journal file's header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum HeaderDamage {
-    #[error("the file is {len} bytes long, shorter than its header")]
-    Short { len: usize },
-    #[error("it does not start with the journal's magic")]
-    Magic,
-    #[error("its checksum does not match")]
-    Checksum,
-}
-
-/// Why the bytes at some offset are no whole, intact frame of the file's epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum FrameDamage {
-    /// Fewer bytes are left than a frame's header takes.
-    #[error("{left} bytes left, fewer than a frame header")]
-    Cut { left: usize },
-    /// The frame's tag is not the frame magic.
-    #[error("no frame magic")]
-    Magic,
-    /// The length field's checksum does not match (the length can't be trusted).
-    #[error("the length's checksum does not match")]
-    LengthChecksum,
-    /// The payload the length claims runs past the end of the file.
-    #[error("a payload of {len} bytes where {left} are left")]
-    TornLength { len: u32, left: usize },
-    /// The payload's checksum does not match.
-    #[error("the payload's checksum does not match")]
-    PayloadChecksum,
-}
-
-/// Why a record of an intact frame can't be read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum RecordError {
-    /// Fewer bytes are left in the frame than a record's token and key length.
-    #[error("a record is cut short ({left} bytes left)")]
-    CutShort { left: usize },
-    /// The key's length runs past the end of the frame.
-    #[error("a key runs past its frame ({len} bytes long, {left} left)")]
-    KeyPastFrame { len: u32, left: usize },
-    /// The key's bytes are not UTF-8 (valid up to byte `valid_up_to` of the key).
-    #[error("a key is not UTF-8 (from byte {valid_up_to} of the key)")]
-    KeyNotUtf8 { valid_up_to: usize },
-}
-
-/// A record of a frame's payload that can't be read: its number (from 0),
-/// its byte offset in the payload, and why.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("record {index} at byte {at} of its frame: {why}")]
-pub struct BadRecord {
-    pub index: u64,
-    pub at: usize,
-    pub why: RecordError,
 }
 
 /// What [`replay`] found in one journal file.
@@ -537,41 +467,35 @@ pub(super) mod tests {
     #[test]
     fn a_damaged_frame_with_a_good_one_after_it_is_an_error_naming_both_and_the_damage() {
         let (bytes, ends) = file_bytes(7, &[&[("a", 3)], &[("a", 8)], &[("b", 1)]]);
-        let first = HEADER_BYTES as usize;
+        let (first, err) = (HEADER_BYTES as usize, |bytes: &[u8]| replay(bytes, &mut Marks::default()).unwrap_err());
+        let damaged = |at: usize, why, next: usize| ReplayError::Damaged { at: at as u64, why, next: next as u64 };
         let cases = [
-            (first, first, FrameDamage::Magic, ends[0]),
-            (first + 5, first, FrameDamage::LengthChecksum, ends[0]),
-            (first + 9, first, FrameDamage::LengthChecksum, ends[0]),
-            (first + HEADER, first, FrameDamage::PayloadChecksum, ends[0]),
-            (ends[0] + 2, ends[0], FrameDamage::Magic, ends[1]),
-            (ends[1] - 1, ends[0], FrameDamage::PayloadChecksum, ends[1]),
+            (first, damaged(first, FrameDamage::Magic, ends[0])),
+            (first + 5, damaged(first, FrameDamage::LengthChecksum, ends[0])),
+            (first + 9, damaged(first, FrameDamage::LengthChecksum, ends[0])),
+            (first + HEADER, damaged(first, FrameDamage::PayloadChecksum, ends[0])),
+            (ends[0] + 2, damaged(ends[0], FrameDamage::Magic, ends[1])),
+            (ends[1] - 1, damaged(ends[0], FrameDamage::PayloadChecksum, ends[1])),
         ];
-        for (byte, at, why, next) in cases {
-            let mut damaged = bytes.clone();
-            damaged[byte] ^= 0x01;
-            let err = replay(&damaged, &mut Marks::default()).unwrap_err();
-            assert_eq!(err, ReplayError::Damaged { at: at as u64, why, next: next as u64 }, "byte {byte}");
-            assert!(err.to_string().starts_with("damaged journal frame"), "{err}");
+        for (byte, expected) in cases {
+            let mut bad = bytes.clone();
+            bad[byte] ^= 0x01;
+            assert_eq!(err(&bad), expected, "byte {byte}");
+            assert!(err(&bad).to_string().starts_with("damaged journal frame"), "byte {byte}");
         }
         // A length that claims more than the file holds, its checksum made to agree.
-        let mut torn = bytes.clone();
-        let len = 1u32 << 30;
+        let (mut torn, len) = (bytes.clone(), 1u32 << 30);
         torn[first + 4..first + 8].copy_from_slice(&len.to_le_bytes());
         torn[first + 8..first + 12].copy_from_slice(&checksum(7, &len.to_le_bytes()).to_le_bytes());
         let left = bytes.len() - first - HEADER;
-        let err = replay(&torn, &mut Marks::default()).unwrap_err();
-        assert_eq!(
-            err,
-            ReplayError::Damaged { at: first as u64, why: FrameDamage::TornLength { len, left }, next: ends[0] as u64 }
-        );
-        let header = |bytes: &[u8]| replay(bytes, &mut Marks::default()).unwrap_err();
-        let mut damaged = bytes.clone();
-        damaged[6] ^= 0x01;
-        assert_eq!(header(&damaged), ReplayError::Header(HeaderDamage::Checksum));
-        assert!(header(&damaged).to_string().contains("header is damaged"));
-        damaged[0] = b'X';
-        assert_eq!(header(&damaged), ReplayError::Header(HeaderDamage::Magic));
-        assert_eq!(header(&bytes[..9]), ReplayError::Header(HeaderDamage::Short { len: 9 }));
+        assert_eq!(err(&torn), damaged(first, FrameDamage::TornLength { len, left }, ends[0]));
+        let mut bad = bytes.clone();
+        bad[6] ^= 0x01;
+        assert_eq!(err(&bad), ReplayError::Header(HeaderDamage::Checksum));
+        assert!(err(&bad).to_string().contains("header is damaged"));
+        bad[0] = b'X';
+        assert_eq!(err(&bad), ReplayError::Header(HeaderDamage::Magic));
+        assert_eq!(err(&bytes[..9]), ReplayError::Header(HeaderDamage::Short { len: 9 }));
     }
 
     #[test]

@@ -26,6 +26,7 @@
 
 mod cache;
 mod commit;
+mod damage;
 mod delete;
 mod fold;
 pub mod journal;
