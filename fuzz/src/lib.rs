@@ -728,7 +728,7 @@ pub fn check_journal(data: &[u8]) {
     };
     let replayed = |bytes: &[u8]| -> Result<BTreeMap<String, u64>, String> {
         let mut marks = Marks::default();
-        replay(bytes, &mut marks)?;
+        replay(bytes, &mut marks).map_err(|e| e.to_string())?;
         Ok(marks.into_iter().map(|(k, t)| (k.into_string(), t)).collect())
     };
 

@@ -33,7 +33,7 @@ use subtle::ConstantTimeEq;
 
 use super::{json_response, problem, AdminState};
 use crate::canonical::{admin_key, check_query_utf8};
-use crate::fence::store::{Advance, AnyStore, FenceStore, Selection, MAX_LIST_LIMIT};
+use crate::fence::store::{Advance, FenceStore, Selection, MAX_LIST_LIMIT};
 use crate::http::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
 
 /// Default page size of a listing.
@@ -235,15 +235,13 @@ pub(super) async fn confirm_store<B>(state: &AdminState, peer: SocketAddr, req: 
     if let Some(refused) = unauthorized(state, peer, req) {
         return refused;
     }
-    let AnyStore::Redis(store) = &*state.store else {
-        return problem(
+    match state.store.confirm().await {
+        Ok(None) => problem(
             StatusCode::CONFLICT,
             "Not a shared store",
             "only store = \"redis\" is confirmed; this fencegate keeps its fences itself",
-        );
-    };
-    match store.confirm().await {
-        Ok(done) => {
+        ),
+        Ok(Some(done)) => {
             tracing::warn!(
                 target: "fencegate::audit",
                 caller = %peer,

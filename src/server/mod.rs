@@ -30,8 +30,7 @@ use tracing::{info, warn};
 use crate::admin::AdminState;
 use crate::config::TlsError;
 use crate::config::{Config, StoreKind};
-use crate::fence::store::redis::longest_write_lease;
-use crate::fence::store::FenceStore;
+use crate::fence::store::{longest_write_lease, FenceStore, WriteBounds};
 use crate::fence::store::{AnyStore, CacheBounds, FileStore, MemoryStore, OpenError, RedisStore};
 use crate::fence::KeyGate;
 use crate::http::BufferBudget;
@@ -117,9 +116,7 @@ impl Fencegate {
             }
             StoreKind::Redis(redis) => AnyStore::Redis(RedisStore::open(redis).map_err(StartError::Redis)?),
         };
-        if let AnyStore::Redis(redis) = &store {
-            redis.set_write_lease(longest_write_lease(&config.routes));
-        }
+        store.set_write_lease(longest_write_lease(config.routes.iter().map(WriteBounds::from)));
         // A restart on fences a previous process left: it may have died with
         // writes in flight, so keys start closed for their settle period.
         let gate = match &store {

@@ -29,8 +29,7 @@ use tracing::{info, warn};
 
 use super::descriptors::{self, Account};
 use crate::config::{secret_files, AdminConfig, Config, ConfigError, ConfigProblem};
-use crate::fence::store::redis::longest_write_lease;
-use crate::fence::store::AnyStore;
+use crate::fence::store::{longest_write_lease, FenceStore, WriteBounds};
 use crate::metrics::Reloads;
 use crate::route::{Route, RouteTable};
 use crate::server::watch::{watch_dirs_of, DirWatch};
@@ -121,9 +120,7 @@ impl Reloader {
         self.shared.routes.replace(table);
         // After a confirm of a shared store, writes are held as long as a
         // write of these routes may be in flight.
-        if let AnyStore::Redis(redis) = &*self.shared.store {
-            redis.set_write_lease(longest_write_lease(&new.routes));
-        }
+        self.shared.store.set_write_lease(longest_write_lease(new.routes.iter().map(WriteBounds::from)));
         if new.admin.auth_token != running.admin.auth_token {
             self.admin_token.store(new.admin.auth_token.clone().map(Arc::new));
             info!("config reload: the fence API's admin token changed");

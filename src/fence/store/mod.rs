@@ -1,25 +1,36 @@
 //! Fence stores: where the highest accepted token of each key ("the mark") lives.
 //!
+//! One trait, [`FenceStore`], serves every store: the memory store (one
+//! process, volatile), the file store (one process, durable) and the Redis
+//! store (replicas share it). Its types name no store: a store of one
+//! process leaves the parts meant for shared stores at their defaults.
+//!
 //! [`FenceStore::advance`] is the one primitive the fence needs: an atomic
 //! compare-and-raise. Every store must make it indivisible per key: two advances
 //! of the same key can never both read the old mark and both win, and a mark
 //! never goes back.
+//!
+//! Nothing here knows the layers above the fence: routes hand their bounds
+//! in as plain values ([`WriteBounds`]).
 
+mod any;
+mod error;
 mod file;
+mod in_flight;
 mod memory;
 pub mod redis;
+mod stats;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::Arc;
+use std::time::Duration;
 
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-
+pub use any::AnyStore;
+pub use error::{Distrust, Doubt, Found, StoreError, Unexpected};
 pub use file::{journal, CacheBounds, FileStore, OpenError};
+pub use in_flight::{longest_write_lease, InFlight, WriteBounds, WriteRecord};
 pub use memory::MemoryStore;
-pub use redis::{Confirmed, RedisStore};
+pub use redis::RedisStore;
+pub use stats::CommitStats;
 
 use crate::fence::gate::Ask;
 
@@ -38,8 +49,8 @@ pub enum Advance {
 pub enum Entered {
     /// `token >= mark` (on a turn held alone, also with no write of the key
     /// in flight anywhere): the mark is `token` now, `previous` before.
-    /// `in_flight` records the write for stores replicas share; dropping it
-    /// ends the record.
+    /// `in_flight` is the store's record of the write (empty for a store
+    /// of one process); dropping it ends the record.
     Accepted { previous: Option<u64>, in_flight: InFlight },
     /// `token < mark`: nothing changed.
     Stale { current: u64 },
@@ -59,24 +70,6 @@ impl Entered {
     }
 }
 
-/// A fenced write in flight, as a store replicas share records it (nothing
-/// for a store of one process, whose turns are all in its gate). Dropped
-/// when the request's turn ends: response head, failure, or the end of its
-/// settle period.
-#[derive(Debug, Default)]
-pub struct InFlight(Option<redis::Flight>);
-
-impl InFlight {
-    fn redis(flight: redis::Flight) -> InFlight {
-        InFlight(Some(flight))
-    }
-
-    /// Records nothing (a store of one process).
-    pub fn is_empty(&self) -> bool {
-        self.0.is_none()
-    }
-}
-
 /// What a head check may compare a token with before the request's turn
 /// ([`FenceStore::at_hand`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,101 +81,6 @@ pub enum AtHand {
     Floor(Option<u64>),
     /// Only a read of the store can tell.
     Read,
-}
-
-/// Why the store could not answer; the fence fails closed (503
-/// `store-unavailable`, with this text as the problem's `detail`).
-///
-/// Cloneable because one commit's outcome answers every raise in it; the
-/// sources are shared for that.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum StoreError {
-    /// fencegate is shutting down: the store takes no more raises.
-    #[error("fence store unavailable: the store is closing")]
-    Closing,
-    /// The disk under the journal has no room for the raise.
-    #[error("fence store unavailable: appending to the fence journal: {0}")]
-    DiskFull(#[source] Arc<std::io::Error>),
-    /// The journal is full and the fold that empties it is not finishing.
-    #[error("fence store unavailable: the journal is full and folding it into the fence store is not finishing")]
-    FoldStuck,
-    /// The journal is full and the thread that folds it has stopped.
-    #[error("fence store unavailable: the journal is full and the fold thread has stopped")]
-    FoldStopped,
-    /// A delete of marks held the store longer than a raise or a read waits.
-    #[error("fence store unavailable: a delete of fences has held the store for {0:?}; try again")]
-    Deleting(std::time::Duration),
-    /// The thread that makes raises durable has stopped.
-    #[error("fence store unavailable: the commit thread has stopped")]
-    CommitterStopped,
-    /// Reading or writing a store file failed.
-    #[error("fence store unavailable: {context}: {source}")]
-    Io {
-        context: &'static str,
-        #[source]
-        source: Arc<std::io::Error>,
-    },
-    /// The B-tree file could not be read.
-    #[error("fence store unavailable: {context}: {source}")]
-    Database {
-        context: &'static str,
-        #[source]
-        source: Arc<redb::Error>,
-    },
-    /// Redis refused or failed a call, or the connection to it is down.
-    #[error("fence store unavailable: {context}: {message}")]
-    Redis { context: &'static str, message: String },
-    /// Redis did not answer within `[fences] timeout`.
-    #[error("fence store unavailable: {context}: Redis did not answer within {after:?}")]
-    RedisTimeout { context: &'static str, after: std::time::Duration },
-    /// Fewer Redis replicas than `[fences] min_replicas` acknowledged the decision.
-    #[error(
-        "fence store unavailable: {acked} Redis replica(s) acknowledged the decision within {within:?}, \
-         {wanted} required (min_replicas); nothing was forwarded"
-    )]
-    Replicas { acked: i64, wanted: u32, within: std::time::Duration },
-    /// The store lost marks, or is not the store this replica used: not
-    /// trusted until an operator confirms it.
-    #[error("fence store unavailable: {0}; an operator must confirm the store (fencegate fence confirm-store)")]
-    Distrusted(String),
-    /// An operator confirmed the shared store after it lost its data:
-    /// writes admitted before the loss may still be in flight, with no
-    /// record left, so fenced writes wait until their leases have run out.
-    #[error(
-        "fence store unavailable: fenced writes are held for {} more: an operator confirmed the Redis fence store \
-         after it lost its data, and writes admitted before that may still be in flight",
-        humantime::format_duration(std::time::Duration::from_secs(.0.as_secs() + u64::from(.0.subsec_nanos() > 0)))
-    )]
-    Held(std::time::Duration),
-    /// Redis answered something fencegate does not understand.
-    #[error("fence store unavailable: the Redis fence store answered {0}")]
-    Unexpected(String),
-    /// A blocking read of the store panicked or was cancelled.
-    #[error("fence store unavailable: {context} failed: {source}")]
-    Task {
-        context: &'static str,
-        #[source]
-        source: Arc<tokio::task::JoinError>,
-    },
-}
-
-impl StoreError {
-    fn redis(context: &'static str, e: &::redis::RedisError) -> StoreError {
-        StoreError::Redis { context, message: e.to_string() }
-    }
-
-    fn unexpected(what: &str) -> StoreError {
-        StoreError::Unexpected(what.to_owned())
-    }
-
-    /// When the same write may succeed, when the store knows: the
-    /// `Retry-After` of its refusal (otherwise one second).
-    pub fn retry_after(&self) -> Option<std::time::Duration> {
-        match self {
-            StoreError::Held(left) => Some(*left),
-            _ => None,
-        }
-    }
 }
 
 /// Which marks [`FenceStore::delete`] drops.
@@ -206,7 +104,72 @@ pub struct Deleted {
 /// Largest page [`FenceStore::list`] returns.
 pub const MAX_LIST_LIMIT: usize = 1000;
 
+/// What an operator's [`FenceStore::confirm`] did.
+#[derive(Debug, Clone)]
+pub struct Confirmed {
+    /// The store's identity from now on.
+    pub identity: String,
+    /// The identity it replaces (empty when it had none).
+    pub previous: String,
+    /// Marks this replica remembered and raised back into the store.
+    pub restored: u64,
+    /// How long every replica's fenced writes are held from the confirmation.
+    pub held: Duration,
+}
+
 /// A place that keeps one monotonic mark per key.
+///
+/// Stores of one process implement the reads, `advance`, `list`, `delete`
+/// and the counts; everything else has a default that fits them. A store
+/// replicas share also takes each key's turn among the replicas in
+/// [`enter`](Self::enter), records the write in flight ([`InFlight`]),
+/// remembers what it saw ([`at_hand`](Self::at_hand)), and says when it
+/// cannot be trusted ([`unready`](Self::unready), [`confirm`](Self::confirm)).
+///
+/// # A store on etcd, on this trait as it is
+///
+/// A later store keeps marks in etcd (Raft: every write and linearizable
+/// read goes through the leader's log). Sketched here to keep this trait
+/// honest; nothing in it changes for that store.
+///
+/// - Keys: `P/mark/<key>` holds the token as 20 zero-padded decimal digits
+///   (etcd compares values as bytes, so the padding makes byte order
+///   numeric order); `P/flight/<key>/<replica>/<n>` is one record per write
+///   in flight, its value the token it carries (or a marker for a write
+///   holding its key alone); `P/wait/<key>` the highest token waiting.
+/// - `get`: a linearizable range read of the mark. `peek` stays `None`;
+///   `at_hand` is [`AtHand::Floor`] of the marks this replica saw, as for
+///   Redis: marks never go back, so a mark seen is a floor.
+/// - `advance`: read the mark and its `mod_revision`, then one txn: if the
+///   `mod_revision` is unchanged (0: no mark yet) put the token, else read
+///   again. A token below the mark answers `Stale` with no txn. A txn
+///   commits on a quorum, so there is no replica wait to add.
+/// - `enter`: read the mark, the `flight/<key>/` range and the wait key at
+///   one revision `R`, decide as the Redis script does (stale, superseded,
+///   join the writes carrying the mark, or wait while other writes are in
+///   flight), then one txn that puts the mark and this write's record if
+///   the mark and the wait key are unchanged since `R` (`mod_revision`)
+///   and no key under `flight/<key>/` was created since (a compare over
+///   the range, `create_revision < R + 1`, which an empty range passes);
+///   a failed compare decides again. The record is attached to a lease granted with a TTL
+///   of `lease` rounded up to whole seconds (plus the store's margin),
+///   so a replica that dies mid-write leaves records that expire. While
+///   others are in flight it puts its token under `wait/<key>` (with a
+///   lease of `wait`) and watches the range until it empties, or answers
+///   `TimedOut` after `wait`. Leases outlive their TTL across a leader
+///   change (etcd renews them), which only makes a raise wait longer.
+/// - The record's end ([`WriteRecord::end`]) queues the lease id to a task
+///   that revokes it, as the Redis store queues its records to remove:
+///   dropping an [`InFlight`] never waits for the store.
+/// - `list` and `delete`: range reads and a delete-range txn over
+///   `P/mark/`, the delete also bumping a counter key so other replicas
+///   forget the marks they remember.
+/// - `unready` and `confirm`: etcd keeps what it acknowledged, so a mark
+///   answered below one seen, or a cluster id other than the one adopted
+///   (a restore from a snapshot makes a new cluster), is a [`Distrust`];
+///   `confirm` restores the remembered marks, adopts the cluster as it is
+///   and holds writes for the longest lease ([`set_write_lease`](Self::set_write_lease)),
+///   as for Redis. `close` revokes the leases of writes that ended.
 pub trait FenceStore: Send + Sync + 'static {
     /// The mark of `key`, or `None` when no token was ever accepted for it.
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
@@ -219,7 +182,8 @@ pub trait FenceStore: Send + Sync + 'static {
     }
 
     /// What the head checks compare a token with before its turn; by default
-    /// what [`peek`](Self::peek) has.
+    /// what [`peek`](Self::peek) has. A store replicas share answers the
+    /// highest mark this replica saw, a floor of the mark.
     fn at_hand(&self, key: &str) -> AtHand {
         match self.peek(key) {
             Some(mark) => AtHand::Mark(mark),
@@ -232,26 +196,21 @@ pub trait FenceStore: Send + Sync + 'static {
     fn advance(&self, key: &str, token: u64) -> impl Future<Output = Result<Advance, StoreError>> + Send;
 
     /// [`advance`](Self::advance) for a fenced write that holds its key's
-    /// turn in this process: a store replicas share also takes the key's
-    /// turn among them (waiting up to `wait` for their writes of it to end)
-    /// and records this write in flight for at most `lease`.
+    /// turn in this process (`ask`: shared with the writes carrying the
+    /// mark, or alone). A store replicas share also takes the key's turn
+    /// among them, waiting up to `wait` while their writes of the key are in
+    /// flight, and records this write in flight ([`Entered::Accepted`]'s
+    /// `in_flight`) for at most `lease`, should this process die before the
+    /// record ends. A store of one process just advances.
     fn enter(
         &self,
         key: &str,
         token: u64,
         _ask: Ask,
-        _lease: std::time::Duration,
-        _wait: std::time::Duration,
+        _lease: Duration,
+        _wait: Duration,
     ) -> impl Future<Output = Result<Entered, StoreError>> + Send {
         async move { self.advance(key, token).await.map(Entered::local) }
-    }
-
-    /// Why fenced writes are refused now, when they are: `/readyz` answers
-    /// 503 with it.
-    fn unready(&self) -> Option<String> {
-        self.stats()
-            .filter(|s| s.is_failing())
-            .map(|_| "the last fence store commit failed; fenced writes are refused until one succeeds".to_owned())
     }
 
     /// Up to `limit` marks whose keys start with `prefix` and sort after `after`,
@@ -269,6 +228,29 @@ pub trait FenceStore: Send + Sync + 'static {
     /// ordered before it (and dropped) or after it (and kept), never half.
     fn delete(&self, which: &Selection) -> impl Future<Output = Result<Deleted, StoreError>> + Send;
 
+    /// An operator's word that a store replicas share may be trusted as it
+    /// is now, after it was not ([`Distrust`]): this replica's remembered
+    /// marks are raised back into it first, and fenced writes are held
+    /// while writes admitted before may still be in flight. `None`: the
+    /// store keeps its fences in this process, and has nothing to confirm.
+    fn confirm(&self) -> impl Future<Output = Result<Option<Confirmed>, StoreError>> + Send {
+        async { Ok(None) }
+    }
+
+    /// The longest lease the routes give a write now
+    /// ([`longest_write_lease`]): how long a store that records writes in
+    /// flight holds fenced writes after a [`confirm`](Self::confirm). Set at
+    /// start and on every config reload.
+    fn set_write_lease(&self, _longest: Duration) {}
+
+    /// Why fenced writes are refused now, when they are: `/readyz` answers
+    /// 503 with it.
+    fn unready(&self) -> Option<String> {
+        self.stats()
+            .filter(|s| s.is_failing())
+            .map(|_| "the last fence store commit failed; fenced writes are refused until one succeeds".to_owned())
+    }
+
     /// Bytes the store takes on disk, for stores that have a disk
     /// (`fencegate_store_disk_bytes`). Cheap: read at every scrape.
     fn disk_bytes(&self) -> Option<u64> {
@@ -285,185 +267,11 @@ pub trait FenceStore: Send + Sync + 'static {
     fn stats(&self) -> Option<&CommitStats> {
         None
     }
-}
 
-/// What a durable store's committer did: exported as `fencegate_store_*`.
-#[derive(Debug)]
-pub struct CommitStats {
-    /// Batches made durable (each one journal append and one fsync).
-    pub commits: Counter,
-    /// Marks raised on disk; more raises than commits means group commit worked.
-    pub raises: Counter,
-    /// Commits that failed (the raises in them were refused with 503).
-    pub failures: Counter,
-    /// Commit latency, fsync included.
-    pub commit_seconds: Histogram,
-    /// Journal files folded into the B-tree (one transaction and fsync each).
-    pub folds: Counter,
-    /// Folds that failed and were retried (nothing is lost: the journal keeps the marks).
-    pub fold_failures: Counter,
-    /// Whether the most recent commit failed: readiness reports 503 until one succeeds.
-    pub failing: AtomicBool,
-    /// The store's size on disk, set from [`FenceStore::disk_bytes`] at each scrape.
-    pub disk_bytes: Gauge<i64, AtomicI64>,
-}
-
-impl Default for CommitStats {
-    fn default() -> Self {
-        CommitStats {
-            commits: Counter::default(),
-            raises: Counter::default(),
-            failures: Counter::default(),
-            // 50 µs .. ~3 s
-            commit_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
-            folds: Counter::default(),
-            fold_failures: Counter::default(),
-            failing: AtomicBool::new(false),
-            disk_bytes: Gauge::default(),
-        }
-    }
-}
-
-impl CommitStats {
-    pub fn commits(&self) -> u64 {
-        self.commits.get()
-    }
-
-    pub fn raises(&self) -> u64 {
-        self.raises.get()
-    }
-
-    pub fn is_failing(&self) -> bool {
-        self.failing.load(Ordering::Relaxed)
-    }
-}
-
-/// The store chosen by config, dispatched without boxing.
-#[derive(Debug)]
-pub enum AnyStore {
-    Memory(MemoryStore),
-    File(FileStore),
-    Redis(RedisStore),
-}
-
-impl AnyStore {
-    /// Stops the store's threads once their work is on disk (see
-    /// [`FileStore::close`]); lets the Redis store end its writes' records.
-    pub async fn close(&self) {
-        match self {
-            AnyStore::Memory(_) => {}
-            AnyStore::File(s) => s.close().await,
-            AnyStore::Redis(s) => s.close().await,
-        }
-    }
-}
-
-impl FenceStore for AnyStore {
-    async fn get(&self, key: &str) -> Result<Option<u64>, StoreError> {
-        match self {
-            AnyStore::Memory(s) => s.get(key).await,
-            AnyStore::File(s) => s.get(key).await,
-            AnyStore::Redis(s) => Box::pin(s.get(key)).await,
-        }
-    }
-
-    fn peek(&self, key: &str) -> Option<Option<u64>> {
-        match self {
-            AnyStore::Memory(s) => s.peek(key),
-            AnyStore::File(s) => s.peek(key),
-            AnyStore::Redis(_) => None,
-        }
-    }
-
-    fn at_hand(&self, key: &str) -> AtHand {
-        match self {
-            AnyStore::Memory(s) => s.at_hand(key),
-            AnyStore::File(s) => s.at_hand(key),
-            AnyStore::Redis(s) => AtHand::Floor(s.seen(key)),
-        }
-    }
-
-    async fn enter(
-        &self,
-        key: &str,
-        token: u64,
-        ask: Ask,
-        lease: std::time::Duration,
-        wait: std::time::Duration,
-    ) -> Result<Entered, StoreError> {
-        // The stores of one process take no turn of their own: their advance
-        // is the whole step.
-        let advanced = match self {
-            AnyStore::Memory(s) => s.advance(key, token).await,
-            AnyStore::File(s) => s.advance(key, token).await,
-            // Boxed: its future (a round trip, a retry's sleep) would size
-            // every fenced request's future, whatever its store.
-            AnyStore::Redis(s) => return Box::pin(s.enter(key, token, ask, lease, wait)).await,
-        };
-        advanced.map(Entered::local)
-    }
-
-    fn unready(&self) -> Option<String> {
-        match self {
-            AnyStore::Memory(s) => s.unready(),
-            AnyStore::File(s) => s.unready(),
-            AnyStore::Redis(s) => s.unready(),
-        }
-    }
-
-    async fn advance(&self, key: &str, token: u64) -> Result<Advance, StoreError> {
-        match self {
-            AnyStore::Memory(s) => s.advance(key, token).await,
-            AnyStore::File(s) => s.advance(key, token).await,
-            AnyStore::Redis(s) => Box::pin(s.advance(key, token)).await,
-        }
-    }
-
-    async fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<(String, u64)>, StoreError> {
-        match self {
-            AnyStore::Memory(s) => s.list(prefix, after, limit).await,
-            AnyStore::File(s) => s.list(prefix, after, limit).await,
-            AnyStore::Redis(s) => Box::pin(s.list(prefix, after, limit)).await,
-        }
-    }
-
-    async fn delete(&self, which: &Selection) -> Result<Deleted, StoreError> {
-        match self {
-            AnyStore::Memory(s) => s.delete(which).await,
-            AnyStore::File(s) => s.delete(which).await,
-            AnyStore::Redis(s) => Box::pin(s.delete(which)).await,
-        }
-    }
-
-    fn disk_bytes(&self) -> Option<u64> {
-        match self {
-            AnyStore::Memory(s) => s.disk_bytes(),
-            AnyStore::File(s) => s.disk_bytes(),
-            AnyStore::Redis(_) => None,
-        }
-    }
-
-    fn tracked_keys(&self) -> usize {
-        match self {
-            AnyStore::Memory(s) => s.tracked_keys(),
-            AnyStore::File(s) => s.tracked_keys(),
-            AnyStore::Redis(s) => s.tracked_keys(),
-        }
-    }
-
-    fn cached_keys(&self) -> usize {
-        match self {
-            AnyStore::Memory(s) => s.cached_keys(),
-            AnyStore::File(s) => s.cached_keys(),
-            AnyStore::Redis(s) => s.cached_keys(),
-        }
-    }
-
-    fn stats(&self) -> Option<&CommitStats> {
-        match self {
-            AnyStore::Memory(s) => s.stats(),
-            AnyStore::File(s) => s.stats(),
-            AnyStore::Redis(_) => None,
-        }
+    /// At shutdown, once no request is left: finishes the store's
+    /// background work (raises on their way to disk, records of ended
+    /// writes on their way out of a shared store), waiting a bounded time.
+    fn close(&self) -> impl Future<Output = ()> + Send {
+        async {}
     }
 }

@@ -30,6 +30,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub use super::damage::{BadRecord, FrameDamage, HeaderDamage, RecordError, ReplayError};
+
 /// The journal files inside `[fences] path`, beside the B-tree file.
 pub const FILES: [&str; 2] = ["fences.journal-0", "fences.journal-1"];
 
@@ -99,7 +101,7 @@ impl Frame {
 
     /// The frame's records, in the order pushed.
     pub fn marks(&self) -> Records<'_> {
-        Records(&self.bytes[HEADER..])
+        Records::new(&self.bytes[HEADER..])
     }
 
     /// Fills in the header for a file of `epoch`; returns the bytes to write.
@@ -135,11 +137,19 @@ fn header(epoch: u64) -> [u8; 16] {
     block
 }
 
-/// The epoch in a file's header, or `None` when the header is damaged.
-fn epoch_of(bytes: &[u8]) -> Option<u64> {
-    let block = bytes.get(..16)?;
-    let epoch = u64::from_le_bytes(block[4..12].try_into().ok()?);
-    (block == header(epoch)).then_some(epoch)
+/// The epoch in a file's header, or what is wrong with the header.
+fn epoch_of(bytes: &[u8]) -> Result<u64, HeaderDamage> {
+    let block = bytes.get(..16).ok_or(HeaderDamage::Short { len: bytes.len() })?;
+    if block[..4] != FILE_MAGIC {
+        return Err(HeaderDamage::Magic);
+    }
+    let mut epoch = [0; 8];
+    epoch.copy_from_slice(&block[4..12]);
+    let epoch = u64::from_le_bytes(epoch);
+    if block != header(epoch) {
+        return Err(HeaderDamage::Checksum);
+    }
+    Ok(epoch)
 }
 
 /// What [`replay`] found in one journal file.
@@ -158,40 +168,60 @@ pub struct Replayed {
 /// returned, so no request that waited for it was forwarded: it is dropped. A
 /// bad frame with a good one after it is damage, and an error: dropping it could
 /// forget marks that requests were forwarded on.
-pub fn replay(bytes: &[u8], marks: &mut Marks) -> Result<Replayed, String> {
+pub fn replay(bytes: &[u8], marks: &mut Marks) -> Result<Replayed, ReplayError> {
     if bytes.is_empty() {
         return Ok(Replayed { records: 0, end: 0 });
     }
-    let epoch = epoch_of(bytes).ok_or("the journal file's header is damaged")?;
+    let epoch = epoch_of(bytes).map_err(ReplayError::Header)?;
     let mut at = HEADER_BYTES as usize;
     let mut records = 0;
-    while let Some(payload) = frame_at(bytes, at, epoch) {
-        records += decode(payload, marks).map_err(|e| format!("journal frame at byte {at}: {e}"))?;
-        at += HEADER + payload.len();
-    }
-    if let Some(next) = (at + 1..bytes.len()).find(|&i| frame_at(bytes, i, epoch).is_some()) {
-        return Err(format!("damaged journal frame at byte {at}, with a good frame after it at byte {next}"));
+    let why = loop {
+        match frame_at(bytes, at, epoch) {
+            Ok(payload) => {
+                records += decode(payload, marks).map_err(|bad| ReplayError::Record {
+                    frame: at as u64,
+                    index: bad.index,
+                    at: (at + HEADER + bad.at) as u64,
+                    why: bad.why,
+                })?;
+                at += HEADER + payload.len();
+            }
+            Err(why) => break why,
+        }
+    };
+    if let Some(next) = (at + 1..bytes.len()).find(|&i| frame_at(bytes, i, epoch).is_ok()) {
+        return Err(ReplayError::Damaged { at: at as u64, why, next: next as u64 });
     }
     Ok(Replayed { records, end: at as u64 })
 }
 
 /// The payload of a whole, intact frame of `epoch` starting at `at`.
-fn frame_at(bytes: &[u8], at: usize, epoch: u64) -> Option<&[u8]> {
-    let header = bytes.get(at..at.checked_add(HEADER)?)?;
+fn frame_at(bytes: &[u8], at: usize, epoch: u64) -> Result<&[u8], FrameDamage> {
+    let left = bytes.len().saturating_sub(at);
+    let header = at.checked_add(HEADER).and_then(|end| bytes.get(at..end)).ok_or(FrameDamage::Cut { left })?;
     let field = |at: usize| u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
-    if header[..4] != MAGIC || checksum(epoch, &header[4..8]) != field(8) {
-        return None;
+    if header[..4] != MAGIC {
+        return Err(FrameDamage::Magic);
     }
-    let start = at + HEADER;
-    let payload = bytes.get(start..start.checked_add(field(4) as usize)?)?;
+    if checksum(epoch, &header[4..8]) != field(8) {
+        return Err(FrameDamage::LengthChecksum);
+    }
+    let (start, len) = (at + HEADER, field(4));
+    let payload = start
+        .checked_add(len as usize)
+        .and_then(|end| bytes.get(start..end))
+        .ok_or(FrameDamage::TornLength { len, left: left - HEADER })?;
     #[cfg(test)]
     tests::PAYLOAD_BYTES_CHECKED.with(|n| n.set(n.get() + payload.len()));
-    (checksum(epoch, payload) == field(12)).then_some(payload)
+    if checksum(epoch, payload) != field(12) {
+        return Err(FrameDamage::PayloadChecksum);
+    }
+    Ok(payload)
 }
 
-fn decode(payload: &[u8], marks: &mut Marks) -> Result<u64, String> {
+fn decode(payload: &[u8], marks: &mut Marks) -> Result<u64, BadRecord> {
     let mut records = 0;
-    for record in Records(payload) {
+    for record in Records::new(payload) {
         let (key, token) = record?;
         raise(marks, key, token);
         records += 1;
@@ -200,32 +230,50 @@ fn decode(payload: &[u8], marks: &mut Marks) -> Result<u64, String> {
 }
 
 /// The records of a frame's payload, each as key and token.
-pub(crate) struct Records<'a>(&'a [u8]);
+pub(crate) struct Records<'a> {
+    rest: &'a [u8],
+    /// Where `rest` starts in the payload, and how many records came before.
+    at: usize,
+    index: u64,
+}
+
+impl<'a> Records<'a> {
+    fn new(payload: &'a [u8]) -> Records<'a> {
+        Records { rest: payload, at: 0, index: 0 }
+    }
+
+    /// The record at the start of `rest`, and its length.
+    fn read(rest: &'a [u8]) -> Result<(&'a str, u64, usize), RecordError> {
+        let Some((header, after)) = rest.split_first_chunk::<RECORD_HEADER>() else {
+            return Err(RecordError::CutShort { left: rest.len() });
+        };
+        let [t0, t1, t2, t3, t4, t5, t6, t7, l0, l1, l2, l3] = *header;
+        let token = u64::from_le_bytes([t0, t1, t2, t3, t4, t5, t6, t7]);
+        let len = u32::from_le_bytes([l0, l1, l2, l3]);
+        let key = after.get(..len as usize).ok_or(RecordError::KeyPastFrame { len, left: after.len() })?;
+        let key = std::str::from_utf8(key).map_err(|e| RecordError::KeyNotUtf8 { valid_up_to: e.valid_up_to() })?;
+        Ok((key, token, RECORD_HEADER + key.len()))
+    }
+}
 
 impl<'a> Iterator for Records<'a> {
-    type Item = Result<(&'a str, u64), String>;
+    type Item = Result<(&'a str, u64), BadRecord>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.0.is_empty() {
+        if self.rest.is_empty() {
             return None;
         }
-        let record = (|| {
-            let header = self.0.get(..RECORD_HEADER).ok_or("a record is cut short")?;
-            let token = u64::from_le_bytes(header[..8].try_into().map_err(|_| "bad token")?);
-            let key_len = u32::from_le_bytes(header[8..12].try_into().map_err(|_| "bad key length")?) as usize;
-            let end = RECORD_HEADER.checked_add(key_len).ok_or("a key runs past its frame")?;
-            let key = self.0.get(RECORD_HEADER..end).ok_or("a key runs past its frame")?;
-            let key = std::str::from_utf8(key).map_err(|_| "a key is not UTF-8")?;
-            Ok::<_, &str>((key, token, RECORD_HEADER + key_len))
-        })();
-        match record {
+        let (index, at) = (self.index, self.at);
+        match Records::read(self.rest) {
             Ok((key, token, len)) => {
-                self.0 = &self.0[len..];
+                self.rest = &self.rest[len..];
+                self.at += len;
+                self.index += 1;
                 Some(Ok((key, token)))
             }
-            Err(e) => {
-                self.0 = &[];
-                Some(Err(e.to_string()))
+            Err(why) => {
+                self.rest = &[];
+                Some(Err(BadRecord { index, at, why }))
             }
         }
     }
@@ -417,19 +465,37 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn a_damaged_frame_with_a_good_one_after_it_is_an_error() {
+    fn a_damaged_frame_with_a_good_one_after_it_is_an_error_naming_both_and_the_damage() {
         let (bytes, ends) = file_bytes(7, &[&[("a", 3)], &[("a", 8)], &[("b", 1)]]);
-        let first = HEADER_BYTES as usize;
-        for at in [first, first + 5, first + 9, ends[0] + 2, ends[1] - 1] {
-            let mut damaged = bytes.clone();
-            damaged[at] ^= 0x01;
-            let err = replay(&damaged, &mut Marks::default()).unwrap_err();
-            assert!(err.contains("damaged journal frame"), "{err}");
+        let (first, err) = (HEADER_BYTES as usize, |bytes: &[u8]| replay(bytes, &mut Marks::default()).unwrap_err());
+        let damaged = |at: usize, why, next: usize| ReplayError::Damaged { at: at as u64, why, next: next as u64 };
+        let cases = [
+            (first, damaged(first, FrameDamage::Magic, ends[0])),
+            (first + 5, damaged(first, FrameDamage::LengthChecksum, ends[0])),
+            (first + 9, damaged(first, FrameDamage::LengthChecksum, ends[0])),
+            (first + HEADER, damaged(first, FrameDamage::PayloadChecksum, ends[0])),
+            (ends[0] + 2, damaged(ends[0], FrameDamage::Magic, ends[1])),
+            (ends[1] - 1, damaged(ends[0], FrameDamage::PayloadChecksum, ends[1])),
+        ];
+        for (byte, expected) in cases {
+            let mut bad = bytes.clone();
+            bad[byte] ^= 0x01;
+            assert_eq!(err(&bad), expected, "byte {byte}");
+            assert!(err(&bad).to_string().starts_with("damaged journal frame"), "byte {byte}");
         }
-        let mut damaged = bytes.clone();
-        damaged[6] ^= 0x01;
-        let err = replay(&damaged, &mut Marks::default()).unwrap_err();
-        assert!(err.contains("header is damaged"), "{err}");
+        // A length that claims more than the file holds, its checksum made to agree.
+        let (mut torn, len) = (bytes.clone(), 1u32 << 30);
+        torn[first + 4..first + 8].copy_from_slice(&len.to_le_bytes());
+        torn[first + 8..first + 12].copy_from_slice(&checksum(7, &len.to_le_bytes()).to_le_bytes());
+        let left = bytes.len() - first - HEADER;
+        assert_eq!(err(&torn), damaged(first, FrameDamage::TornLength { len, left }, ends[0]));
+        let mut bad = bytes.clone();
+        bad[6] ^= 0x01;
+        assert_eq!(err(&bad), ReplayError::Header(HeaderDamage::Checksum));
+        assert!(err(&bad).to_string().contains("header is damaged"));
+        bad[0] = b'X';
+        assert_eq!(err(&bad), ReplayError::Header(HeaderDamage::Magic));
+        assert_eq!(err(&bytes[..9]), ReplayError::Header(HeaderDamage::Short { len: 9 }));
     }
 
     #[test]
@@ -455,19 +521,49 @@ pub(super) mod tests {
         assert!(checked <= bytes.len(), "{checked} payload bytes checksummed for a {} byte file", bytes.len());
     }
 
-    #[test]
-    fn a_frame_whose_records_do_not_add_up_is_an_error() {
-        // A frame with an intact checksum over a record cut short.
-        let (mut bytes, _) = file_bytes(7, &[]);
-        let payload = [1u8, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, b'k'];
+    /// A journal file of epoch 7 holding one intact frame of `payload`
+    /// after a good frame, and where that frame starts.
+    fn with_frame(payload: &[u8]) -> (Vec<u8>, usize) {
+        let (mut bytes, ends) = file_bytes(7, &[&[("good", 1)]]);
         let len = (payload.len() as u32).to_le_bytes();
         bytes.extend_from_slice(&MAGIC);
         bytes.extend_from_slice(&len);
         bytes.extend_from_slice(&checksum(7, &len).to_le_bytes());
-        bytes.extend_from_slice(&checksum(7, &payload).to_le_bytes());
-        bytes.extend_from_slice(&payload);
-        let err = replay(&bytes, &mut Marks::default()).unwrap_err();
-        assert!(err.contains("runs past its frame"), "{err}");
+        bytes.extend_from_slice(&checksum(7, payload).to_le_bytes());
+        bytes.extend_from_slice(payload);
+        (bytes, ends[0])
+    }
+
+    #[test]
+    fn a_frame_whose_records_do_not_add_up_is_an_error_naming_the_record_and_its_byte() {
+        // Intact checksums over records that can't be read: the second record is bad.
+        let mut record = Vec::new();
+        record.extend_from_slice(&5u64.to_le_bytes());
+        record.extend_from_slice(&1u32.to_le_bytes());
+        record.push(b'a');
+        let second = |tail: &[u8]| [record.as_slice(), tail].concat();
+        let cases: [(Vec<u8>, RecordError, &str); 3] = [
+            (
+                second(&[1, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, b'k']),
+                RecordError::KeyPastFrame { len: 9, left: 1 },
+                "runs past its frame",
+            ),
+            (second(&[1, 0, 0]), RecordError::CutShort { left: 3 }, "cut short"),
+            (
+                second(&[1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, b'o', 0xff, b'k']),
+                RecordError::KeyNotUtf8 { valid_up_to: 1 },
+                "not UTF-8",
+            ),
+        ];
+        for (payload, why, said) in cases {
+            let (bytes, frame) = with_frame(&payload);
+            let err = replay(&bytes, &mut Marks::default()).unwrap_err();
+            let at = (frame + HEADER + record.len()) as u64;
+            assert_eq!(err, ReplayError::Record { frame: frame as u64, index: 1, at, why });
+            let text = err.to_string();
+            assert!(text.starts_with(&format!("journal frame at byte {frame}: record 1 at byte {at}: ")), "{text}");
+            assert!(text.contains(said), "{text}");
+        }
     }
 
     #[test]

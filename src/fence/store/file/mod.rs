@@ -26,6 +26,7 @@
 
 mod cache;
 mod commit;
+mod damage;
 mod delete;
 mod fold;
 pub mod journal;
@@ -314,5 +315,10 @@ impl FenceStore for FileStore {
 
     fn stats(&self) -> Option<&CommitStats> {
         Some(&self.inner.stats)
+    }
+
+    /// The inherent [`FileStore::close`], which callers without the trait use.
+    fn close(&self) -> impl std::future::Future<Output = ()> + Send {
+        FileStore::close(self)
     }
 }

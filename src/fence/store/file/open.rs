@@ -44,6 +44,12 @@ pub enum OpenError {
          Restore it from a backup; only move it away if starting with no fences is really what you want"
     )]
     Corrupt { path: PathBuf, detail: String },
+    /// A journal file holds damage a torn write can't explain.
+    #[error(
+        "fence store {path} is unreadable or corrupt ({source}): refusing to start without its fences. \
+         Restore it from a backup; only move it away if starting with no fences is really what you want"
+    )]
+    Replay { path: PathBuf, source: journal::ReplayError },
     #[error("cannot use the fence journal {path}: {source}")]
     Journal { path: PathBuf, source: std::io::Error },
     #[error(
@@ -174,7 +180,7 @@ fn recover_journal(db: &Database, dir: &Path, was_clean: bool) -> Result<u64, Op
             warn_empty_journal(&path, &dir.join(DB_FILE), was_clean);
         }
         let replayed =
-            journal::replay(&bytes, &mut marks).map_err(|detail| OpenError::Corrupt { path: path.clone(), detail })?;
+            journal::replay(&bytes, &mut marks).map_err(|source| OpenError::Replay { path: path.clone(), source })?;
         tracing::debug!(path = %path.display(), records = replayed.records, end = replayed.end, "journal replayed");
         records += replayed.records;
     }

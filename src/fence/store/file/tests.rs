@@ -307,8 +307,14 @@ async fn a_torn_journal_tail_is_dropped_and_a_damaged_journal_refuses_to_open() 
     bytes[ends[0] - 1] ^= 0xFF;
     std::fs::write(&journal_file, &bytes).unwrap();
     let err = FileStore::open(dir.path(), true, 10).unwrap_err();
-    assert!(matches!(err, OpenError::Corrupt { .. }), "{err}");
+    let damaged = journal::ReplayError::Damaged {
+        at: journal::HEADER_BYTES,
+        why: journal::FrameDamage::PayloadChecksum,
+        next: ends[0] as u64,
+    };
+    assert!(matches!(&err, OpenError::Replay { source, .. } if *source == damaged), "{err}");
     assert!(err.to_string().contains(journal::FILES[1]), "{err}");
+    assert!(err.to_string().contains("corrupt"), "{err}");
     assert_eq!(std::fs::read(&journal_file).unwrap(), bytes);
 }
 

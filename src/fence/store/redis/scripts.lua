@@ -1,4 +1,4 @@
--- (Not loaded as one file: mod.rs cuts it at the "-- script:" lines and
+-- (Not loaded as one file: scripts.rs cuts it at the "-- script:" lines and
 -- prefixes each script with the shared part above the first of them.)
 --
 -- Tokens travel as canonical base-10 strings (no sign, no leading zero):
