@@ -45,7 +45,7 @@ pub(crate) use route::test_route_config;
 pub use route::{KeyError, KeyTemplate, PathPattern, RouteConfig, UpstreamUrl};
 pub use secrets::SigningKey;
 pub use secrets::{load_signing_key, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};
-pub use size::{parse_size, Size};
+pub use size::{parse_size, Size, SizeError};
 pub use tls::{pem_certificates, pem_private_key, PlatformRoots, TlsError, UpstreamTls, UpstreamTlsFiles};
 
 use secrets::SecretSources;
