@@ -22,7 +22,7 @@ use http::HeaderMap;
 
 pub use key::{KeyError, KeyTemplate};
 pub use pattern::PathPattern;
-pub use upstream::UpstreamUrl;
+pub use upstream::{CertNameError, UpstreamError, UpstreamUrl};
 
 use super::defaults::*;
 use super::file::RouteSection;
@@ -66,8 +66,8 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
     };
     let upstream = match s.upstream.as_deref().map(UpstreamUrl::parse) {
         Some(Ok(u)) => Some(u),
-        Some(Err(msg)) => {
-            p.add(field("upstream"), msg);
+        Some(Err(e)) => {
+            p.add(field("upstream"), e.to_string());
             None
         }
         None => {
