@@ -42,7 +42,9 @@ pub use model::{
 pub use problems::{ConfigError, ConfigProblem};
 #[cfg(test)]
 pub(crate) use route::test_route_config;
-pub use route::{CertNameError, KeyError, KeyTemplate, PathPattern, RouteConfig, UpstreamError, UpstreamUrl};
+pub use route::{
+    CertNameError, KeyError, KeyTemplate, PathPattern, PatternError, RouteConfig, UpstreamError, UpstreamUrl,
+};
 pub use secrets::SigningKey;
 pub use secrets::{load_signing_key, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};
 pub use size::{parse_size, Size, SizeError};

@@ -21,7 +21,7 @@ use std::time::Duration;
 use http::HeaderMap;
 
 pub use key::{KeyError, KeyTemplate};
-pub use pattern::PathPattern;
+pub use pattern::{PathPattern, PatternError};
 pub use upstream::{CertNameError, UpstreamError, UpstreamUrl};
 
 use super::defaults::*;
@@ -82,8 +82,8 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
             }
             Some(pat)
         }
-        Some(Err(msg)) => {
-            p.add(field("pattern"), msg);
+        Some(Err(e)) => {
+            p.add(field("pattern"), e.to_string());
             None
         }
         None => None,
