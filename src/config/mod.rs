@@ -43,7 +43,8 @@ pub use problems::{ConfigError, ConfigProblem};
 #[cfg(test)]
 pub(crate) use route::test_route_config;
 pub use route::{
-    CertNameError, KeyError, KeyTemplate, PathPattern, PatternError, RouteConfig, UpstreamError, UpstreamUrl,
+    CertNameError, KeyError, KeyInput, KeyTemplate, PathPattern, PatternError, RouteConfig, TemplateError,
+    UpstreamError, UpstreamUrl,
 };
 pub use secrets::SigningKey;
 pub use secrets::{load_signing_key, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};

@@ -81,13 +81,86 @@ enum End {
     Escaped(char),
 }
 
+/// Why a key template was refused at config time, saying how to fix it;
+/// each variant keeps the template as written, and a placeholder with its braces.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    #[error("'{0}': a '{{' is never closed")]
+    Unclosed(String),
+    #[error("'{0}': a '}}' has no opening '{{'")]
+    Unopened(String),
+    #[error("'{0}': a literal '%' would read as the start of a percent escape in the key; use another separator")]
+    LiteralPercent(String),
+    #[error("'{0}' has no placeholder, so every request would share one key")]
+    NoPlaceholder(String),
+    /// A `{header.NAME}` whose name is no header name.
+    #[error("'{template}': '{{header.{name}}}' does not name a valid header")]
+    BadHeader { template: String, name: String },
+    #[error("'{0}': '{{query.}}' needs a parameter name")]
+    NoQueryName(String),
+    /// A placeholder that is none of the kinds and no capture of the route's pattern.
+    #[error(
+        "'{template}': {placeholder} is not {{path}}, {{host}}, {{header.NAME}}, {{query.NAME}} or a capture of \
+         pattern '{pattern}'"
+    )]
+    NotACapture { template: String, placeholder: String, pattern: String },
+    /// A placeholder that is none of the kinds, on a route without a pattern.
+    #[error(
+        "'{template}': {placeholder} is not {{path}}, {{host}}, {{header.NAME}} or {{query.NAME}} (named segments \
+         need a route `pattern`)"
+    )]
+    NoPattern { template: String, placeholder: String },
+    /// Two placeholders with nothing between them (the second not `{path}`).
+    #[error(
+        "'{template}': {first} and {second} have nothing between them, so their values could run together; put a \
+         separator between them, such as ':'"
+    )]
+    RunTogether { template: String, first: String, second: String },
+    /// A path, which is never escaped, followed by a character a path can hold.
+    #[error(
+        "'{template}': {placeholder} is followed by '{separator}', which a path can hold, so the key could be read \
+         two ways; put {placeholder} last, or follow it with a character a path never holds, such as '|' or a space"
+    )]
+    PathSeparator { template: String, placeholder: String, separator: char },
+    /// An escaped value followed by `%`, a letter or a digit, which its escapes are made of.
+    #[error(
+        "'{separator}' after {placeholder} in '{template}' cannot separate it: the value's escapes are made of '%', \
+         letters and digits; separate it with punctuation, such as ':'"
+    )]
+    EscapeSeparator { template: String, placeholder: String, separator: char },
+}
+
+/// What a key template reads from a request, as a refusal names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyInput {
+    /// The `Host` header, for `{host}`.
+    Host,
+    /// The header a `{header.NAME}` reads.
+    Header(HeaderName),
+    /// The query parameter a `{query.NAME}` reads, by its decoded name.
+    Query(String),
+}
+
+impl std::fmt::Display for KeyInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyInput::Host => f.write_str("Host header"),
+            KeyInput::Header(name) => write!(f, "header '{name}'"),
+            KeyInput::Query(name) => write!(f, "query parameter '{name}'"),
+        }
+    }
+}
+
 /// Why a key could not be made for a request (the request gets a 400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
     #[error("the request has no {0}, which the route's key template needs")]
-    Missing(String),
+    Missing(KeyInput),
+    /// There, but not text: a header value with bytes outside visible ASCII.
+    #[error("the request has no readable {0}, which the route's key template needs")]
+    Unreadable(KeyInput),
     #[error("the request has more than one {0}; the route's key template needs exactly one")]
-    Repeated(String),
+    Repeated(KeyInput),
     #[error("the query parameter '{name}' cannot be keyed: {error}")]
     Query { name: String, error: QueryError },
     #[error("the {part} holds '{separator}', which separates it from the rest of the fence key")]
@@ -134,14 +207,14 @@ impl KeyTemplate {
     /// Parses a template; `{name}` parts must be captures of `pattern`, which
     /// the template keeps. A template that could render two requests as one
     /// key is refused, the message saying how to fix it (see the module docs).
-    pub fn parse(text: &str, pattern: Option<&PathPattern>) -> Result<KeyTemplate, String> {
+    pub fn parse(text: &str, pattern: Option<&PathPattern>) -> Result<KeyTemplate, TemplateError> {
         // Each part, with the placeholder's text for messages.
         let mut parsed: Vec<(Option<Source>, &str)> = Vec::new();
         let mut rest = text;
         while !rest.is_empty() {
             match rest.find('{') {
                 Some(0) => {
-                    let end = rest.find('}').ok_or_else(|| format!("'{text}': a '{{' is never closed"))?;
+                    let end = rest.find('}').ok_or_else(|| TemplateError::Unclosed(text.to_string()))?;
                     let inner = &rest[1..end];
                     parsed.push((Some(Self::placeholder(text, inner, pattern)?), &rest[..end + 1]));
                     rest = &rest[end + 1..];
@@ -150,13 +223,10 @@ impl KeyTemplate {
                     let end = found.unwrap_or(rest.len());
                     let lit = &rest[..end];
                     if lit.contains('}') {
-                        return Err(format!("'{text}': a '}}' has no opening '{{'"));
+                        return Err(TemplateError::Unopened(text.to_string()));
                     }
                     if lit.contains('%') {
-                        return Err(format!(
-                            "'{text}': a literal '%' would read as the start of a percent escape in the key; use \
-                             another separator"
-                        ));
+                        return Err(TemplateError::LiteralPercent(text.to_string()));
                     }
                     parsed.push((None, lit));
                     rest = &rest[end..];
@@ -164,7 +234,7 @@ impl KeyTemplate {
             }
         }
         if parsed.iter().all(|(source, _)| source.is_none()) {
-            return Err(format!("'{text}' has no placeholder, so every request would share one key"));
+            return Err(TemplateError::NoPlaceholder(text.to_string()));
         }
         let mut parts = Vec::with_capacity(parsed.len());
         for (i, (source, shown)) in parsed.iter().enumerate() {
@@ -177,27 +247,29 @@ impl KeyTemplate {
                 Some((None, lit)) => lit.chars().next(),
                 Some((Some(Source::Path), _)) => Some('/'),
                 Some((Some(_), next)) => {
-                    return Err(format!(
-                        "'{text}': {shown} and {next} have nothing between them, so their values could run \
-                         together; put a separator between them, such as ':'"
-                    ))
+                    return Err(TemplateError::RunTogether {
+                        template: text.to_string(),
+                        first: shown.to_string(),
+                        second: next.to_string(),
+                    })
                 }
             };
             let end = match terminator {
                 None => End::Last,
                 Some(t) if !source.can_hold(t) => End::Never(t),
                 Some(t) if source.is_path() => {
-                    return Err(format!(
-                        "'{text}': {shown} is followed by '{t}', which a path can hold, so the key could be read \
-                         two ways; put {shown} last, or follow it with a character a path never holds, such as \
-                         '|' or a space"
-                    ))
+                    return Err(TemplateError::PathSeparator {
+                        template: text.to_string(),
+                        placeholder: shown.to_string(),
+                        separator: t,
+                    })
                 }
                 Some(t) if t == '%' || t.is_ascii_alphanumeric() => {
-                    return Err(format!(
-                        "'{t}' after {shown} in '{text}' cannot separate it: the value's escapes are made of \
-                         '%', letters and digits; separate it with punctuation, such as ':'"
-                    ))
+                    return Err(TemplateError::EscapeSeparator {
+                        template: text.to_string(),
+                        placeholder: shown.to_string(),
+                        separator: t,
+                    })
                 }
                 Some(t) => End::Escaped(t),
             };
@@ -212,7 +284,7 @@ impl KeyTemplate {
         KeyTemplate { non_utf8, ..self }
     }
 
-    fn placeholder(text: &str, inner: &str, pattern: Option<&PathPattern>) -> Result<Source, String> {
+    fn placeholder(text: &str, inner: &str, pattern: Option<&PathPattern>) -> Result<Source, TemplateError> {
         if inner == "path" {
             return Ok(Source::Path);
         }
@@ -222,24 +294,24 @@ impl KeyTemplate {
         if let Some(name) = inner.strip_prefix("header.") {
             return HeaderName::from_bytes(name.as_bytes())
                 .map(Source::Header)
-                .map_err(|_| format!("'{text}': '{{{inner}}}' does not name a valid header"));
+                .map_err(|_| TemplateError::BadHeader { template: text.to_string(), name: name.to_string() });
         }
         if let Some(name) = inner.strip_prefix("query.") {
             if name.is_empty() {
-                return Err(format!("'{text}': '{{{inner}}}' needs a parameter name"));
+                return Err(TemplateError::NoQueryName(text.to_string()));
             }
             return Ok(Source::Query(name.to_string()));
         }
+        let placeholder = format!("{{{inner}}}");
         match pattern {
             Some(pat) => pat.capture_index(inner).map(|(i, rest)| Source::Capture(i, rest)).ok_or_else(|| {
-                format!(
-                "'{text}': {{{inner}}} is not {{path}}, {{host}}, {{header.NAME}}, {{query.NAME}} or a capture of pattern '{}'",
-                    pat.source()
-                )
+                TemplateError::NotACapture {
+                    template: text.to_string(),
+                    placeholder,
+                    pattern: pat.source().to_string(),
+                }
             }),
-            None => Err(format!(
-                "'{text}': {{{inner}}} is not {{path}}, {{host}}, {{header.NAME}} or {{query.NAME}} (named segments need a route `pattern`)"
-            )),
+            None => Err(TemplateError::NoPattern { template: text.to_string(), placeholder }),
         }
     }
 
@@ -288,23 +360,24 @@ impl KeyTemplate {
                 Source::Path => Cow::Borrowed(path),
                 Source::Host => match headers.get(http::header::HOST) {
                     Some(host) => {
-                        let host = host.to_str().map_err(|_| KeyError::Missing("readable Host header".into()))?;
+                        let host = host.to_str().map_err(|_| KeyError::Unreadable(KeyInput::Host))?;
                         Cow::Owned(host_name(host).to_ascii_lowercase())
                     }
-                    None => return Err(KeyError::Missing("Host header".into())),
+                    None => return Err(KeyError::Missing(KeyInput::Host)),
                 },
                 Source::Header(name) => {
+                    let input = || KeyInput::Header(name.clone());
                     let mut values = headers.get_all(name).iter();
-                    let value = values.next().ok_or_else(|| KeyError::Missing(format!("header '{name}'")))?;
+                    let value = values.next().ok_or_else(|| KeyError::Missing(input()))?;
                     if values.next().is_some() {
-                        return Err(KeyError::Repeated(format!("header '{name}'")));
+                        return Err(KeyError::Repeated(input()));
                     }
-                    Cow::Borrowed(value.to_str().map_err(|_| KeyError::Missing(format!("readable header '{name}'")))?)
+                    Cow::Borrowed(value.to_str().map_err(|_| KeyError::Unreadable(input()))?)
                 }
                 Source::Query(name) => match query_param_with(query.unwrap_or(""), name, self.non_utf8) {
                     Ok(Some(value)) => value,
-                    Ok(None) => return Err(KeyError::Missing(format!("query parameter '{name}'"))),
-                    Err(QueryError::Repeated) => return Err(KeyError::Repeated(format!("query parameter '{name}'"))),
+                    Ok(None) => return Err(KeyError::Missing(KeyInput::Query(name.clone()))),
+                    Err(QueryError::Repeated) => return Err(KeyError::Repeated(KeyInput::Query(name.clone()))),
                     Err(error) => return Err(KeyError::Query { name: name.clone(), error }),
                 },
                 // `parse` took the index from the pattern, which yields every capture on a match.
@@ -410,19 +483,29 @@ mod tests {
 
     #[test]
     fn key_templates_refuse_missing_or_repeated_parts() {
-        assert_eq!(render("{header.x-tenant}", None, "/a", &[]), Err(KeyError::Missing("header 'x-tenant'".into())));
+        let tenant = || KeyInput::Header(HeaderName::from_static("x-tenant"));
+        let id = || KeyInput::Query("id".into());
+        assert_eq!(render("{header.x-tenant}", None, "/a", &[]), Err(KeyError::Missing(tenant())));
         assert_eq!(
             render("{header.x-tenant}", None, "/a", &[("x-tenant", "a"), ("x-tenant", "b")]),
-            Err(KeyError::Repeated("header 'x-tenant'".into()))
+            Err(KeyError::Repeated(tenant()))
+        );
+        assert_eq!(render("{query.id}", None, "/a?id=1&id=2", &[]), Err(KeyError::Repeated(id())));
+        assert_eq!(render("{query.id}", None, "/a?idx=1", &[]), Err(KeyError::Missing(id())));
+        assert_eq!(render("{query.id}", None, "/a?i%64=7&id=fresh", &[]), Err(KeyError::Repeated(id())));
+        assert_eq!(render("{host}", None, "/a", &[]), Err(KeyError::Missing(KeyInput::Host)));
+        let mut latin1 = HeaderMap::new();
+        latin1.insert("x-tenant", HeaderValue::from_bytes(b"caf\xe9").unwrap());
+        let t = KeyTemplate::parse("{header.x-tenant}", None).unwrap();
+        assert_eq!(t.render(&"/a".parse().unwrap(), &latin1), Err(KeyError::Unreadable(tenant())));
+        // What a client reads in the problem's detail.
+        assert_eq!(
+            KeyError::Unreadable(KeyInput::Host).to_string(),
+            "the request has no readable Host header, which the route's key template needs"
         );
         assert_eq!(
-            render("{query.id}", None, "/a?id=1&id=2", &[]),
-            Err(KeyError::Repeated("query parameter 'id'".into()))
-        );
-        assert_eq!(render("{query.id}", None, "/a?idx=1", &[]), Err(KeyError::Missing("query parameter 'id'".into())));
-        assert_eq!(
-            render("{query.id}", None, "/a?i%64=7&id=fresh", &[]),
-            Err(KeyError::Repeated("query parameter 'id'".into()))
+            KeyError::Repeated(id()).to_string(),
+            "the request has more than one query parameter 'id'; the route's key template needs exactly one"
         );
         let p = "/buckets/{bucket}/objects/{object*}";
         assert!(matches!(render("{bucket}", Some(p), "/buckets/b1", &[]), Err(KeyError::PatternMismatch(_))));
@@ -432,18 +515,33 @@ mod tests {
 
     #[test]
     fn key_template_parse_errors() {
-        assert!(KeyTemplate::parse("{path", None).unwrap_err().contains("never closed"));
-        assert!(KeyTemplate::parse("path}", None).unwrap_err().contains("no opening"));
-        assert!(KeyTemplate::parse("static", None).unwrap_err().contains("no placeholder"));
-        assert!(KeyTemplate::parse("{bucket}", None).unwrap_err().contains("pattern"));
-        assert!(KeyTemplate::parse("{header.a b}", None).unwrap_err().contains("valid header"));
+        let refused = |text: &str| KeyTemplate::parse(text, None).unwrap_err();
+        assert_eq!(refused("{path"), TemplateError::Unclosed("{path".into()));
+        assert_eq!(refused("path}"), TemplateError::Unopened("path}".into()));
+        assert_eq!(refused("static"), TemplateError::NoPlaceholder("static".into()));
+        assert_eq!(refused("{query.}"), TemplateError::NoQueryName("{query.}".into()));
+        assert_eq!(
+            refused("{header.a b}"),
+            TemplateError::BadHeader { template: "{header.a b}".into(), name: "a b".into() }
+        );
+        assert_eq!(refused("{header.a b}").to_string(), "'{header.a b}': '{header.a b}' does not name a valid header");
+        assert_eq!(
+            refused("{bucket}").to_string(),
+            "'{bucket}': {bucket} is not {path}, {host}, {header.NAME} or {query.NAME} (named segments need a route \
+             `pattern`)"
+        );
+        let pattern = PathPattern::parse("/b/{b}").unwrap();
+        assert_eq!(
+            KeyTemplate::parse("{x}", Some(&pattern)).unwrap_err(),
+            TemplateError::NotACapture { template: "{x}".into(), placeholder: "{x}".into(), pattern: "/b/{b}".into() }
+        );
     }
 
     #[test]
     fn templates_that_cannot_render_injectively_are_refused() {
         let refused = |template: &str, pattern: Option<&str>, says: &str| {
             let pat = pattern.map(|p| PathPattern::parse(p).unwrap());
-            let msg = KeyTemplate::parse(template, pat.as_ref()).unwrap_err();
+            let msg = KeyTemplate::parse(template, pat.as_ref()).unwrap_err().to_string();
             assert!(msg.contains(says), "{template}: {msg}");
         };
         // Nothing between two values.

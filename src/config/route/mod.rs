@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use http::HeaderMap;
 
-pub use key::{KeyError, KeyTemplate};
+pub use key::{KeyError, KeyInput, KeyTemplate, TemplateError};
 pub use pattern::{PathPattern, PatternError};
 pub use upstream::{CertNameError, UpstreamError, UpstreamUrl};
 
@@ -91,8 +91,8 @@ pub(super) fn validate_route(i: usize, s: RouteSection, p: &mut Problems) -> Opt
     let key_text = s.key.as_deref().unwrap_or(DEFAULT_KEY);
     let key = match KeyTemplate::parse(key_text, pattern.as_ref()) {
         Ok(k) => Some(k),
-        Err(msg) => {
-            p.add(field("key"), msg);
+        Err(e) => {
+            p.add(field("key"), e.to_string());
             None
         }
     };
