@@ -47,7 +47,7 @@ pub use route::{
     UpstreamError, UpstreamUrl,
 };
 pub use secrets::SigningKey;
-pub use secrets::{load_signing_key, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};
+pub use secrets::{load_signing_key, SecretError, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};
 pub use size::{parse_size, Size, SizeError};
 pub use tls::{pem_certificates, pem_private_key, PlatformRoots, TlsError, UpstreamTls, UpstreamTlsFiles};
 
