@@ -49,7 +49,7 @@ pub use route::{
 pub use secrets::SigningKey;
 pub use secrets::{load_signing_key, SecretError, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};
 pub use size::{parse_size, Size, SizeError};
-pub use tls::{pem_certificates, pem_private_key, PlatformRoots, TlsError, UpstreamTls, UpstreamTlsFiles};
+pub use tls::{pem_certificates, pem_private_key, PemError, PlatformRoots, TlsError, UpstreamTls, UpstreamTlsFiles};
 
 use secrets::SecretSources;
 
