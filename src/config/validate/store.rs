@@ -74,8 +74,8 @@ fn redis(f: &FencesSection, cache_keys: usize, p: &mut Problems) -> RedisConfig 
             String::new()
         }
         Some(url) => {
-            if let Err(why) = check_redis_url(url) {
-                p.add("fences.url", why);
+            if let Err(e) = check_redis_url(url) {
+                p.add("fences.url", e.to_string());
             }
             url.to_owned()
         }
@@ -97,22 +97,24 @@ fn redis(f: &FencesSection, cache_keys: usize, p: &mut Problems) -> RedisConfig 
     RedisConfig { url, key_prefix, timeout, min_replicas, replica_timeout, cache_keys, ca_file }
 }
 
-/// Whether `url` is one the Redis client takes. The reason never repeats
-/// the URL, which may carry a password.
-fn check_redis_url(url: &str) -> Result<(), String> {
-    match redis::Client::open(url) {
-        Ok(_) => Ok(()),
-        Err(e) => Err(format!(
-            "is not a Redis URL like \"redis://[user:password@]host:6379/0\" or \"rediss://...\" ({:?})",
-            e.kind()
-        )),
-    }
+/// A `[fences] url` the Redis client does not take: only the kind of its
+/// error is kept, never the URL or the client's message, which may quote a password.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("is not a Redis URL like \"redis://[user:password@]host:6379/0\" or \"rediss://...\" ({kind:?})")]
+struct RedisUrlError {
+    kind: redis::ErrorKind,
+}
+
+/// Whether `url` is one the Redis client takes.
+fn check_redis_url(url: &str) -> Result<(), RedisUrlError> {
+    redis::Client::open(url).map(drop).map_err(|e| RedisUrlError { kind: e.kind() })
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use crate::config::tests::{fields, problems, MINIMAL};
-    use crate::config::{Config, StoreKind};
+    use crate::config::Config;
 
     #[test]
     fn file_store_options_are_read_and_refused_for_memory() {
@@ -205,5 +207,6 @@ mod tests {
             Config::from_toml_str(&format!("[fences]\nstore = \"redis\"\nurl = \"redis://u:secret@[x\"\n{MINIMAL}"))
                 .unwrap_err();
         assert!(!e.to_string().contains("secret"), "{e}");
+        assert_eq!(check_redis_url("http://x"), Err(RedisUrlError { kind: redis::ErrorKind::InvalidClientConfig }));
     }
 }
