@@ -32,7 +32,7 @@ use serde_json::json;
 use subtle::ConstantTimeEq;
 
 use super::{json_response, problem, AdminState};
-use crate::canonical::{admin_key, check_query_utf8};
+use crate::canonical::{self, admin_key, check_query_utf8, PathError};
 use crate::fence::store::{Advance, FenceStore, Selection, MAX_LIST_LIMIT};
 use crate::http::problem::{Problem, ProblemType, CURRENT_TOKEN_HEADER};
 
@@ -51,19 +51,29 @@ struct Query {
     all: Option<String>,
 }
 
-/// Why a query string was refused (400 either way).
-#[derive(Debug)]
-enum QueryError {
-    Bad(String),
+/// Why a query string was refused (400 either way); the Display is the
+/// problem's `detail`.
+#[derive(Debug, thiserror::Error)]
+enum FenceQueryError {
+    /// A name or value whose escapes are not UTF-8 text.
+    #[error(transparent)]
+    NotUtf8(#[from] canonical::QueryError),
+    #[error("unknown query parameter '{0}' (use key, prefix, after, limit, all)")]
+    Unknown(String),
+    #[error("query parameter '{0}' appears more than once")]
+    Repeated(String),
     /// A key or prefix that is no canonical path (the `bad-path` problem).
-    Path(String),
+    #[error("{name} '{text}' cannot be made canonical: {source}")]
+    NotCanonical { name: &'static str, text: String, source: PathError },
 }
 
-impl QueryError {
+impl FenceQueryError {
     fn into_response(self) -> Response<Full<Bytes>> {
         match self {
-            QueryError::Bad(detail) => problem(StatusCode::BAD_REQUEST, "Bad query", detail),
-            QueryError::Path(detail) => Problem::new(ProblemType::BAD_PATH, detail).into_response(),
+            FenceQueryError::NotCanonical { .. } => {
+                Problem::new(ProblemType::BAD_PATH, self.to_string()).into_response()
+            }
+            _ => problem(StatusCode::BAD_REQUEST, "Bad query", self.to_string()),
         }
     }
 }
@@ -73,10 +83,10 @@ impl QueryError {
 /// by hand would silently miss the fence a request has). Keys and prefixes
 /// are then made canonical like request paths ([`admin_key`]), so
 /// `/objects/%61` and `/objects/./a` name the fence `/objects/a` has.
-fn parse_query(query: &str) -> Result<Query, QueryError> {
+fn parse_query(query: &str) -> Result<Query, FenceQueryError> {
     let mut q = Query::default();
     // Decoded lossily below: `key=/a/%FF` would name the key of U+FFFD.
-    check_query_utf8(query).map_err(|e| QueryError::Bad(e.to_string()))?;
+    check_query_utf8(query)?;
     let query = query.replace('+', "%2B");
     for (name, value) in form_urlencoded::parse(query.as_bytes()) {
         let slot = match &*name {
@@ -85,21 +95,17 @@ fn parse_query(query: &str) -> Result<Query, QueryError> {
             "after" => &mut q.after,
             "limit" => &mut q.limit,
             "all" => &mut q.all,
-            other => {
-                return Err(QueryError::Bad(format!(
-                    "unknown query parameter '{other}' (use key, prefix, after, limit, all)"
-                )))
-            }
+            other => return Err(FenceQueryError::Unknown(other.to_string())),
         };
         if slot.replace(value.into_owned()).is_some() {
-            return Err(QueryError::Bad(format!("query parameter '{name}' appears more than once")));
+            return Err(FenceQueryError::Repeated(name.into_owned()));
         }
     }
     for (name, slot) in [("key", &mut q.key), ("prefix", &mut q.prefix)] {
         if let Some(text) = slot.as_deref() {
             match admin_key(text) {
                 Ok(canonical) => *slot = Some(canonical.into_owned()),
-                Err(e) => return Err(QueryError::Path(format!("{name} '{text}' cannot be made canonical: {e}"))),
+                Err(source) => return Err(FenceQueryError::NotCanonical { name, text: text.to_string(), source }),
             }
         }
     }
@@ -433,8 +439,10 @@ mod tests {
         let q = parse_query("key=%2Fobjects%2Fa%20b&limit=5").unwrap();
         assert_eq!(q.key.as_deref(), Some("/objects/a%20b"));
         assert_eq!(q.limit.as_deref(), Some("5"));
-        assert!(matches!(parse_query("key=a&key=b"), Err(QueryError::Bad(d)) if d.contains("more than once")));
-        assert!(matches!(parse_query("keys=a"), Err(QueryError::Bad(d)) if d.contains("unknown")));
+        assert!(matches!(parse_query("key=a&key=b"), Err(FenceQueryError::Repeated(name)) if name == "key"));
+        assert!(matches!(parse_query("keys=a"), Err(FenceQueryError::Unknown(name)) if name == "keys"));
+        let detail = parse_query("key=a&key=b").unwrap_err().to_string();
+        assert_eq!(detail, "query parameter 'key' appears more than once");
     }
 
     #[test]
@@ -459,9 +467,11 @@ mod tests {
         }
         // Keys of other templates are taken as they are.
         assert_eq!(key("key=tenant:acme+1").as_deref(), Some("tenant:acme+1"));
-        assert!(matches!(parse_query("key=/../a"), Err(QueryError::Path(_))));
+        assert!(matches!(parse_query("key=/../a"), Err(FenceQueryError::NotCanonical { name: "key", .. })));
         // Not UTF-8 once decoded: refused, not read as U+FFFD's key.
-        assert!(matches!(parse_query("key=/objects/%FF"), Err(QueryError::Bad(d)) if d.contains("UTF-8")));
+        let e = parse_query("key=/objects/%FF").unwrap_err();
+        assert!(matches!(e, FenceQueryError::NotUtf8(canonical::QueryError::ValueNotUtf8)), "{e:?}");
+        assert!(e.to_string().contains("UTF-8"), "{e}");
         // The keys of a `non_utf8 = "raw"` route are named by escaping their '%'.
         assert_eq!(parse_query("key=/objects/%25FF").unwrap().key.as_deref(), Some("/objects/%FF"));
     }

@@ -42,11 +42,14 @@ pub use model::{
 pub use problems::{ConfigError, ConfigProblem};
 #[cfg(test)]
 pub(crate) use route::test_route_config;
-pub use route::{KeyError, KeyTemplate, PathPattern, RouteConfig, UpstreamUrl};
+pub use route::{
+    CertNameError, KeyError, KeyInput, KeyTemplate, PathPattern, PatternError, RouteConfig, TemplateError, UpstreamUrl,
+    UpstreamUrlError,
+};
 pub use secrets::SigningKey;
-pub use secrets::{load_signing_key, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};
-pub use size::{parse_size, Size};
-pub use tls::{pem_certificates, pem_private_key, PlatformRoots, TlsError, UpstreamTls, UpstreamTlsFiles};
+pub use secrets::{load_signing_key, SecretError, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};
+pub use size::{parse_size, Size, SizeError};
+pub use tls::{pem_certificates, pem_private_key, PemError, PlatformRoots, TlsError, UpstreamTls, UpstreamTlsFiles};
 
 use secrets::SecretSources;
 

@@ -98,8 +98,8 @@ impl Problems {
                 default
             }
             Ok(n) => n,
-            Err(message) => {
-                self.add(field, message);
+            Err(e) => {
+                self.add(field, e.to_string());
                 default
             }
         }

@@ -7,7 +7,7 @@
 //! Kept apart so validation stays pure; its problems still name the field, as
 //! validation's do.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::file::FileConfig;
@@ -82,13 +82,13 @@ impl SecretSources {
     }
 
     /// The files the secrets are read from.
-    pub(super) fn files(&self) -> Vec<std::path::PathBuf> {
-        let keys = self.signing_key_files.iter().map(|(_, _, path)| std::path::PathBuf::from(path));
+    pub(super) fn files(&self) -> Vec<PathBuf> {
+        let keys = self.signing_key_files.iter().map(|(_, _, path)| PathBuf::from(path));
         let tls = self.upstream_tls.iter().flat_map(|(_, _, tls)| {
             let files = tls.files();
             [&files.ca_file, &files.client_cert, &files.client_key].into_iter().flatten().cloned()
         });
-        self.admin_token_file.iter().map(std::path::PathBuf::from).chain(keys).chain(tls).collect()
+        self.admin_token_file.iter().map(PathBuf::from).chain(keys).chain(tls).collect()
     }
 
     /// Reads every secret; `env_token` is the value of [`ADMIN_TOKEN_ENV`].
@@ -99,7 +99,7 @@ impl SecretSources {
         for (i, label, path) in &self.signing_key_files {
             match load_signing_key(Path::new(path)) {
                 Ok(key) => signing_keys.push((*i, key)),
-                Err(msg) => p.add(format!("{label}.signing_key_file"), msg),
+                Err(e) => p.add(format!("{label}.signing_key_file"), e.to_string()),
             }
         }
         // Read from the system at most once, for every route without a ca_file.
@@ -120,14 +120,10 @@ impl SecretSources {
             return Some(token);
         }
         if let Some(path) = &self.admin_token_file {
-            return match std::fs::read_to_string(path) {
-                Ok(text) if text.trim().is_empty() => {
-                    p.add("admin.auth_token_file", format!("'{path}' is empty"));
-                    None
-                }
-                Ok(text) => Some(text.trim().to_string()),
+            return match load_admin_token(Path::new(path)) {
+                Ok(token) => Some(token),
                 Err(e) => {
-                    p.add("admin.auth_token_file", format!("cannot read '{path}': {e}"));
+                    p.add("admin.auth_token_file", e.to_string());
                     None
                 }
             };
@@ -184,21 +180,40 @@ impl std::fmt::Debug for SigningKey {
     }
 }
 
+/// Why a secret file could not be used (the caller names the field).
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error("cannot read '{}': {source}", path.display())]
+    Unreadable { path: PathBuf, source: std::io::Error },
+    /// An admin token file with nothing but whitespace in it.
+    #[error("'{}' is empty", path.display())]
+    Empty { path: PathBuf },
+    /// A signing key shorter than [`MIN_SIGNING_KEY_BYTES`], without its trailing whitespace.
+    #[error("'{}' holds {len} bytes; use a key of at least {MIN_SIGNING_KEY_BYTES}", path.display())]
+    ShortKey { path: PathBuf, len: usize },
+}
+
 /// Reads a route's `signing_key_file`: the file's bytes with trailing ASCII
 /// whitespace removed, at least [`MIN_SIGNING_KEY_BYTES`] of them. The server and
 /// `fencegate sign` both load keys here, so they always agree on the key.
-pub fn load_signing_key(path: &Path) -> Result<SigningKey, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
+pub fn load_signing_key(path: &Path) -> Result<SigningKey, SecretError> {
+    let bytes = std::fs::read(path).map_err(|source| SecretError::Unreadable { path: path.into(), source })?;
     // Trailing whitespace is a file-editing accident, not key material.
     let key = bytes.trim_ascii_end();
     if key.len() < MIN_SIGNING_KEY_BYTES {
-        return Err(format!(
-            "'{}' holds {} bytes; use a key of at least {MIN_SIGNING_KEY_BYTES}",
-            path.display(),
-            key.len()
-        ));
+        return Err(SecretError::ShortKey { path: path.into(), len: key.len() });
     }
     Ok(SigningKey::new(key))
+}
+
+/// Reads `[admin] auth_token_file`: its text without surrounding whitespace,
+/// which must leave something.
+fn load_admin_token(path: &Path) -> Result<String, SecretError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SecretError::Unreadable { path: path.into(), source })?;
+    match text.trim() {
+        "" => Err(SecretError::Empty { path: path.into() }),
+        token => Ok(token.to_string()),
+    }
 }
 
 #[cfg(test)]
@@ -233,6 +248,12 @@ mod tests {
         sources(None, Some(&dir.join("missing"))).admin_token(None, &mut p);
         let f: Vec<_> = p.into_vec().into_iter().map(|x| x.field).collect();
         assert_eq!(f, ["admin.auth_token_file", "admin.auth_token_file"]);
+        assert!(matches!(load_admin_token(&dir.join("empty")), Err(SecretError::Empty { .. })));
+        let missing = load_admin_token(&dir.join("missing")).unwrap_err();
+        assert!(
+            matches!(&missing, SecretError::Unreadable { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+        );
+        assert!(missing.to_string().starts_with("cannot read '"), "{missing}");
     }
 
     #[test]
@@ -244,8 +265,11 @@ mod tests {
         assert_eq!(load_signing_key(&good).unwrap().bytes(), Some(&b" 0123456789abcdef"[..]));
         let short = dir.join("short");
         std::fs::write(&short, b"0123456789abcde\n").unwrap();
-        assert!(load_signing_key(&short).unwrap_err().contains("holds 15 bytes"));
-        assert!(load_signing_key(&dir.join("missing")).unwrap_err().contains("cannot read"));
+        let e = load_signing_key(&short).unwrap_err();
+        assert!(matches!(&e, SecretError::ShortKey { path, len: 15 } if *path == short), "{e:?}");
+        assert_eq!(e.to_string(), format!("'{}' holds 15 bytes; use a key of at least 16", short.display()));
+        let e = load_signing_key(&dir.join("missing")).unwrap_err();
+        assert!(matches!(e, SecretError::Unreadable { .. }), "{e:?}");
 
         let route = |path: &Path| format!("{MINIMAL}signing_key_file = '{}'\nmax_token_jump = 1000\n", path.display());
         let validated = Config::from_toml_str(&route(&good)).unwrap();

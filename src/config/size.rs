@@ -24,15 +24,24 @@ pub enum Size {
     Text(String),
 }
 
+/// Why a size field holds no number of bytes (the caller adds the field).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    /// A TOML integer below zero.
+    #[error("{0} is negative; a size is a number of bytes (e.g. 65536 or \"64KiB\")")]
+    Negative(i64),
+    /// A string [`parse_size`] does not read: an unknown unit, or past `u64::MAX`.
+    #[error("'{0}' is not a size like \"16MiB\", \"512KiB\" or \"1048576\"")]
+    NotASize(String),
+}
+
 impl Size {
-    /// The number of bytes, or a message saying what is wrong (the caller
-    /// adds the field).
-    pub(super) fn bytes(&self) -> Result<u64, String> {
+    /// The number of bytes, or what is wrong with the value.
+    pub(super) fn bytes(&self) -> Result<u64, SizeError> {
         match self {
             Size::Bytes(n) => Ok(*n),
-            Size::Negative(n) => Err(format!("{n} is negative; a size is a number of bytes (e.g. 65536 or \"64KiB\")")),
-            Size::Text(text) => parse_size(text)
-                .ok_or_else(|| format!("'{text}' is not a size like \"16MiB\", \"512KiB\" or \"1048576\"")),
+            Size::Negative(n) => Err(SizeError::Negative(*n)),
+            Size::Text(text) => parse_size(text).ok_or_else(|| SizeError::NotASize(text.clone())),
         }
     }
 }
@@ -114,8 +123,9 @@ mod tests {
 
     #[test]
     fn a_negative_integer_is_refused() {
-        let msg = size("-1").bytes().unwrap_err();
-        assert!(msg.contains("-1 is negative"), "{msg}");
+        let e = size("-1").bytes().unwrap_err();
+        assert_eq!(e, SizeError::Negative(-1));
+        assert_eq!(e.to_string(), "-1 is negative; a size is a number of bytes (e.g. 65536 or \"64KiB\")");
     }
 
     #[test]
@@ -164,8 +174,9 @@ mod tests {
         ] {
             assert_eq!(parse_size(bad), None, "{bad:?}");
         }
-        let msg = size("\"lots\"").bytes().unwrap_err();
-        assert!(msg.contains("'lots' is not a size"), "{msg}");
+        let e = size("\"lots\"").bytes().unwrap_err();
+        assert_eq!(e, SizeError::NotASize("lots".into()));
+        assert_eq!(e.to_string(), "'lots' is not a size like \"16MiB\", \"512KiB\" or \"1048576\"");
     }
 
     #[test]

@@ -10,11 +10,12 @@
 //! an upstream that asks for one. ALPN offers `http/1.1`, or `h2` alone for a
 //! route that speaks HTTP/2 upstream.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::{ClientConfig, RootCertStore};
-use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::pem::{self, PemObject};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 /// Why TLS files could not be used, naming the field whose file it is
@@ -27,26 +28,40 @@ pub struct TlsError {
 }
 
 impl TlsError {
-    pub fn new(field: &'static str, message: impl Into<String>) -> TlsError {
-        TlsError { field, message: message.into() }
+    /// `message` is what is wrong with the field's file: text, or an error
+    /// such as [`PemError`] whose Display says it.
+    pub fn new(field: &'static str, message: impl fmt::Display) -> TlsError {
+        TlsError { field, message: message.to_string() }
     }
 }
 
+/// Why a PEM file holds no usable certificate chain or private key.
+#[derive(Debug, thiserror::Error)]
+pub enum PemError {
+    /// A section that is not a well-formed PEM certificate.
+    #[error("not a PEM certificate file: {0}")]
+    Certificates(#[source] pem::Error),
+    /// Well-formed, but with no certificate in it.
+    #[error("holds no PEM certificate")]
+    NoCertificate,
+    #[error("no usable PEM private key: {0}")]
+    PrivateKey(#[source] pem::Error),
+}
+
 /// Every certificate of a PEM file, at least one; the error says what is
-/// wrong with the file. Shared with the upstream side (`proxy/tls.rs`).
-pub fn pem_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("not a PEM certificate file: {e}"))?;
+/// wrong with the file. The server's certificates and each https route's
+/// are read here.
+pub fn pem_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, PemError> {
+    let certs = CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>().map_err(PemError::Certificates)?;
     if certs.is_empty() {
-        return Err("holds no PEM certificate".to_string());
+        return Err(PemError::NoCertificate);
     }
     Ok(certs)
 }
 
 /// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
-pub fn pem_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
-    PrivateKeyDer::from_pem_slice(pem).map_err(|e| format!("no usable PEM private key: {e}"))
+pub fn pem_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, PemError> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(PemError::PrivateKey)
 }
 
 /// The files an https route names for its TLS, as validated (none empty,
@@ -133,7 +148,7 @@ impl UpstreamTls {
         let (roots, no_roots) = match &files.ca_file {
             Some(path) => {
                 let mut roots = RootCertStore::empty();
-                for ca in pem_certificates(&read("ca_file", path)?).map_err(|m| TlsError::new("ca_file", m))? {
+                for ca in pem_certificates(&read("ca_file", path)?).map_err(|e| TlsError::new("ca_file", e))? {
                     roots.add(ca).map_err(|e| {
                         TlsError::new("ca_file", format!("'{}': not a usable CA certificate: {e}", path.display()))
                     })?;
@@ -150,9 +165,9 @@ impl UpstreamTls {
         let mut config = match (&files.client_cert, &files.client_key) {
             (Some(cert), Some(key)) => {
                 let chain = pem_certificates(&read("client_cert", cert)?)
-                    .map_err(|m| TlsError::new("client_cert", format!("'{}': {m}", cert.display())))?;
+                    .map_err(|e| TlsError::new("client_cert", format!("'{}': {e}", cert.display())))?;
                 let key_der = pem_private_key(&read("client_key", key)?)
-                    .map_err(|m| TlsError::new("client_key", format!("'{}': {m}", key.display())))?;
+                    .map_err(|e| TlsError::new("client_key", format!("'{}': {e}", key.display())))?;
                 builder.with_client_auth_cert(chain, key_der).map_err(|e| {
                     TlsError::new(
                         "client_key",
@@ -269,5 +284,18 @@ mod tests {
         assert_eq!(field(UpstreamTlsFiles { client_key: missing, ..good.clone() }), Err("client_key"));
         let mismatched = write("other.pem", &other_key.serialize_pem());
         assert_eq!(field(UpstreamTlsFiles { client_key: mismatched, ..good.clone() }), Err("client_key"));
+    }
+
+    #[test]
+    fn pem_errors_say_what_the_file_lacks() {
+        assert!(matches!(pem_certificates(b"not PEM"), Err(PemError::NoCertificate)));
+        assert_eq!(pem_certificates(b"").unwrap_err().to_string(), "holds no PEM certificate");
+        let cut = b"-----BEGIN CERTIFICATE-----\nabc";
+        let e = pem_certificates(cut).unwrap_err();
+        assert!(matches!(e, PemError::Certificates(_)), "{e:?}");
+        assert!(std::error::Error::source(&e).is_some(), "the PEM parser's error is the source");
+        assert!(e.to_string().starts_with("not a PEM certificate file: "), "{e}");
+        let e = pem_private_key(b"not PEM").unwrap_err();
+        assert_eq!(e.to_string(), "no usable PEM private key: no items found");
     }
 }

@@ -12,6 +12,24 @@ pub struct PathPattern {
     literal_prefix: String,
 }
 
+/// Why a `pattern` was refused; each variant keeps the pattern as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatternError {
+    #[error("'{0}' must start with '/'")]
+    Relative(String),
+    /// A capture whose name (here without its braces) is not letters, digits and '_'.
+    #[error("'{pattern}': '{{{capture}}}' needs a name of letters, digits and '_'")]
+    BadName { pattern: String, capture: String },
+    #[error("'{pattern}': '{{{name}}}' is captured twice")]
+    Twice { pattern: String, name: String },
+    /// A `{name*}` rest before the last segment.
+    #[error("'{pattern}': '{{{name}*}}' must be the last segment")]
+    RestNotLast { pattern: String, name: String },
+    /// A segment with braces that is not one whole capture, such as `x{a}`.
+    #[error("'{pattern}': segment '{segment}' must be all literal or one whole {{name}}")]
+    MixedSegment { pattern: String, segment: String },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum PatternSegment {
     Literal(String),
@@ -21,9 +39,10 @@ enum PatternSegment {
 
 impl PathPattern {
     /// Parses a pattern; the error says what to fix.
-    pub fn parse(text: &str) -> Result<PathPattern, String> {
+    pub fn parse(text: &str) -> Result<PathPattern, PatternError> {
+        let pattern = || text.to_string();
         let Some(body) = text.strip_prefix('/') else {
-            return Err(format!("'{text}' must start with '/'"));
+            return Err(PatternError::Relative(pattern()));
         };
         let parts: Vec<&str> = body.split('/').collect();
         let mut segments = Vec::with_capacity(parts.len());
@@ -35,14 +54,14 @@ impl PathPattern {
                     None => (inner, false),
                 };
                 if !is_identifier(name) {
-                    return Err(format!("'{text}': '{{{inner}}}' needs a name of letters, digits and '_'"));
+                    return Err(PatternError::BadName { pattern: pattern(), capture: inner.to_string() });
                 }
                 if names.contains(&name) {
-                    return Err(format!("'{text}': '{{{name}}}' is captured twice"));
+                    return Err(PatternError::Twice { pattern: pattern(), name: name.to_string() });
                 }
                 names.push(name);
                 if rest && i + 1 != parts.len() {
-                    return Err(format!("'{text}': '{{{name}*}}' must be the last segment"));
+                    return Err(PatternError::RestNotLast { pattern: pattern(), name: name.to_string() });
                 }
                 if rest {
                     PatternSegment::Rest(name.to_string())
@@ -50,7 +69,7 @@ impl PathPattern {
                     PatternSegment::Capture(name.to_string())
                 }
             } else if part.contains('{') || part.contains('}') {
-                return Err(format!("'{text}': segment '{part}' must be all literal or one whole {{name}}"));
+                return Err(PatternError::MixedSegment { pattern: pattern(), segment: part.to_string() });
             } else {
                 PatternSegment::Literal(part.to_string())
             };
@@ -129,10 +148,12 @@ mod tests {
 
     #[test]
     fn pattern_parse_and_match() {
-        assert!(PathPattern::parse("buckets/{b}").unwrap_err().contains("start with '/'"));
-        assert!(PathPattern::parse("/{rest*}/x").unwrap_err().contains("last segment"));
-        assert!(PathPattern::parse("/{a}/{a}").unwrap_err().contains("twice"));
-        assert!(PathPattern::parse("/x{a}").unwrap_err().contains("whole"));
+        let refused = |text: &str| PathPattern::parse(text).unwrap_err();
+        assert_eq!(refused("buckets/{b}"), PatternError::Relative("buckets/{b}".into()));
+        assert_eq!(refused("/{rest*}/x").to_string(), "'/{rest*}/x': '{rest*}' must be the last segment");
+        assert_eq!(refused("/{a}/{a}").to_string(), "'/{a}/{a}': '{a}' is captured twice");
+        assert_eq!(refused("/x{a}").to_string(), "'/x{a}': segment 'x{a}' must be all literal or one whole {name}");
+        assert_eq!(refused("/{a-b*}").to_string(), "'/{a-b*}': '{a-b*}' needs a name of letters, digits and '_'");
         let p = PathPattern::parse("/buckets/{bucket}/objects/{object*}").unwrap();
         assert_eq!(p.literal_prefix(), "/buckets/");
         assert_eq!(p.captures("/buckets/b/objects/o/p"), Some(vec!["b", "o/p"]));

@@ -1,9 +1,10 @@
 //! Where a route sends: the upstream origin and the base path every request
 //! path is put under, parsed once at config time.
 
-use http::uri::{Authority, Scheme};
+use http::header::InvalidHeaderValue;
+use http::uri::{Authority, InvalidUri, Scheme};
 use http::Uri;
-use rustls_pki_types::ServerName;
+use rustls_pki_types::{InvalidDnsNameError, ServerName};
 
 /// An upstream origin with an optional base path prepended to every request path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,31 +17,91 @@ pub struct UpstreamUrl {
     pub host: http::HeaderValue,
 }
 
+/// Why an `upstream` is not one a route can send to; each variant keeps the
+/// text as written.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamUrlError {
+    #[error("'{text}' is not a URL ({source})")]
+    NotAUrl { text: String, source: InvalidUri },
+    /// A scheme other than `http` or `https`.
+    #[error("'{text}' has scheme '{scheme}'; use http://host:port or https://host:port")]
+    Scheme { text: String, scheme: String },
+    #[error("'{0}' has no http:// or https:// scheme")]
+    NoScheme(String),
+    #[error("'{0}' has no host")]
+    NoHost(String),
+    /// An upstream carries a base path only: a query would be sent with every request.
+    #[error("'{0}' has a query string; an upstream may only carry a base path")]
+    Query(String),
+    /// The authority cannot be sent as a `Host` header.
+    #[error("'{text}': host: {source}")]
+    HostHeader { text: String, source: InvalidHeaderValue },
+    /// An https upstream whose host no certificate can be checked against.
+    #[error("'{text}': {source}")]
+    CertificateName { text: String, source: CertNameError },
+}
+
+/// Errors are equal when they say the same: the sources from `http` and
+/// rustls hold nothing but their message.
+impl PartialEq for UpstreamUrlError {
+    fn eq(&self, other: &UpstreamUrlError) -> bool {
+        use UpstreamUrlError::*;
+        match (self, other) {
+            (NotAUrl { text: a, source: x }, NotAUrl { text: b, source: y }) => {
+                a == b && x.to_string() == y.to_string()
+            }
+            (Scheme { text: a, scheme: x }, Scheme { text: b, scheme: y }) => a == b && x == y,
+            (NoScheme(a), NoScheme(b)) | (NoHost(a), NoHost(b)) | (Query(a), Query(b)) => a == b,
+            (HostHeader { text: a, .. }, HostHeader { text: b, .. }) => a == b,
+            (CertificateName { text: a, source: x }, CertificateName { text: b, source: y }) => a == b && x == y,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for UpstreamUrlError {}
+
+/// An https upstream's host that is neither a DNS name nor an IP address.
+#[derive(Debug, thiserror::Error)]
+#[error("host '{host}' is not a name a certificate can be checked against ({source})")]
+pub struct CertNameError {
+    pub host: String,
+    source: InvalidDnsNameError,
+}
+
+impl PartialEq for CertNameError {
+    fn eq(&self, other: &CertNameError) -> bool {
+        self.host == other.host
+    }
+}
+
+impl Eq for CertNameError {}
+
 impl UpstreamUrl {
     /// Parses `http://host[:port][/base]` or `https://host[:port][/base]`
     /// (default ports 80 and 443); the error says what to fix.
-    pub fn parse(text: &str) -> Result<UpstreamUrl, String> {
-        let uri: Uri = text.parse().map_err(|e| format!("'{text}' is not a URL ({e})"))?;
+    pub fn parse(text: &str) -> Result<UpstreamUrl, UpstreamUrlError> {
+        let written = || text.to_string();
+        let uri: Uri = text.parse().map_err(|source| UpstreamUrlError::NotAUrl { text: written(), source })?;
         let scheme = match uri.scheme() {
             Some(s) if *s == Scheme::HTTP => Scheme::HTTP,
             Some(s) if *s == Scheme::HTTPS => Scheme::HTTPS,
-            Some(other) => {
-                return Err(format!("'{text}' has scheme '{other}'; use http://host:port or https://host:port"))
-            }
-            None => return Err(format!("'{text}' has no http:// or https:// scheme")),
+            Some(other) => return Err(UpstreamUrlError::Scheme { text: written(), scheme: other.to_string() }),
+            None => return Err(UpstreamUrlError::NoScheme(written())),
         };
         let authority = match uri.authority() {
             Some(a) if !a.host().is_empty() => a.clone(),
-            _ => return Err(format!("'{text}' has no host")),
+            _ => return Err(UpstreamUrlError::NoHost(written())),
         };
         if uri.query().is_some() {
-            return Err(format!("'{text}' has a query string; an upstream may only carry a base path"));
+            return Err(UpstreamUrlError::Query(written()));
         }
         let base_path = uri.path().trim_end_matches('/').to_string();
-        let host = http::HeaderValue::from_str(authority.as_str()).map_err(|e| format!("'{text}': host: {e}"))?;
+        let host = http::HeaderValue::from_str(authority.as_str())
+            .map_err(|source| UpstreamUrlError::HostHeader { text: written(), source })?;
         let upstream = UpstreamUrl { scheme, authority, base_path, host };
         if upstream.is_tls() {
-            upstream.server_name().map_err(|e| format!("'{text}': {e}"))?;
+            upstream.server_name().map_err(|source| UpstreamUrlError::CertificateName { text: written(), source })?;
         }
         Ok(upstream)
     }
@@ -52,10 +113,9 @@ impl UpstreamUrl {
 
     /// The name an https upstream's certificate must carry, also sent as
     /// SNI: its host, a DNS name or an IP address.
-    pub fn server_name(&self) -> Result<ServerName<'static>, String> {
+    pub fn server_name(&self) -> Result<ServerName<'static>, CertNameError> {
         let host = self.authority.host().trim_start_matches('[').trim_end_matches(']');
-        ServerName::try_from(host.to_string())
-            .map_err(|e| format!("host '{host}' is not a name a certificate can be checked against ({e})"))
+        ServerName::try_from(host.to_string()).map_err(|source| CertNameError { host: host.to_string(), source })
     }
 
     /// The upstream URI for a request path and query (`path_and_query` starts with '/').
@@ -116,5 +176,22 @@ mod tests {
         assert_eq!(ip.server_name().unwrap(), ServerName::try_from("::1").unwrap());
         assert!(!UpstreamUrl::parse("http://store.example").unwrap().is_tls());
         assert!(UpstreamUrl::parse("HTTPS://store.example").unwrap().is_tls());
+    }
+
+    #[test]
+    fn each_refusal_keeps_the_text_and_says_what_is_wrong() {
+        let e = |text: &str| UpstreamUrl::parse(text).unwrap_err();
+        assert_eq!(e("ftp://x"), UpstreamUrlError::Scheme { text: "ftp://x".into(), scheme: "ftp".into() });
+        assert_eq!(e("ftp://x").to_string(), "'ftp://x' has scheme 'ftp'; use http://host:port or https://host:port");
+        assert_eq!(e("/x"), UpstreamUrlError::NoScheme("/x".into()));
+        assert_eq!(e("http://x/b?q=1"), UpstreamUrlError::Query("http://x/b?q=1".into()));
+        assert!(matches!(e("http://"), UpstreamUrlError::NotAUrl { .. }), "{}", e("http://"));
+        let UpstreamUrlError::CertificateName { source, .. } = e("https://store..example") else { panic!() };
+        assert_eq!(source.host, "store..example");
+        assert_eq!(
+            e("https://store..example").to_string(),
+            "'https://store..example': host 'store..example' is not a name a certificate can be checked against \
+             (invalid dns name)"
+        );
     }
 }

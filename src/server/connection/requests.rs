@@ -30,7 +30,7 @@ pub(crate) struct TrackRequestsLayer {
 
 impl TrackRequestsLayer {
     pub(crate) fn new(activity: Arc<Activity>, drain: RefusalDrain) -> TrackRequestsLayer {
-        let bodies = Arc::new(Bodies { activity: activity.clone(), drain });
+        let bodies = Arc::new(ConnectionBodies { activity: activity.clone(), drain });
         TrackRequestsLayer { activity, bodies }
     }
 }
@@ -53,12 +53,12 @@ pub(crate) struct TrackRequests<S> {
 
 /// A connection's request bodies: counted open in its [`Activity`], and
 /// drained within `drain` when dropped before their end.
-struct Bodies {
+struct ConnectionBodies {
     activity: Arc<Activity>,
     drain: RefusalDrain,
 }
 
-impl OpenBodies for Bodies {
+impl OpenBodies for ConnectionBodies {
     fn body_started(&self) {
         self.activity.body_started();
     }
