@@ -6,9 +6,8 @@
 
 mod error;
 mod headers;
-mod http2;
+mod pool;
 mod tls;
-mod upstream;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -27,8 +26,8 @@ use tower::Service;
 pub(crate) use error::BoxError;
 pub use error::UpstreamError;
 pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
+pub use pool::{Parking, Teardown, UpstreamSlots};
 pub use tls::{PlatformRoots, UpstreamTls, UpstreamTlsFiles};
-pub use upstream::{Parking, Teardown, UpstreamSlots};
 
 use crate::body::{Handover, RequestBody};
 use crate::error::ProxyError;
@@ -48,7 +47,7 @@ pin_project_lite::pin_project! {
         decision: Option<Decision>,
         // The upstream HTTP/2 stream the body comes on, counted in use
         // until the body is dropped (http2.rs).
-        stream: Option<http2::StreamHeld>,
+        stream: Option<pool::StreamHeld>,
     }
 }
 
@@ -195,7 +194,7 @@ pub struct Forward(Arc<ClientSide>);
 
 #[derive(Debug)]
 struct ClientSide {
-    upstreams: upstream::Upstreams,
+    upstreams: pool::Upstreams,
     client: ClientAddr,
     /// The flag of this connection's fenced requests over HTTP/1.1, one at a
     /// time (see [`Upstream::slot_flag`]).
@@ -211,7 +210,7 @@ impl Forward {
     /// The forwarder of the client connection `client`.
     pub fn of(client: ClientAddr) -> Forward {
         Forward(Arc::new(ClientSide {
-            upstreams: upstream::Upstreams::default(),
+            upstreams: pool::Upstreams::default(),
             client,
             slot_taken: SlotTaken::default(),
         }))
@@ -330,7 +329,7 @@ fn forward(
             }
         }
         strip_hop_by_hop(response.headers_mut(), switching && upgrade.asked, |_| false);
-        let stream = response.extensions_mut().remove::<http2::StreamHeld>();
+        let stream = response.extensions_mut().remove::<pool::StreamHeld>();
         Ok(response.map(|body| ProxyBody { stream, ..ProxyBody::upstream(body) }))
     }
 }

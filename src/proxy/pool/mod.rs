@@ -45,6 +45,8 @@
 //!   retried: the upstream may have acted on it. That holds for every method,
 //!   fenced or not.
 
+mod h2;
+
 use std::future::Future;
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -61,11 +63,13 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use super::error::{chain, BoxError, UpstreamError};
-use super::tls::{self, UpstreamTls};
 use crate::body::{Handover, RequestBody};
+use crate::proxy::error::{chain, BoxError, UpstreamError};
+use crate::proxy::tls::{self, UpstreamTls};
 use crate::server::connection::WokenOnly;
 use crate::stream::TcpOrTls;
+
+pub(super) use h2::StreamHeld;
 
 /// Connection attempts after the first.
 pub const MAX_RETRIES: u32 = 3;
@@ -291,7 +295,7 @@ pub enum Parking {
 enum Way {
     Kept(Arc<Parked>, Sender),
     Slot(Slot),
-    Http2(super::http2::Way),
+    Http2(h2::Way),
 }
 
 type RareSend<'a> = Pin<Box<dyn Future<Output = Result<Response<Incoming>, UpstreamError>> + Send + 'a>>;
@@ -398,7 +402,7 @@ impl Upstreams {
     ) -> Result<Checkout, UpstreamError> {
         if parking == Parking::Multiplexed {
             // Boxed, as the wait below: HTTP/1.1 upstreams are the common case.
-            let way = Box::pin(super::http2::checkout(authority, slots, wait)).await?;
+            let way = Box::pin(h2::checkout(authority, slots, wait)).await?;
             return Ok(Checkout(Way::Http2(way), parking));
         }
         if let Some((parked, sender)) = self.take(&slots.inner, authority, parking) {
@@ -469,9 +473,7 @@ impl Upstreams {
             Way::Slot(slot) => {
                 Sending::Rare { future: Box::pin(self.send_on_new(authority, tls, slot, req, parking, handover)) }
             }
-            Way::Http2(way) => {
-                Sending::Rare { future: Box::pin(super::http2::send(way, authority, tls, slots, req, handover)) }
-            }
+            Way::Http2(way) => Sending::Rare { future: Box::pin(h2::send(way, authority, tls, slots, req, handover)) },
             Way::Kept(parked, mut sender) => {
                 if let Some(handover) = handover {
                     handover.went_on(parked.teardown.clone());

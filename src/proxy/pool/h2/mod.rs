@@ -61,10 +61,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::error::UpstreamError;
-use super::tls::UpstreamTls;
-use super::upstream::{open_with_retries, Pool, Resettable, Slot, Teardown, UpstreamSlots, Waiting};
+use super::{open_with_retries, Pool, Resettable, Slot, Teardown, UpstreamSlots, Waiting};
 use crate::body::{Handover, RequestBody};
+use crate::proxy::error::UpstreamError;
+use crate::proxy::tls::UpstreamTls;
 use crate::server::connection::WokenOnly;
 
 /// Most streams fencegate runs at once on one upstream connection, whatever
