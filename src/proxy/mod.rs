@@ -7,6 +7,7 @@
 mod error;
 mod headers;
 mod pool;
+mod teardown;
 mod tls;
 
 use std::future::Future;
@@ -26,7 +27,8 @@ use tower::Service;
 pub(crate) use error::BoxError;
 pub use error::UpstreamError;
 pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
-pub use pool::{Parking, Teardown, UpstreamSlots};
+pub use pool::{Parking, UpstreamSlots};
+pub use teardown::Teardown;
 pub use tls::{PlatformRoots, UpstreamTls, UpstreamTlsFiles};
 
 use crate::body::{Handover, RequestBody};

@@ -61,9 +61,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{open_with_retries, Pool, Resettable, Slot, Teardown, UpstreamSlots, Waiting};
+use super::{open_with_retries, Pool, Slot, UpstreamSlots, Waiting};
 use crate::body::{Handover, RequestBody};
 use crate::proxy::error::UpstreamError;
+use crate::proxy::teardown::{Resettable, Teardown};
 use crate::proxy::tls::UpstreamTls;
 use crate::server::connection::WokenOnly;
 
