@@ -46,10 +46,10 @@
 //!   fenced or not.
 
 mod h2;
+mod slots;
 
 use std::future::Future;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -60,7 +60,6 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::body::{Handover, RequestBody};
@@ -71,6 +70,8 @@ use crate::server::connection::WokenOnly;
 use crate::stream::TcpOrTls;
 
 pub(super) use h2::StreamHeld;
+pub use slots::UpstreamSlots;
+use slots::{Pool, Shares, Slot};
 
 /// Connection attempts after the first.
 pub const MAX_RETRIES: u32 = 3;
@@ -93,155 +94,6 @@ thread_local! {
 }
 
 type Sender = http1::SendRequest<RequestBody>;
-
-/// Slots for open upstream connections, with the requests waiting for one:
-/// a route's, or one client connection's share of a route's.
-pub(super) struct Pool {
-    /// One permit per open upstream connection, busy or idle.
-    pub(super) free: Arc<Semaphore>,
-    pub(super) cap: usize,
-    /// Requests waiting for a slot now. While there are any, a connection
-    /// holding one of these slots closes as soon as it is idle.
-    pub(super) waiting: AtomicUsize,
-    /// Wakes the connections holding these slots when a request starts
-    /// waiting, so the idle ones notice at once.
-    pub(super) shed: Notify,
-    /// Wakes the requests waiting while a stream of one of these slots'
-    /// HTTP/2 connections ends (http2.rs).
-    pub(super) freed: Notify,
-}
-
-impl Pool {
-    fn new(cap: usize) -> Arc<Pool> {
-        let cap = cap.clamp(1, Semaphore::MAX_PERMITS);
-        Arc::new(Pool {
-            free: Arc::new(Semaphore::new(cap)),
-            cap,
-            waiting: AtomicUsize::new(0),
-            shed: Notify::new(),
-            freed: Notify::new(),
-        })
-    }
-
-    /// A slot: at once if one is free; otherwise the connections holding
-    /// these slots close as they become idle, and the wait for one lasts
-    /// until `deadline` at most.
-    async fn acquire(&self, deadline: Instant) -> Option<OwnedSemaphorePermit> {
-        if let Ok(slot) = self.free.clone().try_acquire_owned() {
-            return Some(slot);
-        }
-        let _waiting = Waiting::enter(&self.waiting);
-        self.shed.notify_waiters();
-        tokio::time::timeout_at(deadline, self.free.clone().acquire_owned()).await.ok()?.ok()
-    }
-
-    /// Whether a request waits for one of these slots.
-    pub(super) fn wanted(&self) -> bool {
-        self.waiting.load(Ordering::Acquire) > 0
-    }
-}
-
-/// One request counted in [`Pool::waiting`] while it lives.
-pub(super) struct Waiting<'a>(&'a AtomicUsize);
-
-impl<'a> Waiting<'a> {
-    pub(super) fn enter(count: &'a AtomicUsize) -> Waiting<'a> {
-        count.fetch_add(1, Ordering::AcqRel);
-        Waiting(count)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// One route's cap on open upstream connections, shared by every client
-/// connection and HTTP/2 stream. Clones share the cap.
-#[derive(Clone)]
-pub struct UpstreamSlots {
-    inner: Arc<Pool>,
-    /// How long an upstream connection of the route may sit idle before it
-    /// is closed.
-    idle_timeout: Duration,
-}
-
-impl std::fmt::Debug for UpstreamSlots {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamSlots")
-            .field("cap", &self.inner.cap)
-            .field("idle_timeout", &self.idle_timeout)
-            .finish_non_exhaustive()
-    }
-}
-
-impl UpstreamSlots {
-    /// At most `cap` upstream connections open at once (at least one), each
-    /// closed once it has been idle for `idle_timeout`.
-    pub fn new(cap: usize, idle_timeout: Duration) -> UpstreamSlots {
-        UpstreamSlots { inner: Pool::new(cap), idle_timeout }
-    }
-
-    /// A cap of the same size that shares nothing with this one: each running
-    /// fencegate counts its own connections.
-    pub fn fresh(&self) -> UpstreamSlots {
-        UpstreamSlots::new(self.inner.cap, self.idle_timeout)
-    }
-
-    pub fn cap(&self) -> usize {
-        self.inner.cap
-    }
-
-    pub fn idle_timeout(&self) -> Duration {
-        self.idle_timeout
-    }
-
-    /// The slots one client connection may hold at once: a quarter of the
-    /// cap, at least one.
-    pub fn share(&self) -> usize {
-        (self.inner.cap / 4).max(1)
-    }
-
-    /// The route's slots and the requests waiting for one.
-    pub(super) fn pool(&self) -> &Arc<Pool> {
-        &self.inner
-    }
-
-    /// Upstream connections open now.
-    pub fn open(&self) -> usize {
-        self.inner.cap - self.inner.free.available_permits()
-    }
-
-    #[cfg(test)]
-    async fn acquire(&self, wait: Duration) -> Option<OwnedSemaphorePermit> {
-        self.inner.acquire(Instant::now() + wait).await
-    }
-}
-
-/// What an open upstream connection holds until it closes: a slot of its
-/// route's and, if an HTTP/2 client opened it, one of that client
-/// connection's share.
-pub(super) struct Slot {
-    pub(super) route: Arc<Pool>,
-    share: Option<Arc<Pool>>,
-    pub(super) idle_timeout: Duration,
-    _route_slot: OwnedSemaphorePermit,
-    _share_slot: Option<OwnedSemaphorePermit>,
-}
-
-impl Slot {
-    /// The route's slot `permit` of `slots`, counted in no share.
-    pub(super) fn of_route(slots: &UpstreamSlots, permit: OwnedSemaphorePermit) -> Slot {
-        let route = slots.inner.clone();
-        Slot { route, share: None, idle_timeout: slots.idle_timeout, _route_slot: permit, _share_slot: None }
-    }
-
-    /// Whether a request waits for a slot this connection could give back.
-    pub(super) fn wanted(&self) -> bool {
-        self.route.wanted() || self.share.as_ref().is_some_and(|share| share.wanted())
-    }
-}
 
 /// An upstream connection's sender while no request uses it, and the route
 /// it was opened for. The client connection owns the cell; the connection's
@@ -371,13 +223,8 @@ where
 #[derive(Clone, Default)]
 pub struct Upstreams {
     idle: Arc<Mutex<Vec<Kept>>>,
-    /// The share of each route this client connection has used, found by
-    /// the route's pool (a client connection uses few routes).
-    shares: Arc<Mutex<Vec<Share>>>,
+    shares: Arc<Shares>,
 }
-
-/// A route's slots, and this client connection's share of them.
-type Share = (Arc<Pool>, Arc<Pool>);
 
 /// A kept connection: where it goes, and the cell its sender is parked in.
 type Kept = (Authority, Arc<Parked>);
@@ -406,7 +253,7 @@ impl Upstreams {
             let way = Box::pin(h2::checkout(authority, slots, wait)).await?;
             return Ok(Checkout(Way::Http2(way), parking));
         }
-        if let Some((parked, sender)) = self.take(&slots.inner, authority, parking) {
+        if let Some((parked, sender)) = self.take(slots.pool(), authority, parking) {
             return Ok(Checkout(Way::Kept(parked, sender), parking));
         }
         // Boxed: the wait is the rare path, and inline it would make every
@@ -422,33 +269,8 @@ impl Upstreams {
     /// them in the share of the client that opened them would hold that
     /// client's share with other clients' requests.)
     async fn slot(&self, slots: &UpstreamSlots, deadline: Instant, parking: Parking) -> Result<Slot, UpstreamError> {
-        let started = Instant::now();
-        let (share, share_slot) = match parking {
-            Parking::Worker | Parking::Multiplexed => (None, None),
-            Parking::Client => {
-                let share = self.share(slots);
-                let Some(share_slot) = share.acquire(deadline).await else {
-                    return Err(UpstreamError::busy_share(share.cap, started.elapsed()));
-                };
-                (Some(share), Some(share_slot))
-            }
-        };
-        let route = slots.inner.clone();
-        let Some(route_slot) = route.acquire(deadline).await else {
-            return Err(UpstreamError::busy(route.cap, started.elapsed()));
-        };
-        Ok(Slot { route, share, idle_timeout: slots.idle_timeout, _route_slot: route_slot, _share_slot: share_slot })
-    }
-
-    /// This client connection's share of the route of `slots`.
-    fn share(&self, slots: &UpstreamSlots) -> Arc<Pool> {
-        let mut shares = self.shares.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, share)) = shares.iter().find(|(route, _)| Arc::ptr_eq(route, &slots.inner)) {
-            return share.clone();
-        }
-        let share = Pool::new(slots.share());
-        shares.push((slots.inner.clone(), share.clone()));
-        share
+        let share = (parking == Parking::Client).then(|| self.shares.of(slots));
+        Slot::acquire(slots, share, deadline).await
     }
 
     /// Sends `req` to `authority` the way `checkout` gives, over `tls` when
@@ -830,34 +652,13 @@ async fn drive(conn: Connection, slot: Slot, parked: Weak<Parked>, teardown: Tea
     }
 }
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn at_the_cap_a_slot_is_waited_for_then_refused() {
-        let slots = UpstreamSlots::new(2, Duration::from_secs(60));
-        let a = slots.acquire(Duration::ZERO).await.unwrap();
-        let _b = slots.acquire(Duration::ZERO).await.unwrap();
-        assert_eq!(slots.open(), 2);
-        assert!(slots.acquire(Duration::from_secs(1)).await.is_none());
-        let waiting = tokio::spawn({
-            let slots = slots.clone();
-            async move { slots.acquire(Duration::from_secs(5)).await.is_some() }
-        });
-        tokio::task::yield_now().await;
-        drop(a);
-        assert!(waiting.await.unwrap(), "a slot given back goes to the request waiting for one");
-        assert_eq!(slots.fresh().open(), 0, "a fresh cap shares nothing");
-    }
-}
-
-#[cfg(test)]
 mod shedding {
     use std::convert::Infallible;
 
     use bytes::Bytes;
     use http_body_util::{BodyExt, Full};
     use tokio::net::TcpListener;
+    use tokio::sync::Semaphore;
 
     use super::*;
 
@@ -948,7 +749,7 @@ mod shedding {
         get(&second, &authority, &slots).await.unwrap();
         assert_eq!(slots.open(), 1, "the cap held");
         assert!(
-            first.take(&slots.inner, &authority, Parking::Client).is_none(),
+            first.take(slots.pool(), &authority, Parking::Client).is_none(),
             "the first client's idle connection was closed"
         );
     }
@@ -1006,7 +807,7 @@ mod shedding {
             let (client, authority, slots) = (clients[2].clone(), authority.clone(), slots.clone());
             async move { client.checkout(&authority, &slots, Duration::from_secs(30), Parking::Client).await.map(|_| ()) }
         });
-        while !slots.inner.wanted() {
+        while !slots.pool().wanted() {
             tokio::task::yield_now().await;
         }
         // Both downloads end; their connections sit idle in their clients.
@@ -1035,7 +836,7 @@ mod shedding {
         let idle = last_used.elapsed();
         assert!(idle >= Duration::from_millis(300), "closed after {idle:?} idle, before the timeout");
         assert!(
-            client.take(&slots.inner, &authority, Parking::Client).is_none(),
+            client.take(slots.pool(), &authority, Parking::Client).is_none(),
             "the closed connection is not handed out"
         );
         get(&client, &authority, &slots).await.expect("a new connection is opened after the idle one closed");

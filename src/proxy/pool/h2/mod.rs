@@ -61,7 +61,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{open_with_retries, Pool, Slot, UpstreamSlots, Waiting};
+use super::open_with_retries;
+use super::slots::{Pool, Slot, UpstreamSlots, Waiting};
 use crate::body::{Handover, RequestBody};
 use crate::proxy::error::UpstreamError;
 use crate::proxy::teardown::{Resettable, Teardown};
