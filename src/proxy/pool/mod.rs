@@ -45,6 +45,7 @@
 //!   retried: the upstream may have acted on it. That holds for every method,
 //!   fenced or not.
 
+mod connect;
 mod h2;
 mod slots;
 
@@ -59,27 +60,18 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::body::{Handover, RequestBody};
-use crate::proxy::error::{chain, BoxError, UpstreamError};
-use crate::proxy::teardown::{Resettable, Teardown, UpstreamStream};
-use crate::proxy::tls::{self, UpstreamTls};
+use crate::proxy::error::UpstreamError;
+use crate::proxy::teardown::{Resettable, Teardown};
+use crate::proxy::tls::UpstreamTls;
 use crate::server::connection::WokenOnly;
-use crate::stream::TcpOrTls;
 
 pub(super) use h2::StreamHeld;
 pub use slots::UpstreamSlots;
 use slots::{Pool, Shares, Slot};
 
-/// Connection attempts after the first.
-pub const MAX_RETRIES: u32 = 3;
-/// Wait before the first retry; doubled for each one after it.
-pub const FIRST_BACKOFF: Duration = Duration::from_millis(25);
-/// Connecting to the upstream, the TLS handshake included, gives up after
-/// this long (then retries).
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle upstream connections one client connection keeps at most; an HTTP/2
 /// burst beyond this opens connections that close after their request.
 const MAX_IDLE: usize = 32;
@@ -331,19 +323,7 @@ impl Upstreams {
                 self.put_back(authority, parked, sender, parking);
                 Ok(response)
             }
-            // TLS 1.3: the upstream checks our certificate after our side of
-            // the handshake has ended, and refuses it in place of a response.
-            Err(e) if tls.is_some() && tls::refused_our_certificate(&e) => {
-                let refused = CertificateRefused(e);
-                crate::telemetry::warn_limited!(
-                    upstream = %authority,
-                    reason = tls::failure_reason(&refused),
-                    error = %chain(&refused),
-                    "the upstream refused the route's TLS client certificate; answering 502"
-                );
-                Err(UpstreamError::connect(refused))
-            }
-            Err(e) => Err(UpstreamError::exchange(e)),
+            Err(e) => Err(connect::first_exchange_failed(authority, tls, e)),
         }
     }
 
@@ -432,7 +412,7 @@ async fn connect(
     tls: Option<&UpstreamTls>,
     slot: Slot,
 ) -> Result<(Arc<Parked>, Sender), UpstreamError> {
-    let stream = open_with_retries(authority, tls).await?;
+    let stream = connect::open_with_retries(authority, tls).await?;
     let teardown = Teardown::new(false);
     let io = TokioIo::new(Resettable::new(stream, &teardown));
     let (sender, conn) = http1::Builder::new().handshake(io).await.map_err(UpstreamError::connect)?;
@@ -447,111 +427,7 @@ async fn connect(
     Ok((parked, sender))
 }
 
-/// The socket to `authority`, over `tls` if given, retrying failures with
-/// backoff: nothing has been sent yet, so a retry can't apply anything twice.
-pub(super) async fn open_with_retries(
-    authority: &Authority,
-    tls: Option<&UpstreamTls>,
-) -> Result<UpstreamStream, UpstreamError> {
-    let mut backoff = FIRST_BACKOFF;
-    let mut attempt = 0;
-    loop {
-        match try_open(authority, tls).await {
-            Ok(stream) => return Ok(stream),
-            Err(e) if attempt == MAX_RETRIES => {
-                // A certificate refused now is refused on every request until
-                // someone fixes it: say why where an operator looks.
-                if let Some(failed) = e.downcast_ref::<HandshakeFailed>() {
-                    let reason = tls::failure_reason(failed);
-                    match tls.and_then(UpstreamTls::no_roots) {
-                        Some(no_roots) => crate::telemetry::warn_limited!(
-                            upstream = %authority, reason, error = %chain(failed), no_roots,
-                            "TLS handshake with the upstream failed: the route trusts the platform's roots and \
-                             there are none (set ca_file, or install the system's CA certificates); answering 502"
-                        ),
-                        None => crate::telemetry::warn_limited!(
-                            upstream = %authority, reason, error = %chain(failed),
-                            "TLS handshake with the upstream failed; answering 502"
-                        ),
-                    }
-                }
-                return Err(UpstreamError::connect(e));
-            }
-            Err(e) => {
-                tracing::debug!(attempt, error = %e, "upstream connect failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff *= 2;
-                attempt += 1;
-            }
-        }
-    }
-}
-
 type Connection = http1::Connection<TokioIo<Resettable>, RequestBody>;
-
-/// One attempt at the socket to `authority`: TCP, then over `tls` the TLS
-/// handshake, both within [`CONNECT_TIMEOUT`].
-async fn try_open(authority: &Authority, tls: Option<&UpstreamTls>) -> Result<UpstreamStream, BoxError> {
-    match tokio::time::timeout(CONNECT_TIMEOUT, open(authority, tls)).await {
-        Ok(opened) => opened,
-        Err(_) => {
-            let what = format!("connecting to {authority} timed out after {CONNECT_TIMEOUT:?}");
-            Err(std::io::Error::new(std::io::ErrorKind::TimedOut, what).into())
-        }
-    }
-}
-
-/// The socket to `authority`, over `tls` if given (its default port 443).
-async fn open(authority: &Authority, tls: Option<&UpstreamTls>) -> Result<UpstreamStream, BoxError> {
-    let host = authority.host().trim_start_matches('[').trim_end_matches(']');
-    let port = authority.port_u16().unwrap_or(if tls.is_some() { 443 } else { 80 });
-    let stream = TcpStream::connect((host, port)).await?;
-    stream.set_nodelay(true)?;
-    let Some(tls) = tls else { return Ok(TcpOrTls::Plain(stream)) };
-    // Fencegate::bind refuses a route whose TLS files were never read.
-    let (connector, name) = tls.connector().ok_or("the route's TLS files were never read")?;
-    match connector.connect(name, stream).await {
-        Ok(stream) => Ok(TcpOrTls::Tls(Box::new(stream))),
-        Err(source) => Err(HandshakeFailed { upstream: authority.clone(), source }.into()),
-    }
-}
-
-/// A TLS handshake with the upstream that failed: its certificate was
-/// refused, it refused ours, or it spoke no TLS. Nothing was sent.
-#[derive(Debug)]
-struct HandshakeFailed {
-    upstream: Authority,
-    source: std::io::Error,
-}
-
-impl std::fmt::Display for HandshakeFailed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TLS handshake with {} failed", self.upstream)
-    }
-}
-
-impl std::error::Error for HandshakeFailed {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.source)
-    }
-}
-
-/// The upstream refused the route's client certificate after the handshake
-/// ended on our side (TLS 1.3), before it read the request.
-#[derive(Debug)]
-struct CertificateRefused(hyper::Error);
-
-impl std::fmt::Display for CertificateRefused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the upstream refused the route's TLS client certificate before it read the request")
-    }
-}
-
-impl std::error::Error for CertificateRefused {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.0)
-    }
-}
 
 /// What woke a connection's driver.
 enum Woken {

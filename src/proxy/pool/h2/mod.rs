@@ -61,7 +61,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::open_with_retries;
+use super::connect::open_with_retries;
 use super::slots::{Pool, Slot, UpstreamSlots, Waiting};
 use crate::body::{Handover, RequestBody};
 use crate::proxy::error::UpstreamError;
