@@ -47,11 +47,12 @@
 
 mod connect;
 mod h2;
+mod parking;
 mod slots;
 
 use std::future::Future;
 use std::pin::{pin, Pin};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -69,73 +70,14 @@ use crate::proxy::tls::UpstreamTls;
 use crate::server::connection::WokenOnly;
 
 pub(super) use h2::StreamHeld;
+pub use parking::Parking;
+use parking::{Idle, Parked, Sender};
 pub use slots::UpstreamSlots;
-use slots::{Pool, Shares, Slot};
-
-/// Idle upstream connections one client connection keeps at most; an HTTP/2
-/// burst beyond this opens connections that close after their request.
-const MAX_IDLE: usize = 32;
-/// Idle upstream connections one worker thread keeps for its HTTP/1.1
-/// clients, over every route (each also counts in its route's cap, 256 by
-/// default); one parked beyond this closes the oldest.
-pub const MAX_SPARE: usize = 256;
-
-thread_local! {
-    /// This worker thread's spare upstream connections, newest last.
-    static SPARE: std::cell::RefCell<Vec<Kept>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-type Sender = http1::SendRequest<RequestBody>;
-
-/// An upstream connection's sender while no request uses it, and the route
-/// it was opened for. The client connection owns the cell; the connection's
-/// driver task only looks into it, to close the connection if it is idle
-/// when a request waits for its slot.
-struct Parked {
-    sender: Mutex<Option<Sender>>,
-    /// When the sender was last parked.
-    parked_at: Mutex<Instant>,
-    route: Arc<Pool>,
-    share: Option<Arc<Pool>>,
-    /// Tears the connection down, for a request that went past its route's
-    /// timeout on it.
-    teardown: Teardown,
-}
-
-impl Parked {
-    /// Since when the sender has been parked, if it is.
-    fn parked_since(&self) -> Option<Instant> {
-        let parked = self.sender.lock().unwrap_or_else(PoisonError::into_inner).is_some();
-        parked.then(|| *self.parked_at.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-
-    /// Takes the sender out if it is parked and has finished its last
-    /// response: the connection may then close without cutting anything.
-    fn take_if_idle(&self) -> Option<Sender> {
-        let mut sender = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
-        if sender.as_ref().is_some_and(Sender::is_ready) {
-            sender.take()
-        } else {
-            None
-        }
-    }
-}
+use slots::{Shares, Slot};
 
 /// How a request reaches the upstream: on a kept connection, or on a new one
 /// for which it holds a slot; and where the connection is parked after.
 pub struct Checkout(Way, Parking);
-
-/// Where a request's upstream connection is parked after its response.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Parking {
-    /// The worker thread's spares: an HTTP/1.1 client's.
-    Worker,
-    /// The client connection's own: an HTTP/2 client's.
-    Client,
-    /// The worker thread's HTTP/2 connections, many requests on each: any
-    /// client's on a route with `upstream_http2` (http2.rs).
-    Multiplexed,
-}
 
 enum Way {
     Kept(Arc<Parked>, Sender),
@@ -179,7 +121,7 @@ where
             SendingProj::Kept { exchange, kept, to } => match ready!(exchange.poll(cx)) {
                 Ok(response) => {
                     let (parked, sender) = kept.take().expect("a kept connection's exchange polled after it was done");
-                    to.upstreams.put_back(to.authority, parked, sender, to.parking);
+                    to.parking.put_back(&to.upstreams.idle, to.authority, parked, sender);
                     return Poll::Ready(Ok(response));
                 }
                 Err(mut e) => match e.take_message() {
@@ -214,12 +156,9 @@ where
 /// route's slots.
 #[derive(Clone, Default)]
 pub struct Upstreams {
-    idle: Arc<Mutex<Vec<Kept>>>,
+    idle: Arc<Idle>,
     shares: Arc<Shares>,
 }
-
-/// A kept connection: where it goes, and the cell its sender is parked in.
-type Kept = (Authority, Arc<Parked>);
 
 impl std::fmt::Debug for Upstreams {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -245,7 +184,7 @@ impl Upstreams {
             let way = Box::pin(h2::checkout(authority, slots, wait)).await?;
             return Ok(Checkout(Way::Http2(way), parking));
         }
-        if let Some((parked, sender)) = self.take(slots.pool(), authority, parking) {
+        if let Some((parked, sender)) = parking.take(&self.idle, slots.pool(), authority) {
             return Ok(Checkout(Way::Kept(parked, sender), parking));
         }
         // Boxed: the wait is the rare path, and inline it would make every
@@ -291,7 +230,7 @@ impl Upstreams {
             Way::Http2(way) => Sending::Rare { future: Box::pin(h2::send(way, authority, tls, slots, req, handover)) },
             Way::Kept(parked, mut sender) => {
                 if let Some(handover) = handover {
-                    handover.went_on(parked.teardown.clone());
+                    handover.went_on(parked.teardown().clone());
                 }
                 Sending::Kept {
                     exchange: sender.try_send_request(req),
@@ -316,93 +255,16 @@ impl Upstreams {
     ) -> Result<Response<Incoming>, UpstreamError> {
         let (parked, mut sender) = connect(authority, tls, slot).await?;
         if let Some(handover) = handover {
-            handover.went_on(parked.teardown.clone());
+            handover.went_on(parked.teardown().clone());
         }
         match sender.send_request(req).await {
             Ok(response) => {
-                self.put_back(authority, parked, sender, parking);
+                parking.put_back(&self.idle, authority, parked, sender);
                 Ok(response)
             }
             Err(e) => Err(connect::first_exchange_failed(authority, tls, e)),
         }
     }
-
-    /// An idle, still open connection to `authority` opened for `route`, that
-    /// has finished its last response, from where `parking` says; closed ones
-    /// are dropped, and ones still sending a response body are left for
-    /// later: at the cap a request then waits for a slot instead of being
-    /// refused by a busy connection.
-    fn take(&self, route: &Arc<Pool>, authority: &Authority, parking: Parking) -> Option<(Arc<Parked>, Sender)> {
-        match parking {
-            Parking::Worker => SPARE.with(|spare| take_from(&mut spare.borrow_mut(), route, authority)),
-            // http2.rs keeps those.
-            Parking::Multiplexed => None,
-            Parking::Client => {
-                take_from(&mut self.idle.lock().unwrap_or_else(PoisonError::into_inner), route, authority)
-            }
-        }
-    }
-
-    /// Keeps `sender` for the next request, where `parking` says. It may
-    /// still be finishing this one's response body; a request that finds it
-    /// busy gets the request back unsent and opens another.
-    fn put_back(&self, authority: &Authority, parked: Arc<Parked>, sender: Sender, parking: Parking) {
-        *parked.parked_at.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
-        *parked.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
-        // Its driver looks for waiters only when the connection turns idle; if
-        // that happened before it was parked, look here.
-        let share_wanted = parked.share.as_ref().is_some_and(|share| share.wanted());
-        if (parked.route.wanted() || share_wanted) && parked.take_if_idle().is_some() {
-            return;
-        }
-        match parking {
-            Parking::Worker => SPARE.with(|spare| {
-                let mut spare = spare.borrow_mut();
-                if spare.len() >= MAX_SPARE {
-                    // The oldest goes; dropping its cell closes the connection.
-                    spare.remove(0);
-                }
-                spare.push((authority.clone(), parked));
-            }),
-            Parking::Multiplexed => {}
-            Parking::Client => {
-                let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-                if idle.len() < MAX_IDLE {
-                    idle.push((authority.clone(), parked));
-                }
-            }
-        }
-    }
-}
-
-/// From `kept`, the newest idle, still open connection to `authority` opened
-/// for `route` that has finished its last response. Closed ones met on the
-/// way are dropped; the search usually ends at the last one.
-fn take_from(kept: &mut Vec<Kept>, route: &Arc<Pool>, authority: &Authority) -> Option<(Arc<Parked>, Sender)> {
-    let mut at = kept.len();
-    while at > 0 {
-        at -= 1;
-        let (to, parked) = &kept[at];
-        let mut sender = parked.sender.lock().unwrap_or_else(PoisonError::into_inner);
-        match sender.as_ref() {
-            Some(s) if s.is_closed() => {}
-            None => {}
-            // The same route's, so the same upstream: its authority is a
-            // clone of the route's, compared byte for byte (`==` on two
-            // authorities ignores case, a dozen times slower).
-            Some(s) if s.is_ready() && Arc::ptr_eq(&parked.route, route) && to.as_str() == authority.as_str() => {
-                let taken = sender.take();
-                drop(sender);
-                let (_, parked) = kept.remove(at);
-                return taken.map(|sender| (parked, sender));
-            }
-            // Busy (still sending its last response), or another route's.
-            Some(_) => continue,
-        }
-        drop(sender);
-        kept.remove(at);
-    }
-    None
 }
 
 /// Opens an HTTP/1.1 connection to `authority` in `slot`, over `tls` if
@@ -416,13 +278,7 @@ async fn connect(
     let teardown = Teardown::new(false);
     let io = TokioIo::new(Resettable::new(stream, &teardown));
     let (sender, conn) = http1::Builder::new().handshake(io).await.map_err(UpstreamError::connect)?;
-    let parked = Arc::new(Parked {
-        sender: Mutex::new(None),
-        parked_at: Mutex::new(Instant::now()),
-        route: slot.route.clone(),
-        share: slot.share.clone(),
-        teardown: teardown.clone(),
-    });
+    let parked = Parked::new(&slot, teardown.clone());
     tokio::spawn(drive(conn, slot, Arc::downgrade(&parked), teardown));
     Ok((parked, sender))
 }
@@ -625,7 +481,7 @@ mod shedding {
         get(&second, &authority, &slots).await.unwrap();
         assert_eq!(slots.open(), 1, "the cap held");
         assert!(
-            first.take(slots.pool(), &authority, Parking::Client).is_none(),
+            Parking::Client.take(&first.idle, slots.pool(), &authority).is_none(),
             "the first client's idle connection was closed"
         );
     }
@@ -712,7 +568,7 @@ mod shedding {
         let idle = last_used.elapsed();
         assert!(idle >= Duration::from_millis(300), "closed after {idle:?} idle, before the timeout");
         assert!(
-            client.take(slots.pool(), &authority, Parking::Client).is_none(),
+            Parking::Client.take(&client.idle, slots.pool(), &authority).is_none(),
             "the closed connection is not handed out"
         );
         get(&client, &authority, &slots).await.expect("a new connection is opened after the idle one closed");
