@@ -1,73 +1,50 @@
-//! The upstream connections: HTTP/1.1 clients share their worker thread's,
-//! HTTP/2 clients keep their own; each route caps how many are open at once
-//! over all client connections, and each client connection may open only a
-//! share of them.
-//!
-//! An upstream connection whose response has come back is parked for the
-//! next request, under the route it was opened for:
-//! - for an HTTP/1.1 client, in its worker thread's spares: any HTTP/1.1
-//!   client connection of that worker takes the most recently parked one that
-//!   is free, before it opens one. A client that sends one request at a time
-//!   usually gets its own connection back, and clients that come and go don't
-//!   each cost the upstream a connection (as nginx's `keepalive` cache). The
-//!   spares are a plain list on the worker's thread: no lock, no hash, and
-//!   the upstream exchange stays on the thread that serves the client.
-//! - for an HTTP/2 client, with the client connection, which needs as many as
-//!   it has requests in flight at once; they close with it. They are not
-//!   shared: the client connection's share of the route's slots (below) bounds
-//!   the connections its streams can pin, so its streams must not run on
-//!   connections counted in another client's share.
-//!
-//! The cap: every open upstream connection, busy or idle, holds one of its
-//! route's [`UpstreamSlots`] until it closes, so HTTP/2 streams whose responses
-//! are never read pin at most `max_upstream_connections` of them. Within it,
-//! one HTTP/2 client connection holds at most its share of a route's slots (a
-//! quarter of the cap, at least one), so the streams of one connection can't
-//! take the whole route from every other client. (An HTTP/1.1 client has one
-//! request in flight at a time, and the connections its requests open serve
-//! the whole worker: they count in the route's cap only.) A request that needs a new
-//! connection when none is free (of the route, or of its connection's share)
-//! waits for a slot up to the route's `queue_timeout`; then it is refused
-//! (503 `upstream-busy`) with nothing sent. While it waits, every connection
-//! it could take a slot from closes as soon as it is idle: the ones idle when
-//! the wait begins, and the ones that finish their response during it.
-//!
-//! An upstream connection is TCP, with TLS over it for an https upstream
-//! (`tls.rs`): the handshake is part of connecting, within the same timeout.
+//! The upstream connections, and the checkout: which one a request takes.
+//! An HTTP/1.1 client takes an idle connection of its worker thread's, an
+//! HTTP/2 client one of its own (`parking.rs` says why), before it opens one;
+//! on a route with `upstream_http2`, every client's requests take streams on
+//! the worker's HTTP/2 connections (`h2/`). Every open connection holds a
+//! slot of its route's cap; a request that needs a new one when none is free
+//! waits for one, then is refused with nothing sent (`slots.rs`).
 //!
 //! Retries: only what never reached the upstream is sent again.
 //! - Connecting, the TLS handshake included, is retried (with backoff): it
 //!   happens before the request is handed to a connection, so not one byte of
-//!   it was sent.
+//!   it was sent (`connect.rs`).
 //! - A request that a kept connection hands back unsent (the upstream had
 //!   closed it while idle) goes out on a fresh connection.
 //! - Anything else (a connection that broke after sending, a timeout) is never
 //!   retried: the upstream may have acted on it. That holds for every method,
-//!   fenced or not.
+//!   fenced or not. (An HTTP/2 upstream also says which streams it refused
+//!   unprocessed: `h2/`.)
+//!
+//! Each file uses only those listed after it, and `proxy/teardown.rs` below
+//! them all; no two use each other: `h2/` (HTTP/2 connections and their
+//! streams), `h1.rs` (an HTTP/1.1 connection and the task that runs it),
+//! `parking.rs` (idle HTTP/1.1 connections), `connect.rs` (TCP and TLS),
+//! `slots.rs` (the cap and its accounting).
 
 mod connect;
+mod h1;
 mod h2;
 mod parking;
 mod slots;
+#[cfg(test)]
+mod testing;
 
 use std::future::Future;
-use std::pin::{pin, Pin};
-use std::sync::{Arc, Weak};
+use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use http::uri::Authority;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
 use crate::body::{Handover, RequestBody};
 use crate::proxy::error::UpstreamError;
-use crate::proxy::teardown::{Resettable, Teardown};
 use crate::proxy::tls::UpstreamTls;
-use crate::server::connection::WokenOnly;
 
 pub(super) use h2::StreamHeld;
 pub use parking::Parking;
@@ -253,7 +230,7 @@ impl Upstreams {
         parking: Parking,
         handover: Option<&Arc<Handover>>,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        let (parked, mut sender) = connect(authority, tls, slot).await?;
+        let (parked, mut sender) = h1::connect(authority, tls, slot).await?;
         if let Some(handover) = handover {
             handover.went_on(parked.teardown().clone());
         }
@@ -267,167 +244,13 @@ impl Upstreams {
     }
 }
 
-/// Opens an HTTP/1.1 connection to `authority` in `slot`, over `tls` if
-/// given, and starts its driver.
-async fn connect(
-    authority: &Authority,
-    tls: Option<&UpstreamTls>,
-    slot: Slot,
-) -> Result<(Arc<Parked>, Sender), UpstreamError> {
-    let stream = connect::open_with_retries(authority, tls).await?;
-    let teardown = Teardown::new(false);
-    let io = TokioIo::new(Resettable::new(stream, &teardown));
-    let (sender, conn) = http1::Builder::new().handshake(io).await.map_err(UpstreamError::connect)?;
-    let parked = Parked::new(&slot, teardown.clone());
-    tokio::spawn(drive(conn, slot, Arc::downgrade(&parked), teardown));
-    Ok((parked, sender))
-}
-
-type Connection = http1::Connection<TokioIo<Resettable>, RequestBody>;
-
-/// What woke a connection's driver.
-enum Woken {
-    /// The connection ended.
-    Ended,
-    /// It was idle while a request waited for its slot, and was closed.
-    Shed,
-    /// A request started waiting: look again with fresh notifications.
-    Asked,
-    /// The idle timer went off: close the connection if it has been idle
-    /// for the route's `upstream_idle_timeout`.
-    IdleCheck,
-    /// A request asked for the connection to be torn down.
-    TornDown,
-}
-
-/// Runs one upstream connection until it ends, holding its slot; closes it
-/// early once it is idle while a request waits for that slot, or once it has
-/// been idle for the route's `upstream_idle_timeout`. A connection only turns
-/// idle while it is polled here (its last response's end is read in that
-/// poll), so looking after every poll misses none, and a request that starts
-/// waiting wakes the idle ones. The idle timer goes off at most once per
-/// timeout and looks at when the connection was last parked.
-async fn drive(conn: Connection, slot: Slot, parked: Weak<Parked>, teardown: Teardown) {
-    let mut conn = pin!(conn.with_upgrades());
-    let mut idle_check = pin!(tokio::time::sleep(slot.idle_timeout));
-    let mut torn_down = pin!(teardown.asked());
-    loop {
-        let mut route_asks = pin!(slot.route.shed.notified());
-        let mut share_asks = pin!(async {
-            match &slot.share {
-                Some(share) => share.shed.notified().await,
-                None => std::future::pending().await,
-            }
-        });
-        // The timer and the two signals are looked at only when one of them
-        // woke the task, not on each of the connection's wakes (watch.rs).
-        let mut watchers = pin!(WokenOnly::new(std::future::poll_fn(|cx| {
-            if torn_down.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Woken::TornDown);
-            }
-            if idle_check.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Woken::IdleCheck);
-            }
-            let asked = route_asks.as_mut().poll(cx).is_ready() | share_asks.as_mut().poll(cx).is_ready();
-            if asked {
-                Poll::Ready(Woken::Asked)
-            } else {
-                Poll::Pending
-            }
-        })));
-        let woken = std::future::poll_fn(|cx| {
-            if let Poll::Ready(ended) = conn.as_mut().poll(cx) {
-                if let Err(e) = ended {
-                    tracing::debug!(error = %e, "upstream connection ended with an error");
-                }
-                return Poll::Ready(Woken::Ended);
-            }
-            // Taken out of its cell, the sender can no longer be handed a
-            // request; dropping the connection closes the socket.
-            if slot.wanted() && parked.upgrade().and_then(|p| p.take_if_idle()).is_some() {
-                return Poll::Ready(Woken::Shed);
-            }
-            watchers.as_mut().poll(cx)
-        })
-        .await;
-        match woken {
-            Woken::Ended => return,
-            // Dropping the connection closes its socket with a reset
-            // (`Resettable`): nothing it still held is written.
-            Woken::TornDown => {
-                tracing::debug!("tearing an upstream connection down: a request on it went past its route's timeout");
-                return;
-            }
-            Woken::Shed => {
-                tracing::debug!("closing an idle upstream connection: a request waits for its slot");
-                return;
-            }
-            Woken::Asked => {}
-            Woken::IdleCheck => {
-                let now = Instant::now();
-                let parked = parked.upgrade();
-                match parked.as_ref().and_then(|p| p.parked_since()) {
-                    Some(since) if now >= since + slot.idle_timeout => {
-                        if parked.and_then(|p| p.take_if_idle()).is_some() {
-                            tracing::debug!("closing an upstream connection idle for upstream_idle_timeout");
-                            return;
-                        }
-                        // Still sending its last response's body.
-                        idle_check.as_mut().reset(now + slot.idle_timeout);
-                    }
-                    Some(since) => idle_check.as_mut().reset(since + slot.idle_timeout),
-                    // Busy: it can't be idle for long before the next look.
-                    None => idle_check.as_mut().reset(now + slot.idle_timeout),
-                }
-            }
-        }
-    }
-}
 #[cfg(test)]
-mod shedding {
-    use std::convert::Infallible;
-
-    use bytes::Bytes;
-    use http_body_util::{BodyExt, Full};
-    use tokio::net::TcpListener;
+mod tests {
+    use http_body_util::BodyExt;
     use tokio::sync::Semaphore;
 
+    use super::testing::{get, get_parking, holding_upstream, request, upstream};
     use super::*;
-
-    /// An upstream that answers every request 200 "ok", keeping connections alive.
-    async fn upstream() -> Authority {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let authority = Authority::try_from(listener.local_addr().unwrap().to_string()).unwrap();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(
-                    TokioIo::new(stream),
-                    hyper::service::service_fn(|_| async {
-                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("ok"))))
-                    }),
-                ));
-            }
-        });
-        authority
-    }
-
-    /// A GET through `upstreams` as an HTTP/2 client's: on its own connections.
-    async fn get(upstreams: &Upstreams, authority: &Authority, slots: &UpstreamSlots) -> Result<(), UpstreamError> {
-        get_parking(upstreams, authority, slots, Parking::Client).await
-    }
-
-    async fn get_parking(
-        upstreams: &Upstreams,
-        authority: &Authority,
-        slots: &UpstreamSlots,
-        parking: Parking,
-    ) -> Result<(), UpstreamError> {
-        let checkout = upstreams.checkout(authority, slots, Duration::from_secs(5), parking).await?;
-        let request = Request::get("/").body(RequestBody::empty()).unwrap();
-        let response = upstreams.send(authority, None, slots, checkout, request, None).await?;
-        response.into_body().collect().await.unwrap();
-        Ok(())
-    }
 
     /// HTTP/1.1 clients of one worker thread take each other's idle
     /// connections; HTTP/2 clients keep their own.
@@ -472,109 +295,6 @@ mod shedding {
     }
 
     #[tokio::test]
-    async fn at_the_cap_another_clients_idle_connection_closes_to_make_room() {
-        let authority = upstream().await;
-        let slots = UpstreamSlots::new(1, Duration::from_secs(60));
-        let (first, second) = (Upstreams::default(), Upstreams::default());
-        get(&first, &authority, &slots).await.unwrap();
-        assert_eq!(slots.open(), 1, "the first client keeps its connection");
-        get(&second, &authority, &slots).await.unwrap();
-        assert_eq!(slots.open(), 1, "the cap held");
-        assert!(
-            Parking::Client.take(&first.idle, slots.pool(), &authority).is_none(),
-            "the first client's idle connection was closed"
-        );
-    }
-
-    /// An upstream that answers every request 200 with a two-byte body whose
-    /// bytes it sends only once `release` is notified, one response each.
-    async fn holding_upstream(release: Arc<Semaphore>) -> Authority {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let authority = Authority::try_from(listener.local_addr().unwrap().to_string()).unwrap();
-        tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                let release = release.clone();
-                tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0; 1024];
-                    loop {
-                        let Ok(n @ 1..) = stream.read(&mut buf).await else { return };
-                        head.extend_from_slice(&buf[..n]);
-                        if !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                            continue;
-                        }
-                        head.clear();
-                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n";
-                        if stream.write_all(answer).await.is_err() {
-                            return;
-                        }
-                        release.acquire().await.unwrap().forget();
-                        if stream.write_all(b"ok").await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        authority
-    }
-
-    #[tokio::test]
-    async fn at_the_cap_a_connection_that_turns_idle_during_the_wait_gives_its_slot() {
-        let release = Arc::new(Semaphore::new(0));
-        let authority = holding_upstream(release.clone()).await;
-        let slots = UpstreamSlots::new(2, Duration::from_secs(60));
-        let clients: Vec<Upstreams> = (0..3).map(|_| Upstreams::default()).collect();
-        // Two clients' downloads fill the route's cap.
-        let mut downloads = Vec::new();
-        for client in &clients[..2] {
-            let checkout = client.checkout(&authority, &slots, Duration::ZERO, Parking::Client).await.unwrap();
-            let response = client.send(&authority, None, &slots, checkout, request(), None).await.unwrap();
-            downloads.push(response);
-        }
-        assert_eq!(slots.open(), 2);
-        // The third waits: both connections are still sending their bodies.
-        let waiting = tokio::spawn({
-            let (client, authority, slots) = (clients[2].clone(), authority.clone(), slots.clone());
-            async move { client.checkout(&authority, &slots, Duration::from_secs(30), Parking::Client).await.map(|_| ()) }
-        });
-        while !slots.pool().wanted() {
-            tokio::task::yield_now().await;
-        }
-        // Both downloads end; their connections sit idle in their clients.
-        release.add_permits(2);
-        for response in downloads {
-            assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
-        }
-        waiting.await.unwrap().expect("an idle connection gave its slot to the waiting request");
-    }
-
-    #[tokio::test]
-    async fn a_connection_idle_for_the_idle_timeout_closes() {
-        let authority = upstream().await;
-        let slots = UpstreamSlots::new(4, Duration::from_millis(300));
-        let client = Upstreams::default();
-        get(&client, &authority, &slots).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        // Used again before the timeout: kept, and idle from then on.
-        let last_used = Instant::now();
-        get(&client, &authority, &slots).await.unwrap();
-        assert_eq!(slots.open(), 1, "the connection was reused");
-        while slots.open() > 0 {
-            assert!(last_used.elapsed() < Duration::from_secs(5), "the idle connection was never closed");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let idle = last_used.elapsed();
-        assert!(idle >= Duration::from_millis(300), "closed after {idle:?} idle, before the timeout");
-        assert!(
-            Parking::Client.take(&client.idle, slots.pool(), &authority).is_none(),
-            "the closed connection is not handed out"
-        );
-        get(&client, &authority, &slots).await.expect("a new connection is opened after the idle one closed");
-    }
-
-    #[tokio::test]
     async fn kept_connections_serve_only_the_route_they_were_opened_for() {
         let authority = upstream().await;
         let (a, b) = (UpstreamSlots::new(4, Duration::from_secs(60)), UpstreamSlots::new(4, Duration::from_secs(60)));
@@ -612,10 +332,6 @@ mod shedding {
         let response = other.send(&authority, None, &slots, checkout, request(), None).await.unwrap();
         assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
         assert_eq!(slots.open(), 3);
-    }
-
-    fn request() -> Request<RequestBody> {
-        Request::get("/").body(RequestBody::empty()).unwrap()
     }
 
     #[tokio::test(start_paused = true)]
