@@ -163,7 +163,7 @@ mod tests {
         get(&second, &authority, &slots).await.unwrap();
         assert_eq!(slots.open(), 1, "the cap held");
         assert!(
-            Parking::Client.take(&first.idle, slots.pool(), &authority).is_none(),
+            Parking::Client.take(&first.idle, slots.route(), &authority).is_none(),
             "the first client's idle connection was closed"
         );
     }
@@ -187,7 +187,7 @@ mod tests {
             let (client, authority, slots) = (clients[2].clone(), authority.clone(), slots.clone());
             async move { client.checkout(&authority, &slots, Duration::from_secs(30), Parking::Client).await.map(|_| ()) }
         });
-        while !slots.pool().wanted() {
+        while !slots.route().wanted() {
             tokio::task::yield_now().await;
         }
         // Both downloads end; their connections sit idle in their clients.
@@ -216,7 +216,7 @@ mod tests {
         let idle = last_used.elapsed();
         assert!(idle >= Duration::from_millis(300), "closed after {idle:?} idle, before the timeout");
         assert!(
-            Parking::Client.take(&client.idle, slots.pool(), &authority).is_none(),
+            Parking::Client.take(&client.idle, slots.route(), &authority).is_none(),
             "the closed connection is not handed out"
         );
         get(&client, &authority, &slots).await.expect("a new connection is opened after the idle one closed");

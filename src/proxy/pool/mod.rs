@@ -161,7 +161,7 @@ impl Upstreams {
             let way = Box::pin(h2::checkout(authority, slots, wait)).await?;
             return Ok(Checkout(Way::Http2(way), parking));
         }
-        if let Some((parked, sender)) = parking.take(&self.idle, slots.pool(), authority) {
+        if let Some((parked, sender)) = parking.take(&self.idle, slots.route(), authority) {
             return Ok(Checkout(Way::Kept(parked, sender), parking));
         }
         // Boxed: the wait is the rare path, and inline it would make every

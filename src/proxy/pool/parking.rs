@@ -21,7 +21,7 @@ use http::uri::Authority;
 use hyper::client::conn::http1;
 use tokio::time::Instant;
 
-use super::slots::{Pool, Slot};
+use super::slots::{Slot, Slots};
 use crate::body::RequestBody;
 use crate::proxy::teardown::Teardown;
 
@@ -49,8 +49,8 @@ pub(super) struct Parked {
     sender: Mutex<Option<Sender>>,
     /// When the sender was last parked.
     parked_at: Mutex<Instant>,
-    route: Arc<Pool>,
-    share: Option<Arc<Pool>>,
+    route: Arc<Slots>,
+    share: Option<Arc<Slots>>,
     /// Tears the connection down, for a request that went past its route's
     /// timeout on it.
     teardown: Teardown,
@@ -118,7 +118,7 @@ impl Parking {
     /// client connection's); closed ones are dropped, and ones still sending
     /// a response body are left for later: at the cap a request then waits
     /// for a slot instead of being refused by a busy connection.
-    pub(super) fn take(self, own: &Idle, route: &Arc<Pool>, authority: &Authority) -> Option<(Arc<Parked>, Sender)> {
+    pub(super) fn take(self, own: &Idle, route: &Arc<Slots>, authority: &Authority) -> Option<(Arc<Parked>, Sender)> {
         match self {
             Parking::Worker => SPARE.with(|spare| take_from(&mut spare.borrow_mut(), route, authority)),
             // h2/ keeps those.
@@ -163,7 +163,7 @@ impl Parking {
 /// From `kept`, the newest idle, still open connection to `authority` opened
 /// for `route` that has finished its last response. Closed ones met on the
 /// way are dropped; the search usually ends at the last one.
-fn take_from(kept: &mut Vec<Kept>, route: &Arc<Pool>, authority: &Authority) -> Option<(Arc<Parked>, Sender)> {
+fn take_from(kept: &mut Vec<Kept>, route: &Arc<Slots>, authority: &Authority) -> Option<(Arc<Parked>, Sender)> {
     let mut at = kept.len();
     while at > 0 {
         at -= 1;
@@ -214,7 +214,7 @@ mod tests {
     /// A connection of the route of `slots`, in its own slot (held by the
     /// driver in the pool), with its cell.
     async fn parked(slots: &UpstreamSlots) -> (Arc<Parked>, Sender, Slot, DuplexStream) {
-        let slot = Slot::of_route(slots, slots.pool().free.clone().try_acquire_owned().unwrap());
+        let slot = Slot::of_route(slots, slots.route().free.clone().try_acquire_owned().unwrap());
         let (sender, theirs) = connection().await;
         (Parked::new(&slot, Teardown::new(false)), sender, slot, theirs)
     }
@@ -251,13 +251,14 @@ mod tests {
         }
         drop(closed_cell);
 
-        let (taken, _) = Parking::Client.take(&own, route.pool(), &authority).expect("an idle connection of the route");
+        let (taken, _) =
+            Parking::Client.take(&own, route.route(), &authority).expect("an idle connection of the route");
         assert!(std::ptr::eq(Arc::as_ptr(&taken), newest_idle_cell.as_ptr()), "the newest idle one, past the busy one");
         assert_eq!(own.0.lock().unwrap().len(), 3, "the others stay");
-        assert!(Parking::Client.take(&own, route.pool(), &authority).is_none(), "busy, another route's, or closed");
+        assert!(Parking::Client.take(&own, route.route(), &authority).is_none(), "busy, another route's, or closed");
         assert_eq!(own.0.lock().unwrap().len(), 2, "the closed one was dropped, the busy and the other route's kept");
-        assert!(Parking::Client.take(&own, other.pool(), &Authority::from_static("elsewhere:80")).is_none());
-        assert!(Parking::Client.take(&own, other.pool(), &authority).is_some(), "the other route takes its own");
+        assert!(Parking::Client.take(&own, other.route(), &Authority::from_static("elsewhere:80")).is_none());
+        assert!(Parking::Client.take(&own, other.route(), &authority).is_some(), "the other route takes its own");
     }
 
     /// A connection that turns idle while a request waits for its route's
@@ -272,7 +273,7 @@ mod tests {
             let route = route.clone();
             async move { route.acquire(Duration::from_secs(1)).await.is_some() }
         });
-        while !route.pool().wanted() {
+        while !route.route().wanted() {
             tokio::task::yield_now().await;
         }
         Parking::Client.put_back(&own, &authority, cell.clone(), sender);

@@ -27,7 +27,7 @@ use crate::proxy::error::UpstreamError;
 
 /// Slots for open upstream connections, with the requests waiting for one:
 /// a route's, or one client connection's share of a route's.
-pub(super) struct Pool {
+pub(super) struct Slots {
     /// One permit per open upstream connection, busy or idle.
     pub(super) free: Arc<Semaphore>,
     pub(super) cap: usize,
@@ -42,10 +42,10 @@ pub(super) struct Pool {
     pub(super) freed: Notify,
 }
 
-impl Pool {
-    fn new(cap: usize) -> Arc<Pool> {
+impl Slots {
+    fn new(cap: usize) -> Arc<Slots> {
         let cap = cap.clamp(1, Semaphore::MAX_PERMITS);
-        Arc::new(Pool {
+        Arc::new(Slots {
             free: Arc::new(Semaphore::new(cap)),
             cap,
             waiting: AtomicUsize::new(0),
@@ -72,7 +72,7 @@ impl Pool {
     }
 }
 
-/// One request counted in [`Pool::waiting`] while it lives.
+/// One request counted in [`Slots::waiting`] while it lives.
 pub(super) struct Waiting<'a>(&'a AtomicUsize);
 
 impl<'a> Waiting<'a> {
@@ -92,7 +92,7 @@ impl Drop for Waiting<'_> {
 /// connection and HTTP/2 stream. Clones share the cap.
 #[derive(Clone)]
 pub struct UpstreamSlots {
-    inner: Arc<Pool>,
+    inner: Arc<Slots>,
     /// How long an upstream connection of the route may sit idle before it
     /// is closed.
     idle_timeout: Duration,
@@ -111,7 +111,7 @@ impl UpstreamSlots {
     /// At most `cap` upstream connections open at once (at least one), each
     /// closed once it has been idle for `idle_timeout`.
     pub fn new(cap: usize, idle_timeout: Duration) -> UpstreamSlots {
-        UpstreamSlots { inner: Pool::new(cap), idle_timeout }
+        UpstreamSlots { inner: Slots::new(cap), idle_timeout }
     }
 
     /// A cap of the same size that shares nothing with this one: each running
@@ -135,7 +135,7 @@ impl UpstreamSlots {
     }
 
     /// The route's slots and the requests waiting for one.
-    pub(super) fn pool(&self) -> &Arc<Pool> {
+    pub(super) fn route(&self) -> &Arc<Slots> {
         &self.inner
     }
 
@@ -154,8 +154,8 @@ impl UpstreamSlots {
 /// route's and, if an HTTP/2 client opened it, one of that client
 /// connection's share.
 pub(super) struct Slot {
-    pub(super) route: Arc<Pool>,
-    pub(super) share: Option<Arc<Pool>>,
+    pub(super) route: Arc<Slots>,
+    pub(super) share: Option<Arc<Slots>>,
     pub(super) idle_timeout: Duration,
     _route_slot: OwnedSemaphorePermit,
     _share_slot: Option<OwnedSemaphorePermit>,
@@ -173,7 +173,7 @@ impl Slot {
     /// share, the request has not touched the route's slots.
     pub(super) async fn acquire(
         slots: &UpstreamSlots,
-        share: Option<Arc<Pool>>,
+        share: Option<Arc<Slots>>,
         deadline: Instant,
     ) -> Result<Slot, UpstreamError> {
         let started = Instant::now();
@@ -203,16 +203,16 @@ impl Slot {
 pub(super) struct Shares(Mutex<Vec<Share>>);
 
 /// A route's slots, and this client connection's share of them.
-type Share = (Arc<Pool>, Arc<Pool>);
+type Share = (Arc<Slots>, Arc<Slots>);
 
 impl Shares {
     /// This client connection's share of the route of `slots`.
-    pub(super) fn of(&self, slots: &UpstreamSlots) -> Arc<Pool> {
+    pub(super) fn of(&self, slots: &UpstreamSlots) -> Arc<Slots> {
         let mut shares = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((_, share)) = shares.iter().find(|(route, _)| Arc::ptr_eq(route, &slots.inner)) {
             return share.clone();
         }
-        let share = Pool::new(slots.share());
+        let share = Slots::new(slots.share());
         shares.push((slots.inner.clone(), share.clone()));
         share
     }

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use crate::body::RequestBody;
 use crate::proxy::error::UpstreamError;
 use crate::proxy::pool::connect::open_with_retries;
-use crate::proxy::pool::slots::{Pool, Slot};
+use crate::proxy::pool::slots::{Slot, Slots};
 use crate::proxy::teardown::{Resettable, Teardown};
 use crate::proxy::tls::UpstreamTls;
 use crate::server::connection::WokenOnly;
@@ -53,7 +53,7 @@ type Connection = http2::Connection<TokioIo<Resettable>, RequestBody, TokioExecu
 /// One upstream HTTP/2 connection, run by the worker thread that opened it.
 pub(in crate::proxy::pool) struct Multiplexed {
     pub(super) authority: Authority,
-    pub(super) route: Arc<Pool>,
+    pub(super) route: Arc<Slots>,
     pub(super) worker: std::thread::ThreadId,
     /// Takes no new stream: one of its requests went past the route's
     /// timeout, so the upstream may be gone; it closes once its streams end.

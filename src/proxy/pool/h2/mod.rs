@@ -51,7 +51,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use super::slots::{Pool, Slot, UpstreamSlots, Waiting};
+use super::slots::{Slot, Slots, UpstreamSlots, Waiting};
 use crate::body::{Handover, RequestBody};
 use crate::proxy::error::UpstreamError;
 use crate::proxy::tls::UpstreamTls;
@@ -79,7 +79,7 @@ pub(super) async fn checkout(
     slots: &UpstreamSlots,
     wait: Duration,
 ) -> Result<Way, UpstreamError> {
-    let route = slots.pool();
+    let route = slots.route();
     // This worker's connections, then a new one, then another worker's: a
     // connection of this worker's keeps the exchange on this thread.
     if let Some((mux, stream)) = take(route, authority, Workers::This) {
@@ -128,7 +128,7 @@ enum Workers {
 /// A stream on the newest connection of `route` to `authority` with one
 /// free, among `workers`' connections; closed connections met on the way are
 /// dropped.
-fn take(route: &Arc<Pool>, authority: &Authority, workers: Workers) -> Option<(Arc<Multiplexed>, Stream)> {
+fn take(route: &Arc<Slots>, authority: &Authority, workers: Workers) -> Option<(Arc<Multiplexed>, Stream)> {
     let here = std::thread::current().id();
     let mut shared = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
     shared.retain(|mux| !mux.is_closed());
@@ -210,7 +210,7 @@ pub(super) async fn send(
             Err(e) => return Err(e),
         };
         let fresh = || {
-            let permit = slots.pool().free.clone().try_acquire_owned().ok()?;
+            let permit = slots.route().free.clone().try_acquire_owned().ok()?;
             Some(open(authority, tls, Slot::of_route(slots, permit)))
         };
         let next = if refusal.is_some() {
@@ -218,9 +218,9 @@ pub(super) async fn send(
             // connection when a slot is free: no limit on a connection's
             // streams (nginx's `keepalive_requests`) refuses it again there,
             // as one on another old connection might.
-            fresh().or_else(|| take(slots.pool(), authority, Workers::Any))
+            fresh().or_else(|| take(slots.route(), authority, Workers::Any))
         } else {
-            take(slots.pool(), authority, Workers::Any).or_else(fresh)
+            take(slots.route(), authority, Workers::Any).or_else(fresh)
         };
         (mux, stream) = match next {
             Some(next) => next,
