@@ -185,8 +185,8 @@ impl Upstreams {
     /// the route's upstream is https. The exchange on a kept connection is
     /// polled in place; a new connection, and sending again a request a kept
     /// connection handed back unsent, are the rare paths, boxed: inline, the
-    /// connect and the handshake would make every request's future several
-    /// times larger (and every move of it longer).
+    /// connect and the handshake would make every request's future larger
+    /// (and every move of it longer; docs/perf-log.md).
     pub fn send<'a>(
         &'a self,
         authority: &'a Authority,
@@ -220,7 +220,7 @@ impl Upstreams {
 
     /// `send` on a new connection in `slot`. The rare path, boxed by `send`:
     /// inline, the connect and the handshake would make every request's
-    /// future several times larger.
+    /// future larger.
     async fn send_on_new(
         &self,
         authority: &Authority,

@@ -174,7 +174,7 @@ fn take_from(kept: &mut Vec<Kept>, route: &Arc<Slots>, authority: &Authority) ->
             None => {}
             // The same route's, so the same upstream: its authority is a
             // clone of the route's, compared byte for byte (`==` on two
-            // authorities ignores case, a dozen times slower).
+            // authorities ignores case: slower, see docs/perf-log.md).
             Some(s) if s.is_ready() && Arc::ptr_eq(&parked.route, route) && to.as_str() == authority.as_str() => {
                 let taken = sender.take();
                 drop(sender);
