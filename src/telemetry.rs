@@ -10,7 +10,7 @@
 //! [`LogGuard`] writes out every line when dropped: `main` holds it until the
 //! end, so a clean shutdown loses no line.
 //!
-//! The access log's line is formatted by fencegate itself (access_log.rs),
+//! The access log's line is formatted by fencegate itself (stack/access_log),
 //! byte for byte as tracing's formatter would, for a tenth of the
 //! instructions (docs/perf-log.md).
 

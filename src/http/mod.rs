@@ -12,6 +12,7 @@ mod outcome;
 pub mod problem;
 mod refused;
 pub(crate) mod stream;
+pub(crate) mod teardown;
 mod woken;
 
 pub use body::{
@@ -21,4 +22,5 @@ pub use body::{
 pub(crate) use body::{ReadError, Reader};
 pub use outcome::{Decision, Outcome, RouteLabel, RouteTag};
 pub use refused::RefusedOr;
+pub use teardown::Teardown;
 pub(crate) use woken::WokenOnly;

@@ -4,7 +4,7 @@
 use std::error::Error;
 use std::time::Duration;
 
-pub(crate) type BoxError = Box<dyn Error + Send + Sync>;
+pub use crate::http::BoxError;
 
 /// Where an upstream exchange stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

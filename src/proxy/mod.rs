@@ -6,9 +6,8 @@
 
 mod error;
 mod headers;
-mod http2;
+mod pool;
 mod tls;
-mod upstream;
 
 use std::net::SocketAddr;
 
@@ -17,10 +16,7 @@ use http::header::HeaderValue;
 pub use error::UpstreamError;
 pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
 
-pub use upstream::{Parking, Teardown, UpstreamSlots};
-
-pub use http2::StreamHeld;
-pub use upstream::Upstreams;
+pub use pool::{Parking, StreamHeld, UpstreamSlots, Upstreams};
 
 /// The client's address, for `X-Forwarded-For`.
 #[derive(Debug, Clone)]

@@ -2,7 +2,7 @@
 //! route's client config (`config/tls.rs`, read with the config) is shared
 //! by every connection the route opens.
 //!
-//! The handshake is part of connecting (`upstream.rs`): it counts in the
+//! The handshake is part of connecting (`pool/connect.rs`): it counts in the
 //! connect timeout, and a failed one is a failed connect (502, retried, since
 //! nothing was sent). Failures are logged at warn with their reason, since
 //! the next request will fail the same way until the certificates are fixed.

@@ -153,7 +153,7 @@ fn protocols(server: &ServerConfig, resting: Gauge<i64, AtomicI64>) -> Protocols
         // A head larger than this gets 431.
         .max_buf_size(server.max_header_bytes);
     // So does one with more fields than this; HTTP/2 heads are counted in
-    // the stack (head_limits.rs). hyper's own limit is 100 fields, in arrays
+    // the stack (stack/header_count). hyper's own limit is 100 fields, in arrays
     // on the stack; a limit set here, even 100, makes it allocate and fill
     // two arrays of that many slots for every head it parses (docs/perf-log.md,
     // "Code comments' figures"), so it is set only when it differs.

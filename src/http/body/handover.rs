@@ -6,7 +6,7 @@ use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::Notify;
 
-use crate::proxy::Teardown;
+use crate::http::Teardown;
 
 /// How far a request body went to the upstream connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -172,7 +172,7 @@ where
     let mut ended = None;
     loop {
         // What the connection's guards and shutdown say, looked at only when
-        // one of them woke the task (watch.rs): the connection wakes it
+        // one of them woke the task (http/woken.rs): the connection wakes it
         // several times a request.
         let watchers = WokenOnly::new(async {
             tokio::select! {

@@ -22,8 +22,8 @@ pub(super) fn prepare(
 ) -> Result<(Request<RequestBody>, Upgrade), ProxyError> {
     let (mut parts, body) = req.into_parts();
     // HTTP/1.1 clients share their worker's upstream connections; an HTTP/2
-    // client's streams stay on its own (upstream.rs says why). Over HTTP/2 to
-    // the upstream, every client's requests share the worker's (http2.rs).
+    // client's streams stay on its own (proxy/pool/parking.rs says why). Over HTTP/2 to
+    // the upstream, every client's requests share the worker's (proxy/pool/h2).
     let parking = match (route.upstream_http2, parts.version) {
         (true, _) => Parking::Multiplexed,
         (false, http::Version::HTTP_2) => Parking::Client,

@@ -18,7 +18,7 @@ use crate::stack::router::Routed;
 
 /// The innermost service: sends a request to its route's upstream, on an
 /// upstream connection of the worker's (HTTP/1.1 clients) or of the client
-/// connection's own (HTTP/2; upstream.rs says why). Make one per client
+/// connection's own (HTTP/2; proxy/pool/parking.rs says why). Make one per client
 /// connection. The layers above clone it for every request: one count, of
 /// this connection's, is all a clone touches.
 #[derive(Clone, Debug)]

@@ -130,7 +130,7 @@ where
         // One deadline for all of them: `queue_timeout` bounds the whole wait.
         // A request that writes two keys, or a key of a strict route, holds its
         // keys alone; any other shares its key with the requests carrying the
-        // key's mark (gate.rs).
+        // key's mark (fence/gate).
         let deadline = tokio::time::Instant::now() + route.queue_timeout;
         let mut turns = Turns::default();
         for (k, r) in keys {
