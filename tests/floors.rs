@@ -16,12 +16,16 @@ const FLOORS: &[&[&str]] = &[
     &["telemetry"],
     &["fence"],
     &["metrics"],
-    &["proxy", "body"],
+    &["proxy"],
     &["route"],
     &["admin"],
     &["stack"],
     &["server"],
 ];
+
+/// The binary's own modules (declared by `main.rs`, beside the floors):
+/// the library may not use them.
+const BINARY_ONLY: &[&str] = &["allocator"];
 
 const LONGEST_FILE: usize = 600;
 
@@ -115,7 +119,7 @@ fn every_module_uses_only_floors_below_it_and_no_file_runs_long() {
 
     let mut wrong = Vec::new();
     for module in &modules {
-        if floor_of(module).is_none() {
+        if floor_of(module).is_none() && !BINARY_ONLY.contains(&module.as_str()) {
             wrong.push(format!("{module} is on no floor: add it to FLOORS and to docs/architecture.md"));
         }
     }
@@ -123,6 +127,9 @@ fn every_module_uses_only_floors_below_it_and_no_file_runs_long() {
         for (other, file) in used {
             if !modules.contains(other) {
                 continue;
+            }
+            if BINARY_ONLY.contains(&other.as_str()) {
+                wrong.push(format!("{module} uses {other}, which is the binary's own ({})", file.display()));
             }
             if let (Some(a), Some(b)) = (floor_of(module), floor_of(other)) {
                 if b >= a {
