@@ -26,6 +26,7 @@ mod model;
 mod problems;
 mod route;
 mod secrets;
+mod signing_key;
 mod size;
 mod tls;
 mod validate;
@@ -46,8 +47,8 @@ pub use route::{
     CertNameError, KeyError, KeyInput, KeyTemplate, PathPattern, PatternError, RouteConfig, TemplateError, UpstreamUrl,
     UpstreamUrlError,
 };
-pub use secrets::SigningKey;
 pub use secrets::{load_signing_key, SecretError, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};
+pub use signing_key::SigningKey;
 pub use size::{parse_size, Size, SizeError};
 pub use tls::{pem_certificates, pem_private_key, PemError, PlatformRoots, TlsError, UpstreamTls, UpstreamTlsFiles};
 

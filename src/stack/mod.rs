@@ -13,6 +13,11 @@
 //! `Service` and its `call`, `future.rs` its own response future when it has
 //! one; other files are named for their concern.
 //! `error.rs` holds the refusals every layer raises.
+//!
+//! Layers use the types of the layers below them, and two use each other:
+//! a request routed by `router` carries the `SlotTaken` flag the `forward`
+//! marks once it has its way upstream, and the forward reads the routed
+//! request. The flag is the one thing the forward hands back up.
 
 pub(crate) mod access_log;
 pub(crate) mod body;

@@ -23,7 +23,7 @@ pub use pattern::{PathPattern, PatternError};
 pub use upstream::{CertNameError, UpstreamUrl, UpstreamUrlError};
 pub(super) use validate::{route_label, validate_route};
 
-use super::secrets::SigningKey;
+use super::signing_key::SigningKey;
 use super::tls::UpstreamTls;
 use crate::canonical::PathOptions;
 

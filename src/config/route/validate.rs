@@ -15,7 +15,7 @@ use crate::canonical::{canonical_path, EscapedSlashes, NonUtf8, PathOptions};
 use crate::config::defaults::*;
 use crate::config::file::RouteSection;
 use crate::config::problems::Problems;
-use crate::config::secrets::SigningKey;
+use crate::config::signing_key::SigningKey;
 use crate::config::tls::{UpstreamTls, UpstreamTlsFiles};
 
 /// How problems of the route at index `i` are labelled: `route[1] 'objects'`,
