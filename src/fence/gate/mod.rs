@@ -32,7 +32,8 @@
 //! request asks for one), `key` (one key's holders and queue, and the rules
 //! of who goes next), `turn` (the right to forward, passed on when dropped),
 //! `waiting` (a waiter that leaves its queue when it gives up, and the
-//! count of waiters).
+//! count of waiters). `map`, `key` and `turn` use each other: a turn holds
+//! the gate it came from, to pass the key on when it is dropped.
 
 mod key;
 mod map;

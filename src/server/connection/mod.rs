@@ -68,6 +68,9 @@
 //! on the bare socket would miss) and the admin listener's do not rest. A
 //! resting connection is still timed by
 //! `idle_timeout` and closed at its end.
+//!
+//! `activity` and `frames` use each other: the frame reader tells the
+//! activity what it read, in the units the activity counts.
 
 mod activity;
 mod drain;
