@@ -1,48 +1,86 @@
 #!/usr/bin/env bash
 # Instructions per fenced PUT, counted by callgrind: fencegate, the fenced
-# floor and the hyper floor (examples/hyper_floor.rs), each in front of the
-# same nginx upstream, under the same load as the load bench's `put`
-# scenario. Instruction counts do not move with what else the machine runs,
-# so this is the figure to compare two builds by on a noisy machine.
+# floor, the hyper floor (examples/hyper_floor.rs), nginx as a plain reverse
+# proxy and nginx with a Lua fence check (the load bench's `nginx` and
+# `nginx-lua`), each in front of the same nginx upstream, under the same load
+# as the load bench's `put` scenario. Instruction counts do not move with
+# what else the machine runs, so this is the figure to compare two builds by
+# on a noisy machine.
 #
-#   benches/instructions.sh                     # ~3 min: builds, then each contender in turn
+#   benches/instructions.sh                     # ~5 min: builds, then each contender in turn
 #   CONTENDERS=fencegate FENCEGATE_BIN=path/to/fencegate benches/instructions.sh
+#   CONTENDERS="nginx nginx-lua" benches/instructions.sh   # no cargo build
 #
-# Knobs (environment): CONTENDERS ("fencegate fenced-floor hyper-floor"),
-# SECONDS_MEASURED (10), CONNS (64), KEYS (10000), ACCESS_LOG (on; "off"
-# leaves fencegate's and the fenced floor's access lines out), FENCEGATE_BIN
-# and HYPER_FLOOR_BIN (use these binaries, skip `cargo build`), OUT (a
-# directory for the callgrind files and logs; a temp dir otherwise).
+# Knobs (environment): CONTENDERS ("fencegate fenced-floor hyper-floor nginx
+# nginx-lua"), SECONDS_MEASURED (10), CONNS (64), KEYS (10000), ACCESS_LOG
+# (on; "off" leaves the access lines of fencegate, the fenced floor and the
+# nginx contenders out), FENCEGATE_BIN and HYPER_FLOOR_BIN (use these binaries, skip
+# `cargo build`), OUT (a directory for the callgrind files and logs; a temp
+# dir otherwise).
 #
 # Every key is given its mark before counting (a first mark costs a new
 # entry), then the counters are zeroed, wrk runs SECONDS_MEASURED seconds
 # and the count since the zero is divided by the requests wrk saw answered.
-# Under callgrind the proxy runs ~50x slower, so a run answers a few
-# thousand requests: counts move by about ±300 instructions per request
-# from run to run with how many requests each wake of a task carries. Read
-# a difference smaller than that as none. Needs valgrind, nginx, wrk, curl.
+# Every request carries token 7, the mark priming gave its key: no fencing
+# contender writes a mark while counted. Under callgrind the proxy runs ~50x
+# slower, so a run answers a few thousand requests: counts move by about
+# ±300 instructions per request from run to run with how many requests each
+# wake of a task carries. Read a difference smaller than that as none.
+#
+# The nginx contenders are the load bench's configs (benches/load/proxy-nginx
+# .conf.in and proxy-nginx-lua.conf.in, the Lua check inline in the latter)
+# with one change: `master_process off;` and `worker_processes 1;`, so the
+# one process valgrind starts, and callgrind_control zeroes and dumps, is
+# the one that serves. The access log, when on, is the load bench's:
+# buffered to a file. LuaJIT writes machine code at run time, which
+# valgrind notices only with `--smc-check=all-non-file` (without it, it may
+# run a stale translation of rewritten code); with the flag, nginx-lua runs
+# under callgrind as shipped, JIT on and `lua_code_cache on` (the default),
+# no `jit.off()` needed: valgrind 3.19, Debian 12's libnginx-mod-http-lua
+# 0.10.23 on LuaJIT 2.1-20230119. The flag adds checks to valgrind's
+# translations, not to the instructions counted; plain nginx runs with it
+# too, so the two run alike.
+#
+# Needs (Debian packages): valgrind, nginx, wrk, curl; libnginx-mod-http-lua
+# for nginx-lua.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
-CONTENDERS=${CONTENDERS:-"fencegate fenced-floor hyper-floor"}
+CONTENDERS=${CONTENDERS:-"fencegate fenced-floor hyper-floor nginx nginx-lua"}
 SECONDS_MEASURED=${SECONDS_MEASURED:-10}
 CONNS=${CONNS:-64}
 KEYS=${KEYS:-10000}
 ACCESS_LOG=${ACCESS_LOG:-on}
 
 die() { echo "instructions.sh: $*" >&2; exit 1; }
+declare -A PACKAGE=([valgrind]=valgrind [callgrind_control]=valgrind [nginx]=nginx [wrk]=wrk [curl]=curl)
 for tool in valgrind callgrind_control nginx wrk curl; do
-    command -v "$tool" >/dev/null || die "needs $tool (Debian: valgrind, nginx, wrk, curl)"
+    command -v "$tool" >/dev/null || die "needs $tool: install the Debian package ${PACKAGE[$tool]} (apt-get install ${PACKAGE[$tool]})"
 done
 [[ "$ACCESS_LOG" == on || "$ACCESS_LOG" == off ]] || die "ACCESS_LOG must be on or off, got '$ACCESS_LOG'"
+rust=
+for contender in $CONTENDERS; do
+    case $contender in
+        fencegate | fenced-floor | hyper-floor) rust=yes ;;
+        nginx) ;;
+        nginx-lua)
+            # The paths proxy-nginx-lua.conf.in loads its modules from.
+            for module in ndk_http_module ngx_http_lua_module; do
+                [[ -f /usr/lib/nginx/modules/$module.so ]] ||
+                    die "nginx-lua needs /usr/lib/nginx/modules/$module.so: install the Debian package libnginx-mod-http-lua (apt-get install libnginx-mod-http-lua), or leave nginx-lua out of CONTENDERS"
+            done
+            ;;
+        *) die "unknown contender '$contender' (fencegate, fenced-floor, hyper-floor, nginx, nginx-lua)" ;;
+    esac
+done
 
-if [[ -z "${FENCEGATE_BIN:-}" || -z "${HYPER_FLOOR_BIN:-}" ]]; then
+if [[ -n "$rust" && (-z "${FENCEGATE_BIN:-}" || -z "${HYPER_FLOOR_BIN:-}") ]]; then
     (cd "$repo" && cargo build --release --locked --bin fencegate --example hyper_floor >&2) || die "cargo build failed"
     target_dir=$(cd "$repo" && cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 fi
-FENCEGATE_BIN=${FENCEGATE_BIN:-$target_dir/release/fencegate}
-HYPER_FLOOR_BIN=${HYPER_FLOOR_BIN:-$target_dir/release/examples/hyper_floor}
+FENCEGATE_BIN=${FENCEGATE_BIN:-${target_dir:-}/release/fencegate}
+HYPER_FLOOR_BIN=${HYPER_FLOOR_BIN:-${target_dir:-}/release/examples/hyper_floor}
 
 OUT=${OUT:-$(mktemp -d -t fencegate-instructions-XXXXXX)}
 mkdir -p "$OUT"
@@ -80,12 +118,30 @@ wait_up "http://127.0.0.1:$up_port/" || die "the upstream nginx did not start (s
 
 level=warn
 [[ "$ACCESS_LOG" == on ]] && level=info
+# nginx's idle upstream connections: as in the load bench, never fewer than
+# the client connections, so no counted request opens one.
+keepalive=$((CONNS > 128 ? CONNS : 128))
+# A proxy contender's nginx: the load bench's config, rendered as run.sh
+# does, then one process that serves (see the top of this file).
+nginx_contender() { # template dir port
+    local access_log="access_log off;"
+    [[ "$ACCESS_LOG" == on ]] && access_log="access_log $2/access.log combined buffer=64k flush=1s;"
+    sed -e "s|@USER_LINE@|$user_line|" -e "s|@DIR@|$2|g" -e "s|@PORT@|$3|" -e "s|@UPSTREAM_PORT@|$up_port|" \
+        -e "s|@KEEPALIVE@|$keepalive|" -e "s|@ACCESS_LOG_LINE@|$access_log|" \
+        -e 's|^worker_processes [0-9]*;|worker_processes 1;\nmaster_process off;|' "$1" >"$2/nginx.conf"
+    grep -q '^master_process off;' "$2/nginx.conf" && grep -q '^daemon off;' "$2/nginx.conf" ||
+        die "$1 no longer has the worker_processes and daemon lines this script rewrites"
+    if grep -qE '@[A-Z_]+@' "$2/nginx.conf"; then die "$1 has a placeholder this script does not fill in (see $2/nginx.conf)"; fi
+    nginx -t -q -p "$2/" -c "$2/nginx.conf" -e "$2/error.log" >"$2/check.log" 2>&1 ||
+        die "nginx rejected $2/nginx.conf (see $2/check.log)"
+}
 declare -A PER_REQUEST=()
 
 for contender in $CONTENDERS; do
     port=$(free_port)
     d=$OUT/$contender
     mkdir -p "$d"
+    tool=(valgrind --tool=callgrind --callgrind-out-file="$d/callgrind.out")
     case $contender in
         fencegate)
             cat >"$d/fencegate.toml" <<EOF
@@ -108,11 +164,14 @@ EOF
             ;;
         fenced-floor) cmd=("$HYPER_FLOOR_BIN" "127.0.0.1:$port" "127.0.0.1:$up_port" 2 fence) ;;
         hyper-floor) cmd=("$HYPER_FLOOR_BIN" "127.0.0.1:$port" "127.0.0.1:$up_port" 2) ;;
-        *) die "unknown contender '$contender' (fencegate, fenced-floor, hyper-floor)" ;;
+        nginx | nginx-lua)
+            nginx_contender "$here/load/proxy-$contender.conf.in" "$d" "$port"
+            cmd=(nginx -p "$d/" -c "$d/nginx.conf" -e "$d/error.log")
+            tool+=(--smc-check=all-non-file)
+            ;;
     esac
     # RUST_LOG: the fenced floor's log level (fencegate's config says the same).
-    RUST_LOG=$level valgrind --tool=callgrind --callgrind-out-file="$d/callgrind.out" "${cmd[@]}" \
-        >"$d/stdout.log" 2>"$d/stderr.log" &
+    RUST_LOG=$level "${tool[@]}" "${cmd[@]}" >"$d/stdout.log" 2>"$d/stderr.log" &
     pid=$!
     PIDS+=("$pid")
     url="http://127.0.0.1:$port/objects/put/"
@@ -124,6 +183,14 @@ EOF
     wrk -t1 -c"$CONNS" -d"${SECONDS_MEASURED}s" -s "$here/load/keys.lua" "$url" -- PUT "$KEYS" 7 >"$d/measured.wrk" 2>&1 ||
         die "$contender: wrk failed (see $d/measured.wrk)"
     callgrind_control -d "$pid" >/dev/null 2>&1
+    # The fence was there and saw the marks priming gave: a token below a
+    # key's mark (7) is refused. Asked after the dump, so it is not counted.
+    case $contender in
+        fencegate | fenced-floor | nginx-lua)
+            stale=$(curl -s -o /dev/null -w '%{http_code}' --max-time 30 -X PUT -H 'X-Fencing-Token: 6' --data-binary x "${url}k0")
+            [[ "$stale" == 409 ]] || die "$contender: a stale token got $stale, not 409: the fence did not see the primed marks (see $d)"
+            ;;
+    esac
     kill -9 "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     result=$(grep -o 'WRK_RESULT.*' "$d/measured.wrk") || die "$contender: no result line (see $d/measured.wrk)"
@@ -136,15 +203,15 @@ EOF
     echo "$contender: $requests requests, ${PER_REQUEST[$contender]} instructions per request ($dump)" >&2
 done
 
+ratio() { # contender reference: "×a/b", or nothing when the reference was not run
+    [[ -n "${PER_REQUEST[$2]:-}" ]] || return 0
+    awk -v a="${PER_REQUEST[$1]}" -v b="${PER_REQUEST[$2]}" 'BEGIN {printf "×%.2f", a / b}'
+}
 echo
-echo "| contender | instructions per fenced PUT | ×hyper-floor |"
-echo "|---|---:|---:|"
+echo "| contender | instructions per fenced PUT | ×nginx-lua | ×hyper-floor |"
+echo "|---|---:|---:|---:|"
 for contender in $CONTENDERS; do
-    ratio=""
-    if [[ -n "${PER_REQUEST[hyper-floor]:-}" ]]; then
-        ratio=$(awk -v a="${PER_REQUEST[$contender]}" -v b="${PER_REQUEST[hyper-floor]}" 'BEGIN {printf "×%.2f", a / b}')
-    fi
-    echo "| $contender | ${PER_REQUEST[$contender]} | $ratio |"
+    echo "| $contender | ${PER_REQUEST[$contender]} | $(ratio "$contender" nginx-lua) | $(ratio "$contender" hyper-floor) |"
 done
 echo
-echo "access log: $ACCESS_LOG; $CONNS connections, $KEYS keys primed, ${SECONDS_MEASURED}s counted; files in $OUT"
+echo "access log: $ACCESS_LOG; $CONNS connections, $KEYS keys primed, ${SECONDS_MEASURED}s counted; $(nginx -v 2>&1 | sed 's/^nginx version: //'); files in $OUT"
