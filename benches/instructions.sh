@@ -7,7 +7,7 @@
 # what else the machine runs, so this is the figure to compare two builds by
 # on a noisy machine.
 #
-#   benches/instructions.sh                     # ~5 min: builds, then each contender in turn
+#   benches/instructions.sh                     # builds, then each contender in turn: ~1.5 min once built
 #   CONTENDERS=fencegate FENCEGATE_BIN=path/to/fencegate benches/instructions.sh
 #   CONTENDERS="nginx nginx-lua" benches/instructions.sh   # no cargo build
 #
