@@ -37,7 +37,8 @@
 # run a stale translation of rewritten code); with the flag, nginx-lua runs
 # under callgrind as shipped, JIT on and `lua_code_cache on` (the default),
 # no `jit.off()` needed: valgrind 3.19, Debian 12's libnginx-mod-http-lua
-# 0.10.23 on LuaJIT 2.1-20230119. The flag adds checks to valgrind's
+# 0.10.23 on LuaJIT 2.1-20230119. Keep it on: with `jit.off()` the check
+# counted ~11k instructions more per request (docs/perf-log.md). The flag adds checks to valgrind's
 # translations, not to the instructions counted; plain nginx runs with it
 # too, so the two run alike.
 #
