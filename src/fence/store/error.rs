@@ -37,25 +37,27 @@ pub enum StoreError {
         #[source]
         source: Arc<std::io::Error>,
     },
-    /// The B-tree file could not be read.
+    /// The store's own database (the file store's B-tree) could not be read.
     #[error("fence store unavailable: {context}: {source}")]
     Database {
         context: &'static str,
         #[source]
-        source: Arc<redb::Error>,
+        source: Arc<dyn std::error::Error + Send + Sync>,
     },
-    /// Redis refused or failed a call, or the connection to it is down.
+    /// A store on the network (`store` names its kind, "Redis") refused or
+    /// failed a call, or the connection to it is down.
     #[error("fence store unavailable: {context}: {message}")]
-    Redis { context: &'static str, message: String },
-    /// Redis did not answer within `[fences] timeout`.
-    #[error("fence store unavailable: {context}: Redis did not answer within {after:?}")]
-    RedisTimeout { context: &'static str, after: Duration },
-    /// Fewer Redis replicas than `[fences] min_replicas` acknowledged the decision.
+    Failed { store: &'static str, context: &'static str, message: String },
+    /// A store on the network did not answer within `[fences] timeout`.
+    #[error("fence store unavailable: {context}: {store} did not answer within {after:?}")]
+    NoAnswer { store: &'static str, context: &'static str, after: Duration },
+    /// Fewer of the store's replicas than `[fences] min_replicas`
+    /// acknowledged the decision.
     #[error(
-        "fence store unavailable: {acked} Redis replica(s) acknowledged the decision within {within:?}, \
+        "fence store unavailable: {acked} {store} replica(s) acknowledged the decision within {within:?}, \
          {wanted} required (min_replicas); nothing was forwarded"
     )]
-    Replicas { acked: i64, wanted: u32, within: Duration },
+    Replicas { store: &'static str, acked: i64, wanted: u32, within: Duration },
     /// The store lost marks, or is not the store this replica used: not
     /// trusted until an operator confirms it.
     #[error("fence store unavailable: {0}; an operator must confirm the store (fencegate fence confirm-store)")]

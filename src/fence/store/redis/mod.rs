@@ -102,7 +102,8 @@ impl RedisStore {
     /// Connects lazily (fencegate starts, unready, while Redis is down) and
     /// starts the health check on the current runtime.
     pub fn open(config: &RedisConfig) -> Result<RedisStore, StoreError> {
-        let redis = |context, e: redis::RedisError| StoreError::Redis { context, message: e.to_string() };
+        let redis =
+            |context, e: redis::RedisError| StoreError::Failed { store: STORE, context, message: e.to_string() };
         let client = match &config.ca_file {
             None => redis::Client::open(config.url.as_str()),
             Some(path) => {

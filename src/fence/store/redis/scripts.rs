@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use redis::{Script, ScriptInvocation};
 
-use super::{distrusted, unexpected, Inner};
+use super::{distrusted, unexpected, Inner, STORE};
 use crate::fence::store::{Doubt, Found, StoreError};
 
 const SOURCE: &str = include_str!("scripts.lua");
@@ -191,8 +191,8 @@ impl Inner {
     ) -> Result<T, StoreError> {
         let result = match answer {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(StoreError::Redis { context, message: e.to_string() }),
-            Err(_) => Err(StoreError::RedisTimeout { context, after: self.timeout }),
+            Ok(Err(e)) => Err(StoreError::Failed { store: STORE, context, message: e.to_string() }),
+            Err(_) => Err(StoreError::NoAnswer { store: STORE, context, after: self.timeout }),
         };
         self.note_answer(result.as_ref().map(drop));
         result
@@ -299,9 +299,12 @@ impl Inner {
     /// Refuses a decision fewer Redis replicas than `min_replicas` acknowledged.
     pub(super) fn replicas_acked(&self, acked: Option<i64>) -> Result<(), StoreError> {
         match acked {
-            Some(acked) if acked < i64::from(self.min_replicas) => {
-                Err(StoreError::Replicas { acked, wanted: self.min_replicas, within: self.replica_timeout })
-            }
+            Some(acked) if acked < i64::from(self.min_replicas) => Err(StoreError::Replicas {
+                store: STORE,
+                acked,
+                wanted: self.min_replicas,
+                within: self.replica_timeout,
+            }),
             _ => Ok(()),
         }
     }
