@@ -352,9 +352,10 @@ impl Metrics {
         self.families.route(name)
     }
 
-    /// Records one finished request that matched no route.
-    pub fn record_unrouted(&self, outcome: Outcome, seconds: f64) {
-        self.no_route.record(outcome, seconds, false);
+    /// Records one finished request that matched no route, as
+    /// [`RouteMetrics::record`] does a routed one.
+    pub fn record_unrouted(&self, outcome: Outcome, seconds: f64, settled: bool) {
+        self.no_route.record(outcome, seconds, settled);
     }
 
     /// `fencegate_abuse_total`, kept by the proxy listener.
@@ -398,7 +399,7 @@ mod tests {
         objects.record(Outcome::Stale, 0.001, false);
         blobs.record(Outcome::Forwarded, 0.002, false);
         blobs.record(Outcome::UpstreamTimeout, 0.002, true);
-        m.record_unrouted(Outcome::NoRoute, 0.0001);
+        m.record_unrouted(Outcome::NoRoute, 0.0001, false);
         // A route put in service again (a reload) counts on where it was.
         m.route("objects").record(Outcome::Stale, 0.001, false);
         let text =

@@ -114,12 +114,6 @@ impl UpstreamSlots {
         UpstreamSlots { inner: Slots::new(cap), idle_timeout }
     }
 
-    /// A cap of the same size that shares nothing with this one: each running
-    /// fencegate counts its own connections.
-    pub fn fresh(&self) -> UpstreamSlots {
-        UpstreamSlots::new(self.inner.cap, self.idle_timeout)
-    }
-
     pub fn cap(&self) -> usize {
         self.inner.cap
     }
@@ -236,7 +230,6 @@ mod tests {
         tokio::task::yield_now().await;
         drop(a);
         assert!(waiting.await.unwrap(), "a slot given back goes to the request waiting for one");
-        assert_eq!(slots.fresh().open(), 0, "a fresh cap shares nothing");
     }
 
     /// A client connection's share is a quarter of its route's cap (at

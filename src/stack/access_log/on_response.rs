@@ -33,7 +33,7 @@ impl OnResponse<ProxyBody> for AccessLog {
         let settled = decision.is_some_and(|d| d.settled);
         match route {
             Some(route) => route.0.record(outcome, latency.as_secs_f64(), settled),
-            None => self.metrics.record_unrouted(outcome, latency.as_secs_f64()),
+            None => self.metrics.record_unrouted(outcome, latency.as_secs_f64(), settled),
         }
         let line = Line {
             route: route.map(|r| r.0.name()).unwrap_or(NO_ROUTE_LABEL),
