@@ -66,6 +66,10 @@ fn distrusted(doubt: Doubt) -> StoreError {
     StoreError::Distrusted(Distrust { store: STORE, doubt })
 }
 
+fn failed(context: &'static str, e: redis::RedisError) -> StoreError {
+    StoreError::Failed { store: STORE, context, message: e.to_string() }
+}
+
 /// Marks in Redis, shared by every fencegate that uses the same server and
 /// `key_prefix`. Cheap to clone.
 #[derive(Clone)]
@@ -102,8 +106,6 @@ impl RedisStore {
     /// Connects lazily (fencegate starts, unready, while Redis is down) and
     /// starts the health check on the current runtime.
     pub fn open(config: &RedisConfig) -> Result<RedisStore, StoreError> {
-        let redis =
-            |context, e: redis::RedisError| StoreError::Failed { store: STORE, context, message: e.to_string() };
         let client = match &config.ca_file {
             None => redis::Client::open(config.url.as_str()),
             Some(path) => {
@@ -115,7 +117,7 @@ impl RedisStore {
                 redis::Client::build_with_tls(config.url.as_str(), certificates)
             }
         }
-        .map_err(|e| redis("opening the Redis client", e))?;
+        .map_err(|e| failed("opening the Redis client", e))?;
         let manager = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.timeout))
             .set_response_timeout(Some(config.timeout + config.replica_timeout))
@@ -123,7 +125,7 @@ impl RedisStore {
             .set_max_delay(Duration::from_secs(2))
             .set_number_of_retries(usize::MAX);
         let con = ConnectionManager::new_lazy_with_config(client, manager)
-            .map_err(|e| redis("opening the Redis connection", e))?;
+            .map_err(|e| failed("opening the Redis connection", e))?;
         let (flights, ended) = Flights::new(new_identity()?);
         let inner = Arc::new(Inner {
             con,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use redis::{Script, ScriptInvocation};
 
-use super::{distrusted, unexpected, Inner, STORE};
+use super::{distrusted, failed, unexpected, Inner, STORE};
 use crate::fence::store::{Doubt, Found, StoreError};
 
 const SOURCE: &str = include_str!("scripts.lua");
@@ -191,7 +191,7 @@ impl Inner {
     ) -> Result<T, StoreError> {
         let result = match answer {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(StoreError::Failed { store: STORE, context, message: e.to_string() }),
+            Ok(Err(e)) => Err(failed(context, e)),
             Err(_) => Err(StoreError::NoAnswer { store: STORE, context, after: self.timeout }),
         };
         self.note_answer(result.as_ref().map(drop));
