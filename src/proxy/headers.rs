@@ -26,29 +26,47 @@ fn hop_by_hop() -> [&'static HeaderName; 9] {
     ]
 }
 
+/// Where `name` is in [`hop_by_hop`], if it is one: a match on the name's
+/// text (its length first), not nine comparisons a field.
+fn hop_index(name: &HeaderName) -> Option<usize> {
+    Some(match name.as_str() {
+        "connection" => 0,
+        "keep-alive" => 1,
+        "proxy-connection" => 2,
+        "proxy-authenticate" => 3,
+        "proxy-authorization" => 4,
+        "te" => 5,
+        "trailer" => 6,
+        "transfer-encoding" => 7,
+        "upgrade" => 8,
+        _ => return None,
+    })
+}
+
 /// Removes hop-by-hop headers, including every header `Connection` names, except
 /// `keep` (the route's token header: the fence read it, so the upstream gets it
 /// unchanged whatever `Connection` says). With `keep_upgrade`, `Upgrade` survives
 /// and `Connection: upgrade` is set again, so a protocol switch can pass through.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, keep: impl Fn(&HeaderName) -> bool) {
-    // One pass over the names present (a handful) instead of a lookup per
-    // hop-by-hop name; most requests carry none, most responses only Connection.
-    let hops = hop_by_hop();
+    // One pass over the fields present (a handful) instead of a lookup per
+    // hop-by-hop name; most requests carry none, most responses only
+    // `Connection: keep-alive`. The same pass tells whether `Connection`
+    // names anything but `keep-alive` (every kept-alive upstream answer has
+    // that one). `close` is not one of them: a field named `Close` goes too.
     let mut present = 0u16;
-    for name in headers.keys() {
-        if let Some(at) = hops.iter().position(|hop| *hop == name) {
+    let mut only_hops = true;
+    for (name, value) in headers.iter() {
+        if let Some(at) = hop_index(name) {
             present |= 1 << at;
+            if at == 0 && !value.as_bytes().eq_ignore_ascii_case(b"keep-alive") {
+                only_hops = false;
+            }
         }
     }
     if present == 0 && !keep_upgrade {
         return;
     }
-    // Headers that `Connection` names, other than the hop-by-hop ones (removed
-    // below). Most name none: a lone `keep-alive` (every kept-alive upstream
-    // answer has one). `close` is not one of them: a field named `Close`
-    // goes too.
-    let only_hops =
-        headers.get_all(header::CONNECTION).iter().all(|v| v.as_bytes().eq_ignore_ascii_case(b"keep-alive"));
+    let hops = hop_by_hop();
     let named: Vec<HeaderName> = if only_hops { Vec::new() } else { connection_named(headers, &hops) };
     for name in named {
         if !keep(&name) {
@@ -181,6 +199,17 @@ mod tests {
         strip_hop_by_hop(&mut h, false, |name| *name == token);
         assert_eq!(h["x-fencing-token"], "7");
         assert!(!h.contains_key("x-other"));
+    }
+
+    /// The match names exactly the hop-by-hop fields, in their order.
+    #[test]
+    fn every_hop_by_hop_name_is_found_where_it_is() {
+        for (at, name) in hop_by_hop().into_iter().enumerate() {
+            assert_eq!(hop_index(name), Some(at), "{name}");
+        }
+        for other in ["content-type", "connections", "te2", "x-upgrade", "host"] {
+            assert_eq!(hop_index(&HeaderName::from_static(other)), None, "{other}");
+        }
     }
 
     #[test]

@@ -64,11 +64,9 @@ impl KeyGate {
         timeout: Duration,
     ) -> Result<Turn, NoTurn> {
         let (id, woken) = {
-            // A key without turns yet shares the request's key, not a copy.
-            let mut turns = match self.keys.get_mut(&**key) {
-                Some(turns) => turns,
-                None => self.keys.entry(key.clone()).or_default(),
-            };
+            // One lookup: a key without turns yet shares the request's key
+            // (a count, not a copy); one that has them drops the count again.
+            let mut turns = self.keys.entry(key.clone()).or_default();
             if let Some(held) = turns.arrive(token, ask)? {
                 return Ok(Turn::new(self.clone(), turns.key().clone(), token, held));
             }

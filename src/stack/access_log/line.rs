@@ -106,7 +106,8 @@ type WriteStr = fn(&str, &mut Vec<u8>);
 /// Whether `{:?}` and serde_json write `text` as it is, in quotes: printable
 /// ASCII but for the quote and the backslash.
 fn plain(text: &str) -> bool {
-    text.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+    // Printable ASCII but for `"` (0x22) and the backslash (0x5c): three ranges.
+    text.bytes().all(|b| matches!(b, b' ' | b'!' | b'#'..=b'[' | b']'..=b'~'))
 }
 
 /// `text` as `{:?}` writes it.
@@ -260,6 +261,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Every ASCII byte alone: plain exactly when printable and neither the
+    /// quote nor the backslash.
+    #[test]
+    fn plain_bytes_are_the_printable_ones_but_two() {
+        for b in 0u8..0x80 {
+            let text = char::from(b).to_string();
+            let expected = (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\';
+            assert_eq!(plain(&text), expected, "byte {b:#x}");
+        }
+        assert!(!plain("é"));
     }
 
     #[test]
