@@ -110,23 +110,26 @@ pub fn wants_upgrade(headers: &HeaderMap) -> bool {
 /// Appends the client to `X-Forwarded-For` and sets `X-Forwarded-Proto` and
 /// `X-Forwarded-Host` (the host the client asked for).
 pub fn add_forwarded(headers: &mut HeaderMap, client: &ClientAddr, original_host: Option<HeaderValue>) {
-    let mut prior = headers.get_all(&X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()).peekable();
-    if prior.peek().is_none() {
+    // One lookup for the read and the write.
+    match headers.entry(&X_FORWARDED_FOR) {
         // The common case: the first hop. The IP was formatted once per connection.
-        headers.insert(&X_FORWARDED_FOR, client.ip.clone());
-    } else {
-        // Several header lines are one comma-joined list (RFC 9110 §5.3): keep every hop.
-        let mut xff = String::new();
-        for prior in prior {
-            let prior = prior.trim();
-            if !prior.is_empty() {
-                xff.push_str(prior);
-                xff.push_str(", ");
-            }
+        header::Entry::Vacant(first) => {
+            first.insert(client.ip.clone());
         }
-        xff.push_str(client.ip.to_str().unwrap_or_default());
-        if let Ok(value) = HeaderValue::try_from(xff) {
-            headers.insert(&X_FORWARDED_FOR, value);
+        header::Entry::Occupied(mut prior) => {
+            // Several header lines are one comma-joined list (RFC 9110 §5.3): keep every hop.
+            let mut xff = String::new();
+            for prior in prior.iter().filter_map(|v| v.to_str().ok()) {
+                let prior = prior.trim();
+                if !prior.is_empty() {
+                    xff.push_str(prior);
+                    xff.push_str(", ");
+                }
+            }
+            xff.push_str(client.ip.to_str().unwrap_or_default());
+            if let Ok(value) = HeaderValue::try_from(xff) {
+                prior.insert(value);
+            }
         }
     }
     headers.insert(&X_FORWARDED_PROTO, client.proto.clone());

@@ -28,7 +28,10 @@ pin_project_lite::pin_project! {
     #[project = BodyFutureProj]
     pub(crate) enum BodyFuture<S, F> {
         Refused { rejection: Option<Rejection> },
-        Reading { reading: Option<Reading<S>>, #[pin] deadline: tokio::time::Sleep, timeout: Duration },
+        // The deadline is set at the read's first wait: most fenced bodies
+        // came with their head and are read whole at the first poll, right
+        // after the call, so they never read the clock or make a timer for it.
+        Reading { reading: Option<Reading<S>>, #[pin] deadline: Option<tokio::time::Sleep>, timeout: Duration },
         Passed { #[pin] inner: F },
     }
 }
@@ -45,12 +48,15 @@ where
                 return Poll::Ready(Err(rejection.take().expect("the body's future polled after it was done")))
             }
             BodyFutureProj::Passed { inner } => return inner.poll(cx),
-            BodyFutureProj::Reading { reading, deadline, timeout } => {
+            BodyFutureProj::Reading { reading, mut deadline, timeout } => {
                 let read = reading.as_mut().expect("the body's future polled after it was done").reader.poll_read(cx);
                 let result = match read {
                     Poll::Ready(result) => result.map_err(ProxyError::from),
                     Poll::Pending => {
-                        ready!(deadline.poll(cx));
+                        if deadline.is_none() {
+                            deadline.set(Some(tokio::time::sleep(*timeout)));
+                        }
+                        ready!(deadline.as_mut().as_pin_mut().expect("set just above").poll(cx));
                         Err(ProxyError::BodyTimeout(*timeout))
                     }
                 };

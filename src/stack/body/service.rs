@@ -69,7 +69,7 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         BodyFuture::Reading {
             reading: Some(Reading { reader: Reader::new(body, limit, declared, held), checked, inner }),
-            deadline: tokio::time::sleep(timeout),
+            deadline: None,
             timeout,
         }
     }
