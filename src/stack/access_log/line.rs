@@ -48,16 +48,15 @@ impl Line<'_> {
         let syntax = match format {
             LogFormat::Human => {
                 timestamp(now, out);
-                out.extend_from_slice(b"  INFO fencegate::access:");
                 &HUMAN
             }
             LogFormat::Json => {
                 out.extend_from_slice(b"{\"timestamp\":\"");
                 timestamp(now, out);
-                out.extend_from_slice(b"\",\"level\":\"INFO\"");
                 &JSON
             }
         };
+        // What follows the time, up to the first field's value, in one append.
         let [route, key, token, decision, status, latency] = syntax.names;
         out.extend_from_slice(route);
         (syntax.string)(self.route, out);
@@ -80,8 +79,8 @@ impl Line<'_> {
 }
 
 /// How one format spells a line's fields: what comes before each value, in
-/// field order (one copy a field), how a string value is written, and what
-/// ends the line.
+/// field order (one copy a field; the first also carries what follows the
+/// time), how a string value is written, and what ends the line.
 struct Syntax {
     names: [&'static [u8]; 6],
     string: WriteStr,
@@ -89,13 +88,20 @@ struct Syntax {
 }
 
 const HUMAN: Syntax = Syntax {
-    names: [b" route=", b" key=", b" token=", b" decision=", b" status=", b" latency_us="],
+    names: [b"  INFO fencegate::access: route=", b" key=", b" token=", b" decision=", b" status=", b" latency_us="],
     string: debug_str,
     end: b"\n",
 };
 
 const JSON: Syntax = Syntax {
-    names: [b",\"route\":", b",\"key\":", b",\"token\":", b",\"decision\":", b",\"status\":", b",\"latency_us\":"],
+    names: [
+        b"\",\"level\":\"INFO\",\"route\":",
+        b",\"key\":",
+        b",\"token\":",
+        b",\"decision\":",
+        b",\"status\":",
+        b",\"latency_us\":",
+    ],
     string: json_str,
     end: b",\"target\":\"fencegate::access\"}\n",
 };
@@ -166,13 +172,17 @@ fn timestamp(now: SystemTime, out: &mut Vec<u8>) {
         text = civil(secs);
         SECOND.set((secs, text));
     }
-    out.extend_from_slice(&text);
-    out.push(b'.');
-    let micros = since.subsec_micros();
-    for place in [100_000, 10_000, 1_000, 100, 10, 1] {
-        out.push(b'0' + (micros / place % 10) as u8);
+    // Made whole on the stack, then one append: `<seconds>.<micros>Z`.
+    let mut stamp = [0u8; 27];
+    stamp[..19].copy_from_slice(&text);
+    stamp[19] = b'.';
+    let mut micros = since.subsec_micros();
+    for digit in stamp[20..26].iter_mut().rev() {
+        *digit = b'0' + (micros % 10) as u8;
+        micros /= 10;
     }
-    out.push(b'Z');
+    stamp[26] = b'Z';
+    out.extend_from_slice(&stamp);
 }
 
 /// `YYYY-MM-DDTHH:MM:SS` for seconds since the Unix epoch, in UTC (the
