@@ -399,6 +399,46 @@ async fn a_stalled_fenced_chunked_body_does_not_hold_its_connection_forever() {
     assert_eq!(mark(&proxy, "/objects/stalled").await, None);
 }
 
+/// A fenced body that keeps trickling in (a byte every 100 ms) is bounded
+/// by the route's timeout from the read's first wait, not from its last
+/// byte: the 408 comes while the client is still sending.
+#[tokio::test]
+async fn a_trickling_fenced_body_is_refused_at_the_route_timeout() {
+    let up = RecordingUpstream::start().await;
+    let proxy = start(
+        "idle_timeout = \"30s\"\nheader_read_timeout = \"30s\"",
+        &route("objects", "/objects/", &up, "timeout = \"500ms\"\nqueue_timeout = \"500ms\""),
+    )
+    .await;
+    let stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut read, mut write) = stream.into_split();
+    let head =
+        "PUT /objects/trickle HTTP/1.1\r\nHost: store\r\nX-Fencing-Token: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+    write.write_all(head.as_bytes()).await.unwrap();
+    // Six seconds of one-byte chunks: twelve times the route's timeout.
+    let trickle = tokio::spawn(async move {
+        for _ in 0..60 {
+            if write.write_all(b"1\r\nx\r\n").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = read.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed without an answer");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    assert!(!trickle.is_finished(), "the answer waited for the trickle to end");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(up.seen().is_empty(), "part of a trickling fenced body reached the upstream");
+    assert_eq!(mark(&proxy, "/objects/trickle").await, None);
+    trickle.abort();
+}
+
 /// An HTTP/2 (h2c) connection to `addr` with hyper's client, its driver spawned.
 async fn h2_connect(
     addr: SocketAddr,

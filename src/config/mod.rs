@@ -40,7 +40,7 @@ pub use model::{
     AdminConfig, Config, FencesConfig, LogConfig, LogFormat, RedisConfig, RefusalDrain, ServerConfig, StoreKind,
     TlsFiles,
 };
-pub use problems::{ConfigError, ConfigProblem};
+pub use problems::{ConfigError, ConfigProblem, MAX_DURATION};
 #[cfg(test)]
 pub(crate) use route::test_route_config;
 pub use route::{

@@ -57,6 +57,13 @@ impl std::error::Error for ConfigError {}
 #[derive(Debug, Default)]
 pub(super) struct Problems(Vec<ConfigProblem>);
 
+/// The longest duration a config field takes. A write's lease and a key's
+/// deadlines add a few of a route's durations to each other and to the
+/// clock: bounded here, none of those sums can overflow (a value past it
+/// would have panicked at start, or on the first fenced request). `"100y"`,
+/// as humantime counts years (365.25 days).
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
+
 impl Problems {
     pub(super) fn add(&mut self, field: impl Into<String>, message: impl Into<String>) {
         self.0.push(ConfigProblem { field: field.into(), message: message.into() });
@@ -105,12 +112,12 @@ impl Problems {
         }
     }
 
-    /// A humantime duration above zero.
+    /// A humantime duration above zero, at most [`MAX_DURATION`].
     pub(super) fn duration(&mut self, field: &str, value: Option<&str>, default: Duration) -> Duration {
         self.duration_from(field, value, default, false)
     }
 
-    /// A humantime duration, zero allowed when `zero_ok`.
+    /// A humantime duration, zero allowed when `zero_ok`, at most [`MAX_DURATION`].
     pub(super) fn duration_from(
         &mut self,
         field: &str,
@@ -122,6 +129,13 @@ impl Problems {
         match humantime::parse_duration(text) {
             Ok(d) if d.is_zero() && !zero_ok => {
                 self.add(field, "must be greater than zero");
+                default
+            }
+            Ok(d) if d > MAX_DURATION => {
+                self.add(
+                    field,
+                    format!("'{text}' is longer than the longest duration fencegate takes, 100 years (\"100y\")"),
+                );
                 default
             }
             Ok(d) => d,
@@ -136,6 +150,20 @@ impl Problems {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_duration_past_a_hundred_years_names_its_field() {
+        let mut p = Problems::default();
+        assert_eq!(p.duration("route[0].timeout", Some("100y"), Duration::ZERO), MAX_DURATION);
+        assert!(p.into_vec().is_empty());
+        let mut p = Problems::default();
+        let d = p.duration("route[0].timeout", Some("400000000000years"), Duration::from_secs(30));
+        assert_eq!(d, Duration::from_secs(30));
+        let problems = p.into_vec();
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].field, "route[0].timeout");
+        assert!(problems[0].message.contains("100 years"), "{}", problems[0].message);
+    }
 
     #[test]
     fn an_error_lists_every_problem_under_the_file_name() {

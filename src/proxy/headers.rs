@@ -195,6 +195,22 @@ mod tests {
         assert!(h.is_empty(), "{h:?}");
     }
 
+    /// Every `Connection` line counts: one that names a field after a lone
+    /// `keep-alive` line still removes it, whichever line comes first.
+    #[test]
+    fn a_connection_line_after_keep_alive_still_names_fields() {
+        for lines in [["keep-alive", "x-session"], ["x-session", "keep-alive"]] {
+            let mut h = map(&[
+                ("connection", lines[0]),
+                ("connection", lines[1]),
+                ("x-session", "abc"),
+                ("content-type", "text/plain"),
+            ]);
+            strip_hop_by_hop(&mut h, false, |_| false);
+            assert_eq!(names(&h), ["content-type"], "{lines:?}");
+        }
+    }
+
     #[test]
     fn the_token_header_survives_being_named_in_connection() {
         let token = HeaderName::from_static("x-fencing-token");
@@ -235,6 +251,13 @@ mod tests {
         assert_eq!(h["x-forwarded-host"], "store.example");
         add_forwarded(&mut h, &ClientAddr::new(client).over_tls(), None);
         assert_eq!(h["x-forwarded-proto"], "https", "a client over TLS");
+
+        // Prior values that are not text are no hops anyone can read: the
+        // client alone.
+        let mut h = HeaderMap::new();
+        h.append(&X_FORWARDED_FOR, HeaderValue::from_bytes(b"\xff\xfe").unwrap());
+        add_forwarded(&mut h, &ClientAddr::new(client), None);
+        assert_eq!(h.get_all(&X_FORWARDED_FOR).iter().collect::<Vec<_>>(), ["10.1.2.3"]);
 
         // The first hop: just the client.
         let v6: SocketAddr = "[2001:db8::7]:443".parse().unwrap();

@@ -359,6 +359,21 @@ mod tests {
         assert!(p[0].message.contains("\"raw\""), "{}", p[0].message);
     }
 
+    /// A route's durations add up in a write's lease: one too long to add
+    /// is refused at load, naming the field, never a panic later.
+    #[test]
+    fn a_duration_too_long_to_add_up_names_the_field() {
+        for field in ["timeout", "queue_timeout", "settle"] {
+            let p = problems(&format!("{MINIMAL}{field} = \"400000000000years\"\n"));
+            assert_eq!(p.len(), 1, "{p:?}");
+            assert_eq!(p[0].field, format!("route[0] 'objects'.{field}"));
+        }
+        let text = format!("{MINIMAL}timeout = \"100y\"\nqueue_timeout = \"100y\"\nsettle = \"100y\"\n");
+        let config = Config::from_toml_str(&text).unwrap();
+        let lease = crate::fence::store::longest_write_lease(config.routes.iter().map(Into::into));
+        assert_eq!(lease, crate::config::MAX_DURATION * 5);
+    }
+
     #[test]
     fn a_key_template_that_could_run_together_names_the_field_and_the_fix() {
         let p = problems(&format!("{MINIMAL}key = \"{{query.a}}{{query.b}}\"\n"));

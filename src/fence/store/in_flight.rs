@@ -70,10 +70,13 @@ impl From<&crate::config::RouteConfig> for WriteBounds {
 pub fn longest_write_lease(routes: impl IntoIterator<Item = WriteBounds>) -> Duration {
     let (mut exchange, mut settle) = (Duration::ZERO, Duration::ZERO);
     for route in routes {
-        exchange = exchange.max(route.queue_timeout * 2 + route.timeout * 2);
+        // Saturating: config durations are bounded (config::MAX_DURATION),
+        // but a lease that cannot be added up is "as long as can be", never a panic.
+        let two = |d: Duration| d.saturating_mul(2);
+        exchange = exchange.max(two(route.queue_timeout).saturating_add(two(route.timeout)));
         settle = settle.max(route.settle);
     }
-    exchange + settle
+    exchange.saturating_add(settle)
 }
 
 #[cfg(test)]

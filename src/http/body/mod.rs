@@ -1,18 +1,10 @@
-//! Request bodies: the route's `max_body` (413 past it), and fenced bodies
-//! read whole before they may take their key's turn (the layer: `stack/body`).
-//!
-//! A declared `Content-Length` above the limit is refused before anything is
-//! read. A fenced body is read in full, up to the limit, before it may take
-//! its key's turn (unless its route sets `stream_body`): a client that dies or
-//! stalls mid-body, or a body that turns out too large, is refused with
-//! nothing forwarded, so the upstream never sees part of a fenced write. The
-//! bytes held that way count against one budget for the whole process
-//! (`[server] max_buffered_bytes`) and against the share of it one client
-//! connection may hold over all its HTTP/2 streams
-//! (`[server] max_connection_buffered_bytes`): a request that would overrun
-//! either gets 503 with `Retry-After`, and its bytes are handed back as soon
-//! as its body is dropped. Other bodies stream, and one that overruns the
-//! limit is cut off.
+//! The bodies a request and its response travel in, and what reading a
+//! fenced body whole needs: a reader bounded by a limit, blocks to hold the
+//! bytes, and the buffer budget they count against (the process's, and one
+//! client connection's share of it). What the request path does with them
+//! (413 past `max_body`, 503 with `Retry-After` when a budget is full, a
+//! fenced body read whole before its key's turn) is the body layer's, and is
+//! written down there: `stack/body`.
 //!
 //! The budget counts what is allocated, not what arrived: a declared length
 //! is one allocation of exactly that size, and other bodies are copied into

@@ -3,6 +3,20 @@
 //! of it, before they may take their key's turn. The body types and the
 //! budget are the bottom floor's (`http/body`); this layer applies them to
 //! the request path, and its refusals name the fence key and token.
+//!
+//! A declared `Content-Length` above the limit is refused before anything is
+//! read. A fenced body is read in full, up to the limit and within the
+//! route's `timeout` (counted from the read's first wait), before it may take
+//! its key's turn (unless its route sets `stream_body`): a client that dies
+//! or stalls mid-body, or a body that turns out too large, is refused with
+//! nothing forwarded, so the upstream never sees part of a fenced write. The
+//! bytes held that way count against one budget for the whole process
+//! (`[server] max_buffered_bytes`) and against the share of it one client
+//! connection may hold over all its HTTP/2 streams
+//! (`[server] max_connection_buffered_bytes`): a request that would overrun
+//! either gets 503 with `Retry-After`, and its bytes are handed back as soon
+//! as its body is dropped. Other bodies stream, and one that overruns the
+//! limit is cut off.
 
 mod future;
 mod layer;

@@ -61,6 +61,10 @@ mod tests {
         }
         assert!(fenced("GET", &[("x-http-method-override", "PUT")]).unwrap());
         assert!(fenced("POST", &[("x-method-override", "GET")]).unwrap());
+        // Each of the three names alone turns a safe method into a fenced one.
+        for name in METHOD_OVERRIDE_HEADERS {
+            assert!(fenced("GET", &[(name, "PUT")]).unwrap(), "{name}");
+        }
         assert!(!fenced("GET", &[("x-http-method", "GET")]).unwrap());
         assert!(fenced("GET", &[("x-http-method-override", "put"), ("x-http-method", "PUT")]).unwrap());
         // Spelled with `_`, as CGI and WSGI servers fold it (routes that pass
