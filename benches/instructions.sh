@@ -60,10 +60,11 @@ for tool in valgrind callgrind_control nginx wrk curl; do
     command -v "$tool" >/dev/null || die "needs $tool: install the Debian package ${PACKAGE[$tool]} (apt-get install ${PACKAGE[$tool]})"
 done
 [[ "$ACCESS_LOG" == on || "$ACCESS_LOG" == off ]] || die "ACCESS_LOG must be on or off, got '$ACCESS_LOG'"
-rust=
+build=()
 for contender in $CONTENDERS; do
     case $contender in
-        fencegate | fenced-floor | hyper-floor) rust=yes ;;
+        fencegate) [[ -n "${FENCEGATE_BIN:-}" ]] || build+=(--bin fencegate) ;;
+        fenced-floor | hyper-floor) [[ -n "${HYPER_FLOOR_BIN:-}" ]] || build+=(--example hyper_floor) ;;
         nginx) ;;
         nginx-lua)
             # The paths proxy-nginx-lua.conf.in loads its modules from.
@@ -76,8 +77,9 @@ for contender in $CONTENDERS; do
     esac
 done
 
-if [[ -n "$rust" && (-z "${FENCEGATE_BIN:-}" || -z "${HYPER_FLOOR_BIN:-}") ]]; then
-    (cd "$repo" && cargo build --release --locked --bin fencegate --example hyper_floor >&2) || die "cargo build failed"
+# Only what a contender needs and no *_BIN names (a target named twice is built once).
+if ((${#build[@]})); then
+    (cd "$repo" && cargo build --release --locked "${build[@]}" >&2) || die "cargo build failed"
     target_dir=$(cd "$repo" && cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 fi
 FENCEGATE_BIN=${FENCEGATE_BIN:-${target_dir:-}/release/fencegate}
@@ -180,6 +182,8 @@ EOF
     # Every key gets its mark first: the load bench primes its keys too.
     wrk -t1 -c"$CONNS" -d300s -s "$here/load/keys.lua" "$url" -- PUT "$KEYS" 7 prime "$CONNS" >"$d/prime.wrk" 2>&1 ||
         die "$contender: priming failed (see $d/prime.wrk)"
+    [[ "$(sed -n 's/.*WRK_RESULT.* status=\([0-9]*\).*/\1/p' "$d/prime.wrk")" == 0 ]] ||
+        die "$contender: priming got answers over 399, or no result line (see $d/prime.wrk)"
     callgrind_control -z "$pid" >/dev/null 2>&1
     wrk -t1 -c"$CONNS" -d"${SECONDS_MEASURED}s" -s "$here/load/keys.lua" "$url" -- PUT "$KEYS" 7 >"$d/measured.wrk" 2>&1 ||
         die "$contender: wrk failed (see $d/measured.wrk)"
@@ -197,6 +201,7 @@ EOF
     result=$(grep -o 'WRK_RESULT.*' "$d/measured.wrk") || die "$contender: no result line (see $d/measured.wrk)"
     requests=$(sed -n 's/.* requests=\([0-9]*\).*/\1/p' <<<"$result")
     bad=$(sed -n 's/.* status=\([0-9]*\).*/\1/p' <<<"$result")
+    [[ -n "$requests" && "$requests" -gt 0 && -n "$bad" ]] || die "$contender: the result line has no request count or status count (see $d/measured.wrk)"
     [[ "$bad" == 0 ]] || die "$contender: $bad answers over 399 (see $d)"
     dump=$(ls -t "$d"/callgrind.out.* | head -1)
     total=$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")

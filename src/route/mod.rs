@@ -61,8 +61,8 @@ impl Route {
                 if old.name == config.name
                     && old.upstream == config.upstream
                     && old.upstream_http2 == config.upstream_http2
-                    && old.upstream_slots.cap() == config.max_upstream_connections
-                    && old.upstream_slots.idle_timeout() == config.upstream_idle_timeout =>
+                    && old.max_upstream_connections == config.max_upstream_connections
+                    && old.upstream_idle_timeout == config.upstream_idle_timeout =>
             {
                 old.upstream_slots.clone()
             }
@@ -84,5 +84,39 @@ impl Route {
     pub fn detached(config: RouteConfig) -> Route {
         let upstream_slots = UpstreamSlots::new(config.max_upstream_connections, config.upstream_idle_timeout);
         Route { config, upstream_slots, metrics: RouteMetrics::detached() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A reload keeps a route's upstream connections counted when its name,
+    /// upstream and limits are the same, as configured: a cap past what the
+    /// slots can hold (clamped inside them) is the same cap on both sides.
+    #[test]
+    fn a_reload_keeps_the_slots_of_an_unchanged_route() {
+        let metrics = Metrics::new(["objects"], None);
+        for cap in [4, usize::MAX] {
+            let config =
+                RouteConfig { max_upstream_connections: cap, ..crate::config::test_route_config("objects", "/o/") };
+            let serving = Route::in_service(&config, &metrics, None);
+            let again = Route::in_service(&config, &metrics, Some(&serving));
+            assert!(again.upstream_slots.shared_with(&serving.upstream_slots), "cap {cap}");
+        }
+        let config = crate::config::test_route_config("objects", "/o/");
+        let serving = Route::in_service(&config, &metrics, None);
+        for changed in [
+            RouteConfig { max_upstream_connections: config.max_upstream_connections + 1, ..config.clone() },
+            RouteConfig {
+                upstream_idle_timeout: config.upstream_idle_timeout + Duration::from_secs(1),
+                ..config.clone()
+            },
+        ] {
+            let renewed = Route::in_service(&changed, &metrics, Some(&serving));
+            assert!(!renewed.upstream_slots.shared_with(&serving.upstream_slots));
+        }
     }
 }

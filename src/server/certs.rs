@@ -2,7 +2,7 @@
 //!
 //! The certificate chain, its key and the optional client CA bundle are PEM
 //! files, read at start (a problem there stops fencegate, naming the field)
-//! and read again whenever their directory changes ([`crate::watch`]): a
+//! and read again whenever their directory changes (`server/watch.rs`): a
 //! rotated certificate serves the next handshake, connections already open
 //! keep the one they shook hands with, and a new set that does not load (a
 //! key that does not match its certificate, a file half-written) is logged

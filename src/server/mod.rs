@@ -1,8 +1,9 @@
 //! Listeners, connections and graceful shutdown, in the order a connection
 //! meets them: accepted within its listener's limit (guard.rs), dealt to a
-//! worker thread (workers.rs, proxy.rs; the admin listener in admin.rs serves
-//! on a thread of its own), served under the slow-head and idle guards until
-//! it closes (connection/), and, at shutdown, drained (guard.rs) in the order
+//! worker thread (workers.rs, listener.rs; the admin listener in
+//! admin_listener.rs serves on a thread of its own), served under the
+//! slow-head and idle guards until it closes (connection/), and, at shutdown,
+//! drained (guard.rs) in the order
 //! [`Fencegate::run`] spells out. Every descriptor they may hold is counted
 //! in one account, checked at start (descriptors.rs).
 

@@ -2,7 +2,7 @@
 //! of its own that holds the slot until the connection ends. The task closes
 //! it early once it is idle while a request waits for the slot, or once it
 //! has been idle for the route's `upstream_idle_timeout`, and tears it down
-//! when asked (`proxy/teardown.rs`).
+//! when asked (`http/teardown.rs`).
 
 use std::future::Future;
 use std::pin::pin;

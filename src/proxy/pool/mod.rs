@@ -17,7 +17,7 @@
 //!   fenced or not. (An HTTP/2 upstream also says which streams it refused
 //!   unprocessed: `h2/`.)
 //!
-//! Each file uses only those listed after it, and `proxy/teardown.rs` below
+//! Each file uses only those listed after it, and `http/teardown.rs` below
 //! them all; no two use each other: `h2/` (HTTP/2 connections and their
 //! streams), `h1.rs` (an HTTP/1.1 connection and the task that runs it),
 //! `parking.rs` (idle HTTP/1.1 connections), `connect.rs` (TCP and TLS),

@@ -118,8 +118,9 @@ impl UpstreamSlots {
         self.inner.cap
     }
 
-    pub fn idle_timeout(&self) -> Duration {
-        self.idle_timeout
+    /// Whether the two count the same connections (a reload kept them).
+    pub fn shared_with(&self, other: &UpstreamSlots) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// The slots one client connection may hold at once: a quarter of the

@@ -43,10 +43,9 @@ pub(crate) const REST_AFTER: Duration = Duration::from_secs(1);
 /// [`Activity::answered`].
 pub(crate) const REFUSALS_IN_A_ROW: u32 = 64;
 
-/// What the connection is doing, as far as the guards care. (`pub` only
-/// because `stack::proxy_service` takes it; it is not exported.)
+/// What the connection is doing, as far as the guards care.
 #[derive(Debug)]
-pub struct Activity {
+pub(crate) struct Activity {
     state: Mutex<State>,
     header_read_timeout: Duration,
     idle_timeout: Duration,

@@ -37,7 +37,7 @@
 //!   HTTP/1.1.
 //!
 //! Protocol upgrades are not carried to an HTTP/2 upstream: the forward drops
-//! `Upgrade` (`proxy/mod.rs`).
+//! `Upgrade` (`stack/forward/prepare.rs`).
 
 mod connection;
 
