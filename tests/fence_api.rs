@@ -272,6 +272,21 @@ async fn two_authorization_headers_are_400_and_change_nothing() {
     assert_eq!(fence(&admin, "/objects/a").await, 5, "a delete with two credentials went through");
 }
 
+/// Only a store replicas share is confirmed: on a store of fencegate's own
+/// the call is 409, with a problem that says so, and changes nothing.
+#[tokio::test]
+async fn confirming_a_store_of_its_own_is_409() {
+    let (_up, proxy) = setup().await;
+    let admin = proxy.admin_url("");
+    assert_eq!(set(&admin, "/objects/a", 5).await.status, 200);
+    let right = format!("Bearer {SECRET}");
+    let p = send("POST", &format!("{admin}/fences/store/confirm"), &[("authorization", right.as_str())], "")
+        .await
+        .problem(409);
+    assert_eq!(p["title"], "Not a shared store", "{p}");
+    assert_eq!(fence(&admin, "/objects/a").await, 5);
+}
+
 #[tokio::test]
 async fn the_token_can_come_from_auth_token_file() {
     let up = RecordingUpstream::start().await;

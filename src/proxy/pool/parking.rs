@@ -136,8 +136,7 @@ impl Parking {
         *parked.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
         // Its driver looks for waiters only when the connection turns idle; if
         // that happened before it was parked, look here.
-        let share_wanted = parked.share.as_ref().is_some_and(|share| share.wanted());
-        if (parked.route.wanted() || share_wanted) && parked.take_if_idle().is_some() {
+        if super::slots::wanted(&parked.route, parked.share.as_deref()) && parked.take_if_idle().is_some() {
             return;
         }
         match self {
@@ -197,6 +196,7 @@ mod tests {
     use hyper_util::rt::TokioIo;
     use tokio::io::DuplexStream;
 
+    use super::super::testing::request;
     use super::*;
     use crate::proxy::UpstreamSlots;
 
@@ -217,10 +217,6 @@ mod tests {
         let slot = Slot::of_route(slots, slots.route().free.clone().try_acquire_owned().unwrap());
         let (sender, theirs) = connection().await;
         (Parked::new(&slot, Teardown::new(false)), sender, slot, theirs)
-    }
-
-    fn request() -> http::Request<RequestBody> {
-        http::Request::get("/").body(RequestBody::empty()).unwrap()
     }
 
     /// A client connection's kept connections are taken newest first, only

@@ -188,8 +188,15 @@ impl Slot {
 
     /// Whether a request waits for a slot this connection could give back.
     pub(super) fn wanted(&self) -> bool {
-        self.route.wanted() || self.share.as_ref().is_some_and(|share| share.wanted())
+        wanted(&self.route, self.share.as_deref())
     }
+}
+
+/// Whether a request waits for a slot of `route`, or of `share` (a client
+/// connection's share of it): then a connection holding one of each should
+/// close once idle.
+pub(super) fn wanted(route: &Slots, share: Option<&Slots>) -> bool {
+    route.wanted() || share.is_some_and(Slots::wanted)
 }
 
 /// The share of each route one client connection has used, found by the

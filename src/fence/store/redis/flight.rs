@@ -94,8 +94,7 @@ impl Flights {
 
     /// The longest lease the routes give a write now.
     pub fn configure(&self, longest: Duration) {
-        let ms = u64::try_from(longest.as_millis()).unwrap_or(u64::MAX);
-        self.configured_ms.store(ms, Ordering::Relaxed);
+        self.configured_ms.store(millis(longest), Ordering::Relaxed);
     }
 
     pub fn configured(&self) -> Duration {

@@ -107,7 +107,7 @@ impl Verdict {
 
     /// The error for a verdict the caller does not expect here.
     pub fn unexpected(&self) -> StoreError {
-        unexpected(Found::Verdict(self.word().to_owned()))
+        unexpected(Found::Verdict(shown(self.word())))
     }
 }
 
@@ -148,21 +148,33 @@ impl Reply {
 pub(super) fn parse_mark(value: Option<&String>) -> Result<Option<u64>, StoreError> {
     match value.map(String::as_str) {
         None | Some("") => Ok(None),
-        Some(text) => text.parse().map(Some).map_err(|_| unexpected(Found::Mark(text.to_owned()))),
+        Some(text) => text.parse().map(Some).map_err(|_| unexpected(Found::Mark(shown(text)))),
     }
 }
 
 /// Milliseconds a script answered, as a duration.
 pub(super) fn parse_ms(value: Option<&String>) -> Result<Duration, StoreError> {
     let text = value.map(String::as_str).unwrap_or_default();
-    text.parse().map(Duration::from_millis).map_err(|_| unexpected(Found::Milliseconds(text.to_owned())))
+    text.parse().map(Duration::from_millis).map_err(|_| unexpected(Found::Milliseconds(shown(text))))
 }
 
 /// A count a script answered.
 pub(super) fn parse_count(value: Option<&String>) -> Result<u64, StoreError> {
     let text = value.map(String::as_str).unwrap_or_default();
-    text.parse().map_err(|_| unexpected(Found::Count(text.to_owned())))
+    text.parse().map_err(|_| unexpected(Found::Count(shown(text))))
 }
+
+/// An answer's text as a refusal names it: the 503's detail reaches the
+/// client, so at most [`SHOWN`] characters of whatever the store held.
+fn shown(text: &str) -> String {
+    match text.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
+/// The most characters of an unexpected answer a refusal shows.
+const SHOWN: usize = 32;
 
 /// A duration as whole milliseconds, at least one: Redis reads 0 as "none"
 /// (or refuses it) where fencegate means "at once".
@@ -370,6 +382,10 @@ mod tests {
         let refused = |text: Option<&str>| parse_ms(text.map(str::to_owned).as_ref()).unwrap_err().to_string();
         assert!(refused(Some("1.5e+12")).ends_with("not a number of milliseconds (\"1.5e+12\")"));
         assert!(refused(None).ends_with("not a number of milliseconds (\"\")"));
+        // Whatever the store held, a refusal shows a bounded part of it.
+        let long = "9".repeat(20) + &"x".repeat(100);
+        let shown = parse_count(Some(&long)).unwrap_err().to_string();
+        assert!(shown.ends_with(&format!("({:?})", format!("{}…", &long[..SHOWN]))), "{shown}");
     }
 
     #[test]
