@@ -126,50 +126,8 @@ pub struct Confirmed {
 /// remembers what it saw ([`at_hand`](Self::at_hand)), and says when it
 /// cannot be trusted ([`unready`](Self::unready), [`confirm`](Self::confirm)).
 ///
-/// # A store on etcd, on this trait as it is
-///
-/// A later store keeps marks in etcd (Raft: every write and linearizable
-/// read goes through the leader's log). Sketched here to keep this trait
-/// honest; nothing in it changes for that store.
-///
-/// - Keys: `P/mark/<key>` holds the token as 20 zero-padded decimal digits
-///   (etcd compares values as bytes, so the padding makes byte order
-///   numeric order); `P/flight/<key>/<replica>/<n>` is one record per write
-///   in flight, its value the token it carries (or a marker for a write
-///   holding its key alone); `P/wait/<key>` the highest token waiting.
-/// - `get`: a linearizable range read of the mark. `peek` stays `None`;
-///   `at_hand` is [`AtHand::Floor`] of the marks this replica saw, as for
-///   Redis: marks never go back, so a mark seen is a floor.
-/// - `advance`: read the mark and its `mod_revision`, then one txn: if the
-///   `mod_revision` is unchanged (0: no mark yet) put the token, else read
-///   again. A token below the mark answers `Stale` with no txn. A txn
-///   commits on a quorum, so there is no replica wait to add.
-/// - `enter`: read the mark, the `flight/<key>/` range and the wait key at
-///   one revision `R`, decide as the Redis script does (stale, superseded,
-///   join the writes carrying the mark, or wait while other writes are in
-///   flight), then one txn that puts the mark and this write's record if
-///   the mark and the wait key are unchanged since `R` (`mod_revision`)
-///   and no key under `flight/<key>/` was created since (a compare over
-///   the range, `create_revision < R + 1`, which an empty range passes);
-///   a failed compare decides again. The record is attached to a lease granted with a TTL
-///   of `lease` rounded up to whole seconds (plus the store's margin),
-///   so a replica that dies mid-write leaves records that expire. While
-///   others are in flight it puts its token under `wait/<key>` (with a
-///   lease of `wait`) and watches the range until it empties, or answers
-///   `TimedOut` after `wait`. Leases outlive their TTL across a leader
-///   change (etcd renews them), which only makes a raise wait longer.
-/// - The record's end ([`WriteRecord::end`]) queues the lease id to a task
-///   that revokes it, as the Redis store queues its records to remove:
-///   dropping an [`InFlight`] never waits for the store.
-/// - `list` and `delete`: range reads and a delete-range txn over
-///   `P/mark/`, the delete also bumping a counter key so other replicas
-///   forget the marks they remember.
-/// - `unready` and `confirm`: etcd keeps what it acknowledged, so a mark
-///   answered below one seen, or a cluster id other than the one adopted
-///   (a restore from a snapshot makes a new cluster), is a [`Distrust`];
-///   `confirm` restores the remembered marks, adopts the cluster as it is
-///   and holds writes for the longest lease ([`set_write_lease`](Self::set_write_lease)),
-///   as for Redis. `close` revokes the leases of writes that ended.
+/// How a store on etcd fits this trait as it is: docs/architecture.md
+/// ("A store on etcd, on the seam as it is").
 pub trait FenceStore: Send + Sync + 'static {
     /// The mark of `key`, or `None` when no token was ever accepted for it.
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
