@@ -167,6 +167,9 @@ fn scalar(text: &str) -> Value {
     if let Some(s) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
         return Value::String(s.to_string());
     }
+    if let Ok(b) = text.parse::<bool>() {
+        return Value::Bool(b);
+    }
     match text.parse::<i64>() {
         Ok(n) if !text.starts_with('0') || text == "0" => json!(n),
         _ => Value::String(text.to_string()),
@@ -184,12 +187,12 @@ fn manifest(path: &str, kind: &str, name: &str) -> Value {
 #[test]
 fn the_yaml_reader_reads_the_shapes_the_manifests_use() {
     let docs = yaml_documents(
-        "# c\na: 1\nb:\n  - name: x   # note\n    port: proxy\n  - plain\nc: [\"p\", \"q\"]\nd: |\n  one\n    two\ne:\n- z\n---\nf: \"#1\"\n",
+        "# c\na: 1\nt: true\nb:\n  - name: x   # note\n    port: proxy\n  - plain\nc: [\"p\", \"q\"]\nd: |\n  one\n    two\ne:\n- z\n---\nf: \"#1\"\n",
     );
     assert_eq!(docs.len(), 2);
     assert_eq!(
         docs[0],
-        json!({"a": 1, "b": [{"name": "x", "port": "proxy"}, "plain"], "c": ["p", "q"], "d": "one\n  two\n", "e": ["z"]})
+        json!({"a": 1, "t": true, "b": [{"name": "x", "port": "proxy"}, "plain"], "c": ["p", "q"], "d": "one\n  two\n", "e": ["z"]})
     );
     assert_eq!(docs[1], json!({"f": "#1"}));
 }
@@ -373,4 +376,21 @@ fn the_container_config_refuses_fence_changes_until_a_token_is_supplied() {
     // The environment supplies one.
     let config = Config::from_toml_str(&text).unwrap().read_secrets_with(Some("t0k3n".into())).unwrap();
     assert_eq!(config.admin.auth_token.as_deref(), Some("t0k3n"));
+}
+
+#[test]
+fn the_image_runs_as_a_non_root_user_and_carries_oci_labels() {
+    let dockerfile = read("Dockerfile");
+    // The last USER line is the one the container runs as.
+    let user = dockerfile.lines().filter_map(|l| l.strip_prefix("USER ")).next_back().expect("a USER line");
+    assert_eq!(user, "10001:10001", "the image must run as the non-root user the manifests expect");
+    let set = manifest(&base("statefulset.yaml"), "StatefulSet", "fencegate");
+    let security = &set["spec"]["template"]["spec"]["securityContext"];
+    assert_eq!(security["runAsNonRoot"], json!(true));
+    assert_eq!(security["runAsUser"], json!(10001));
+    for label in ["title", "description", "version", "licenses", "source", "revision"] {
+        assert!(dockerfile.contains(&format!("org.opencontainers.image.{label}=")), "no {label} label");
+    }
+    let version = format!("ARG VERSION={}", env!("CARGO_PKG_VERSION"));
+    assert!(dockerfile.lines().any(|l| l == version), "the version label is Cargo.toml's version: {version}");
 }
