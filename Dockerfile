@@ -67,19 +67,6 @@ RUN cargo clean --release --package fencegate \
 # tag follows Debian's point releases, so a rebuild picks up security fixes.
 FROM debian:bookworm-slim
 
-# OCI image labels (org.opencontainers.image.*): what `docker inspect` and
-# registries show. VERSION is Cargo.toml's version; SOURCE and REVISION are
-# empty unless the build passes them.
-ARG VERSION=0.1.0
-ARG SOURCE=""
-ARG REVISION=""
-LABEL org.opencontainers.image.title="fencegate" \
-      org.opencontainers.image.description="An HTTP reverse proxy that enforces fencing tokens for upstreams that cannot" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.source="${SOURCE}" \
-      org.opencontainers.image.revision="${REVISION}"
-
 # The platform's root certificates (ca-certificates): an https:// upstream
 # without a ca_file is verified against them. Not pinned (DL3008): the bundle
 # must follow Debian's updates (a root removed or distrusted), and Debian
@@ -103,8 +90,9 @@ COPY --from=builder /usr/local/bin/fencegate /usr/local/bin/fencegate
 COPY config/container.toml /etc/fencegate/fencegate.toml
 
 ENV FENCEGATE_CONFIG=/etc/fencegate/fencegate.toml
-# The durable fence store keeps data/fences relative to the working directory:
-# mount a volume on /var/lib/fencegate/data to keep fences across containers.
+# The fence store is under /var/lib/fencegate/data (config/container.toml's
+# [fences] path; a config that leaves the default, data/fences, lands there
+# too): mount a volume on it to keep fences across containers.
 WORKDIR /var/lib/fencegate
 VOLUME /var/lib/fencegate/data
 USER 10001:10001
@@ -114,4 +102,19 @@ EXPOSE 8080 9901
 # fencegate drains in-flight requests on SIGTERM for [server] shutdown_grace
 # (default 30s): give `docker stop` a longer timeout (-t) than that.
 STOPSIGNAL SIGTERM
+
+# OCI image labels (org.opencontainers.image.*): what `docker inspect` and
+# registries show. VERSION is Cargo.toml's version; SOURCE and REVISION are
+# empty unless the build passes them. Last, so a new REVISION rebuilds no
+# layer above.
+ARG VERSION=0.1.0
+ARG SOURCE=""
+ARG REVISION=""
+LABEL org.opencontainers.image.title="fencegate" \
+      org.opencontainers.image.description="An HTTP reverse proxy that enforces fencing tokens for upstreams that cannot" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.revision="${REVISION}"
+
 ENTRYPOINT ["/usr/local/bin/fencegate"]
