@@ -1,22 +1,30 @@
 # fencegate container image.
 #
 #   docker build -t fencegate .
-#   docker run --rm -p 8080:8080 -p 9901:9901 \
-#       -v "$PWD/fencegate.toml:/etc/fencegate/fencegate.toml:ro" fencegate
+#   docker run --rm -p 8080:8080 -p 127.0.0.1:9901:9901 \
+#       -v fencegate-data:/var/lib/fencegate/data fencegate
 #
-# The mounted config must listen on 0.0.0.0 (see the README): the config baked
-# into the image is the repository's reference config, which listens on
-# 127.0.0.1 and is only reachable from inside the container.
+# The config baked in is config/container.toml: both listeners on 0.0.0.0 (the
+# proxy on 8080, the admin API on 9901), fences in the file store on the data
+# volume, fence changes refused until an admin token is supplied (the file
+# says how), and one route to a store on the container's loopback interface.
+# Mount your own config over /etc/fencegate/fencegate.toml for your routes:
+#
+#   docker run --rm -v "$PWD/fencegate.toml:/etc/fencegate/fencegate.toml:ro" fencegate --check
 #
 # The image runs as a non-root user (UID/GID 10001) and works with a read-only
-# root filesystem: fencegate writes only to its fence store, under
-# /var/lib/fencegate/data (a volume; keep it across containers):
+# root filesystem (`docker run --read-only`): fencegate writes only to its
+# fence store, under /var/lib/fencegate/data (a volume; keep it across
+# containers).
 #
-#   docker run --rm --read-only -p 8080:8080 -p 127.0.0.1:9901:9901 \
-#       -v fencegate-data:/var/lib/fencegate/data \
-#       -v "$PWD/fencegate.toml:/etc/fencegate/fencegate.toml:ro" fencegate
+# Labels: the version is Cargo.toml's (.ci/deploy-lint checks it); the source
+# repository's address and the commit come from the build:
 #
-# Kubernetes manifests that use this image: config/kubernetes/.
+#   docker build --build-arg SOURCE=https://example.com/your/fencegate \
+#       --build-arg REVISION="$(git rev-parse HEAD)" -t fencegate .
+#
+# Kubernetes manifests that use this image: config/kubernetes/ (see
+# docs/kubernetes.md).
 
 # ---- build ------------------------------------------------------------------
 # The toolchain is the crate's rust-version (Cargo.toml), so the image is built
@@ -77,11 +85,14 @@ RUN apt-get update \
     && install -d -o fencegate -g fencegate -m 0750 /var/lib/fencegate/data
 
 COPY --from=builder /usr/local/bin/fencegate /usr/local/bin/fencegate
-COPY config/fencegate.toml /etc/fencegate/fencegate.toml
+# Listens on 0.0.0.0 (config/container.toml); mount a config of your own
+# over it for your routes.
+COPY config/container.toml /etc/fencegate/fencegate.toml
 
 ENV FENCEGATE_CONFIG=/etc/fencegate/fencegate.toml
-# The durable fence store keeps data/fences relative to the working directory:
-# mount a volume on /var/lib/fencegate/data to keep fences across containers.
+# The fence store is under /var/lib/fencegate/data (config/container.toml's
+# [fences] path; a config that leaves the default, data/fences, lands there
+# too): mount a volume on it to keep fences across containers.
 WORKDIR /var/lib/fencegate
 VOLUME /var/lib/fencegate/data
 USER 10001:10001
@@ -91,4 +102,19 @@ EXPOSE 8080 9901
 # fencegate drains in-flight requests on SIGTERM for [server] shutdown_grace
 # (default 30s): give `docker stop` a longer timeout (-t) than that.
 STOPSIGNAL SIGTERM
+
+# OCI image labels (org.opencontainers.image.*): what `docker inspect` and
+# registries show. VERSION is Cargo.toml's version; SOURCE and REVISION are
+# empty unless the build passes them. Last, so a new REVISION rebuilds no
+# layer above.
+ARG VERSION=0.1.0
+ARG SOURCE=""
+ARG REVISION=""
+LABEL org.opencontainers.image.title="fencegate" \
+      org.opencontainers.image.description="An HTTP reverse proxy that enforces fencing tokens for upstreams that cannot" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.revision="${REVISION}"
+
 ENTRYPOINT ["/usr/local/bin/fencegate"]

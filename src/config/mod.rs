@@ -232,21 +232,6 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn the_kubernetes_configmap_holds_a_valid_config() {
-        // The block scalar under `fencegate.toml: |`, its indentation removed.
-        let yaml = include_str!("../../config/kubernetes/configmap.yaml");
-        let (_, block) = yaml.split_once("  fencegate.toml: |\n").expect("the ConfigMap has a fencegate.toml key");
-        let text: String = block
-            .lines()
-            .take_while(|l| l.is_empty() || l.starts_with("    "))
-            .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
-            .collect();
-        let config = Config::from_toml_str(&text).unwrap_or_else(|e| panic!("configmap.yaml's config:\n{e}"));
-        assert!(config.server.tls.is_some(), "the example serves TLS");
-        assert!(!config.routes.is_empty());
-    }
-
-    #[test]
     fn unknown_fields_are_errors_that_name_the_field() {
         let text = format!("{MINIMAL}\nfenced_method = [\"PUT\"]\n");
         let msg = problems(&text)[0].message.clone();
