@@ -6,6 +6,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -105,6 +106,15 @@ fn request(addr: SocketAddr, method: &str, path: &str, token: Option<u64>, body:
     (status, body)
 }
 
+/// The `text` block that follows the README's `cargo run --release -- demo`,
+/// up to its `...`.
+fn readme_demo_output() -> Vec<String> {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let (_, after) = readme.split_once("cargo run --release -- demo\n").expect("the README runs the demo");
+    let (_, block) = after.split_once("```text\n").expect("the README shows the demo's output");
+    block.lines().take_while(|l| *l != "...").map(str::to_string).collect()
+}
+
 #[test]
 fn the_demo_plays_its_story_then_serves_the_readers_requests() {
     let mut demo = Demo::start(&FREE);
@@ -131,6 +141,15 @@ fn the_demo_plays_its_story_then_serves_the_readers_requests() {
         "the store is unchanged by the late write:\n{}",
         story.join("\n")
     );
+
+    // The README shows this output as the reader's first command prints it.
+    let defaults = [(proxy, "127.0.0.1:8080"), (admin, "127.0.0.1:9901"), (store, "127.0.0.1:9000")];
+    let printed: Vec<String> = story
+        .iter()
+        .map(|l| defaults.iter().fold(l.clone(), |l, (bound, default)| l.replace(&bound.to_string(), default)))
+        .collect();
+    let readme = readme_demo_output();
+    assert_eq!(readme, printed, "README.md's demo output is not what the demo prints");
 
     // The commands it prints name the bound addresses.
     let commands = demo.lines_until("/fences?key=");
