@@ -47,14 +47,17 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Show the fence on its own: fencegate in front of a small in-process
-    /// store with no fencing, a lock holder's late write refused, then serving
-    /// for your own curl commands until Ctrl-C. Needs no config.
+    /// Show the fence on its own, with nothing but the binary.
+    ///
+    /// fencegate starts in front of a small in-process store with no fencing
+    /// of its own, plays a lock holder's late write being refused, then serves
+    /// your own curl commands until Ctrl-C. Needs no config file.
     Demo {
         /// fencegate's proxy listener (port 0: any free port).
         #[arg(long, default_value = fencegate::demo::LISTEN)]
         listen: std::net::SocketAddr,
-        /// fencegate's admin listener.
+        /// fencegate's admin listener (its bearer token, demo-secret, is no
+        /// secret: keep it on loopback).
         #[arg(long, default_value = fencegate::demo::ADMIN_LISTEN)]
         admin_listen: std::net::SocketAddr,
         /// The demo store's listener.

@@ -36,8 +36,12 @@ pub const ADMIN_TOKEN: &str = "demo-secret";
 /// Where the demo listens; port 0 takes a free port (the demo prints it).
 #[derive(Debug, Clone, Copy)]
 pub struct DemoOptions {
+    /// fencegate's proxy listener ([`LISTEN`] by default).
     pub listen: SocketAddr,
+    /// fencegate's admin listener ([`ADMIN_LISTEN`] by default); its bearer
+    /// token, [`ADMIN_TOKEN`], is no secret: keep it on loopback.
     pub admin_listen: SocketAddr,
+    /// The demo store's listener ([`STORE_LISTEN`] by default).
     pub store_listen: SocketAddr,
 }
 
