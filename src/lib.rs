@@ -21,13 +21,15 @@
 //! `telemetry/`, `fence/` (token, signature, per-key turns, the stores),
 //! `metrics.rs`, `proxy/` (the upstream client), `route/` (a route in
 //! service), `admin/`, `stack/` (the layers, in the order a request meets
-//! them), `server/` (listeners, connections, workers, reload).
+//! them), `server/` (listeners, connections, workers, reload), and on
+//! top `demo/` (`fencegate demo`: the fence in front of a store of its own).
 
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod canonical;
 pub mod config;
+pub mod demo;
 pub mod fence;
 mod http;
 mod metrics;

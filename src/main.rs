@@ -47,6 +47,23 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Show the fence on its own, with nothing but the binary.
+    ///
+    /// fencegate starts in front of a small in-process store with no fencing
+    /// of its own, plays a lock holder's late write being refused, then serves
+    /// your own curl commands until Ctrl-C. Needs no config file.
+    Demo {
+        /// fencegate's proxy listener (port 0: any free port).
+        #[arg(long, default_value = fencegate::demo::LISTEN)]
+        listen: std::net::SocketAddr,
+        /// fencegate's admin listener (its bearer token, demo-secret, is no
+        /// secret: keep it on loopback).
+        #[arg(long, default_value = fencegate::demo::ADMIN_LISTEN)]
+        admin_listen: std::net::SocketAddr,
+        /// The demo store's listener.
+        #[arg(long, default_value = fencegate::demo::STORE_LISTEN)]
+        store_listen: std::net::SocketAddr,
+    },
     /// Read or raise fences through the admin API of a running fencegate
     /// (address and bearer token from the same config).
     Fence {
@@ -113,6 +130,10 @@ enum LogFormatArg {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The demo needs no config file.
+    if let Some(Command::Demo { listen, admin_listen, store_listen }) = cli.command {
+        return fencegate::demo::run(fencegate::demo::DemoOptions { listen, admin_listen, store_listen });
+    }
     // Signing needs only the key file, not a valid config.
     if let Some(Command::Sign { key, token, key_file }) = &cli.command {
         return match fencegate::config::load_signing_key(key_file).map(|secret| secret.bytes().map(<[u8]>::to_vec)) {
@@ -139,7 +160,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(Command::Fence { action }) => return fence_command(&config, action),
-        Some(Command::Sign { .. }) | None => {}
+        Some(Command::Sign { .. } | Command::Demo { .. }) | None => {}
     }
     if cli.check {
         // The TLS files are read as at start: a certificate that does not

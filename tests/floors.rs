@@ -23,6 +23,7 @@ const FLOORS: &[&[&str]] = &[
     &["admin"],
     &["stack"],
     &["server"],
+    &["demo"],
 ];
 
 /// The binary's own modules (declared by `main.rs`, beside the floors):
