@@ -166,8 +166,9 @@ fn main() -> ExitCode {
         Some(Command::Sign { key, token, key_file }) => return sign(&key, token, &key_file),
         Some(Command::Fence { admin, action }) => return fence_command(&cli.config, admin, action),
         Some(Command::Completions { shell }) => {
-            clap_complete::generate(shell, &mut Cli::command(), "fencegate", &mut std::io::stdout());
-            return ExitCode::SUCCESS;
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "fencegate", &mut script);
+            return print_bytes(&script, "the completion script");
         }
         Some(Command::Man { dir }) => return man(dir.as_deref()),
         None => {}
@@ -269,17 +270,35 @@ fn sign(key: &str, token: u64, key_file: &std::path::Path) -> ExitCode {
 
 /// `fencegate man`: the top page to stdout, or every page into `dir`.
 fn man(dir: Option<&std::path::Path>) -> ExitCode {
-    let result = match dir {
-        None => clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()),
-        Some(dir) => clap_mangen::generate_to(Cli::command(), dir),
+    let Some(dir) = dir else {
+        let mut page = Vec::new();
+        return match clap_mangen::Man::new(Cli::command()).render(&mut page) {
+            Ok(()) => print_bytes(&page, "the man page"),
+            Err(e) => {
+                eprintln!("cannot render the man page: {e}");
+                ExitCode::FAILURE
+            }
+        };
     };
-    match result {
+    match clap_mangen::generate_to(Cli::command(), dir) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            match dir {
-                Some(dir) => eprintln!("cannot write the man pages into '{}': {e}", dir.display()),
-                None => eprintln!("cannot write the man page: {e}"),
-            }
+            eprintln!("cannot write the man pages into '{}': {e}", dir.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes `bytes` to stdout; a reader that went away early (`| head`) is
+/// no error, any other failure (a full disk) is reported, never a panic.
+fn print_bytes(bytes: &[u8], what: &str) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cannot write {what} to stdout: {e}");
             ExitCode::FAILURE
         }
     }
@@ -320,7 +339,7 @@ fn admin_target(
 
 /// Runs `fencegate fence ...` against the admin listener.
 fn fence_command(config: &std::path::Path, args: AdminArgs, action: FenceAction) -> ExitCode {
-    use fencegate::admin::client::{AdminClient, SetOutcome};
+    use fencegate::admin::client::{AdminClient, CliError, SetOutcome};
     let (url, token) = match admin_target(config, &args) {
         Ok(target) => target,
         Err(e) => {
@@ -336,17 +355,25 @@ fn fence_command(config: &std::path::Path, args: AdminArgs, action: FenceAction)
         }
     };
     let client = AdminClient::new(url, token, args.timeout);
+    // A line to stdout; a failed write (a full disk, a closed pipe) ends
+    // the command with an error instead of println!'s panic.
+    macro_rules! say {
+        ($($arg:tt)*) => {{
+            use std::io::Write;
+            writeln!(std::io::stdout().lock(), $($arg)*).map_err(CliError::Output)?
+        }};
+    }
     let result = runtime.block_on(async {
         match action {
             FenceAction::Get { key } => {
                 let token = client.get(&key).await?;
-                println!("{}", token.map_or_else(|| "none".to_string(), |t| t.to_string()));
+                say!("{}", token.map_or_else(|| "none".to_string(), |t| t.to_string()));
                 Ok(ExitCode::SUCCESS)
             }
             FenceAction::Set { key, token } => match client.set(&key, token).await? {
                 SetOutcome::Raised { previous } => {
                     let was = previous.map_or_else(|| "none".to_string(), |p| p.to_string());
-                    println!("{key}: fence raised to {token} (was {was})");
+                    say!("{key}: fence raised to {token} (was {was})");
                     Ok(ExitCode::SUCCESS)
                 }
                 SetOutcome::Refused { current } => {
@@ -355,20 +382,25 @@ fn fence_command(config: &std::path::Path, args: AdminArgs, action: FenceAction)
                 }
             },
             FenceAction::List { prefix } => {
-                client.list(&prefix, |key, token| println!("{token}\t{key}")).await?;
+                client
+                    .list(&prefix, |key, token| {
+                        say!("{token}\t{key}");
+                        Ok(())
+                    })
+                    .await?;
                 Ok(ExitCode::SUCCESS)
             }
             FenceAction::Delete { key: Some(key), .. } => {
                 let (deleted, token) = client.delete_key(&key).await?;
                 match token {
-                    Some(token) if deleted > 0 => println!("{key}: fence {token} deleted"),
-                    _ => println!("{key}: had no fence"),
-                }
+                    Some(token) if deleted > 0 => say!("{key}: fence {token} deleted"),
+                    _ => say!("{key}: had no fence"),
+                };
                 Ok(ExitCode::SUCCESS)
             }
             FenceAction::ConfirmStore => {
                 let done = client.confirm_store().await?;
-                println!(
+                say!(
                     "fence store confirmed: identity {}, {} mark(s) this replica remembered restored; fenced writes \
                      held for {} ms while writes admitted before the loss may still reach the upstream",
                     done["identity"].as_str().unwrap_or("?"),
@@ -380,15 +412,20 @@ fn fence_command(config: &std::path::Path, args: AdminArgs, action: FenceAction)
             FenceAction::Delete { key: None, prefix, all } => {
                 let prefix = prefix.unwrap_or_default();
                 let deleted = client.delete_prefix(&prefix, all).await?;
-                println!("{prefix}: {deleted} fence{} deleted", if deleted == 1 { "" } else { "s" });
+                say!("{prefix}: {deleted} fence{} deleted", if deleted == 1 { "" } else { "s" });
                 Ok(ExitCode::SUCCESS)
             }
         }
     });
-    result.unwrap_or_else(|e: fencegate::admin::client::CliError| {
-        eprintln!("{e}");
-        ExitCode::from(2)
-    })
+    match result {
+        Ok(code) => code,
+        // The reader went away (`fence list | head`): nothing left to say.
+        Err(CliError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// Takes SIGHUP from its default action (ending the process) while held; the

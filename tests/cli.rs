@@ -214,6 +214,20 @@ fn completions_name_every_subcommand_and_flag() {
     assert!(text(&out.stderr).contains("possible values"), "{}", text(&out.stderr));
 }
 
+/// A stdout that cannot be written (a full disk) is an error message and
+/// exit 1, not a panic.
+#[test]
+fn a_full_stdout_is_an_error_not_a_panic() {
+    let dir = TempDir::new();
+    for args in [&["completions", "bash"][..], &["man"]] {
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let out = fencegate(dir.path()).args(args).stdout(full).output().unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains("cannot write") && !stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn the_man_page_documents_every_subcommand() {
     let dir = TempDir::new();
@@ -235,4 +249,40 @@ fn the_man_page_documents_every_subcommand() {
     let out = run(dir.path(), &["man", "--dir", "/nonexistent/man1"]);
     exited(&out, 1);
     assert!(text(&out.stderr).contains("/nonexistent/man1"), "{}", text(&out.stderr));
+}
+
+/// `fence list | head` and a full disk end the command without a panic: a
+/// reader that went away is no error (exit 0), a failed write is (exit 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_output_to_a_closed_pipe_or_a_full_disk_is_no_panic() {
+    let up = RecordingUpstream::start().await;
+    let fg = server_without_its_config(&up).await;
+    let laptop = TempDir::new();
+    let token = laptop.write("token", SECRET);
+    let admin = fg.admin.to_string();
+    let token = token.display().to_string();
+    exited(&run(laptop.path(), &["fence", "--admin-url", &admin, "--token-file", &token, "set", "/objects/a", "1"]), 0);
+
+    // The reader is gone before the first line is written.
+    let mut child = fencegate(laptop.path())
+        .args(["fence", "--admin-url", &admin, "list"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out = fencegate(laptop.path())
+        .args(["fence", "--admin-url", &admin, "get", "/objects/a"])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.starts_with("cannot write to stdout"), "{stderr}");
 }

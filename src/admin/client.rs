@@ -125,6 +125,10 @@ pub enum CliError {
     ChangesDisabled { detail: String },
     #[error("{0}")]
     Refused(String),
+    /// The answer could not be written out (a full disk, or a reader that
+    /// went away: `fencegate fence list | head`).
+    #[error("cannot write to stdout: {0}")]
+    Output(#[from] std::io::Error),
 }
 
 /// The admin API of one fencegate.
@@ -284,7 +288,12 @@ impl AdminClient {
     }
 
     /// Every mark whose key starts with `prefix`, in key order, page by page.
-    pub async fn list(&self, prefix: &str, mut each: impl FnMut(&str, u64)) -> Result<(), CliError> {
+    /// `each` may stop the listing with an error.
+    pub async fn list(
+        &self,
+        prefix: &str,
+        mut each: impl FnMut(&str, u64) -> Result<(), CliError>,
+    ) -> Result<(), CliError> {
         let mut after: Option<String> = None;
         loop {
             let mut params = vec![("prefix", prefix), ("limit", "1000")];
@@ -297,7 +306,7 @@ impl AdminClient {
             }
             for fence in body["fences"].as_array().into_iter().flatten() {
                 if let (Some(key), Some(token)) = (fence["key"].as_str(), fence["token"].as_u64()) {
-                    each(key, token);
+                    each(key, token)?;
                 }
             }
             match body["next"].as_str() {
