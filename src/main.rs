@@ -51,8 +51,8 @@ enum Command {
     ///
     /// With --admin-url, nothing is read from a config: the token comes from
     /// --token-file or FENCEGATE_ADMIN_TOKEN (reads need none). Without it, the
-    /// admin address and token come from the config (--config), whose other
-    /// secret files (signing keys, TLS files) are not read.
+    /// admin address and token come from the config (`fencegate --config FILE
+    /// fence ...`), whose other secret files (signing keys, TLS files) are not read.
     Fence {
         #[command(flatten)]
         admin: AdminArgs,
