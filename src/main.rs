@@ -7,7 +7,7 @@ mod allocator;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use fencegate::config::LogFormat;
 use fencegate::{telemetry, Config, Fencegate};
 
@@ -64,9 +64,15 @@ enum Command {
         #[arg(long, default_value = fencegate::demo::STORE_LISTEN)]
         store_listen: std::net::SocketAddr,
     },
-    /// Read or raise fences through the admin API of a running fencegate
-    /// (address and bearer token from the same config).
+    /// Read, raise or delete fences through the admin API of a running fencegate.
+    ///
+    /// With --admin-url, nothing is read from a config: the token comes from
+    /// --token-file or FENCEGATE_ADMIN_TOKEN (reads need none). Without it, the
+    /// admin address and token come from the config (`fencegate --config FILE
+    /// fence ...`), whose other secret files (signing keys, TLS files) are not read.
     Fence {
+        #[command(flatten)]
+        admin: AdminArgs,
         #[command(subcommand)]
         action: FenceAction,
     },
@@ -86,14 +92,56 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         key_file: PathBuf,
     },
+    /// Print a completion script for SHELL to stdout.
+    ///
+    /// For example `fencegate completions bash > /etc/bash_completion.d/fencegate`,
+    /// or `fencegate completions zsh > "${fpath[1]}/_fencegate"`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the fencegate(1) man page (roff) to stdout, or write a page for
+    /// every subcommand into a directory.
+    ///
+    /// For example `fencegate man | man -l -`, or `fencegate man --dir /usr/local/share/man/man1`.
+    Man {
+        /// Write fencegate.1, fencegate-fence.1, fencegate-fence-get.1, ... into DIR.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// Where the admin API is and how to authenticate to it: for `fence`.
+#[derive(Debug, clap::Args)]
+struct AdminArgs {
+    /// The admin listener, e.g. http://127.0.0.1:9901 (plain HTTP; a bare
+    /// HOST:PORT works too). When given, no config is read.
+    #[arg(long, env = "FENCEGATE_ADMIN_URL", value_name = "URL", global = true)]
+    admin_url: Option<String>,
+    /// A file holding the admin token ([admin] auth_token); surrounding
+    /// whitespace is ignored. Takes precedence over FENCEGATE_ADMIN_TOKEN and
+    /// the config.
+    #[arg(long, env = "FENCEGATE_ADMIN_TOKEN_FILE", value_name = "FILE", global = true)]
+    token_file: Option<PathBuf>,
+    /// How long to wait for each answer of the admin API.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration, global = true)]
+    timeout: std::time::Duration,
 }
 
 #[derive(Debug, Subcommand)]
 enum FenceAction {
     /// Print the fence (highest accepted token) of KEY, or "none".
-    Get { key: String },
+    Get {
+        /// The fence key, e.g. "/objects/report.csv".
+        key: String,
+    },
     /// Raise the fence of KEY to TOKEN (refused, exit 1, if it is already higher).
-    Set { key: String, token: u64 },
+    Set {
+        /// The fence key, e.g. "/objects/report.csv".
+        key: String,
+        /// The new fence: the token of the lock's new owner.
+        token: u64,
+    },
     /// Print "TOKEN<TAB>KEY" for every fence whose key starts with PREFIX.
     List {
         #[arg(default_value = "")]
@@ -130,26 +178,20 @@ enum LogFormatArg {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The demo needs no config file.
-    if let Some(Command::Demo { listen, admin_listen, store_listen }) = cli.command {
-        return fencegate::demo::run(fencegate::demo::DemoOptions { listen, admin_listen, store_listen });
-    }
-    // Signing needs only the key file, not a valid config.
-    if let Some(Command::Sign { key, token, key_file }) = &cli.command {
-        return match fencegate::config::load_signing_key(key_file).map(|secret| secret.bytes().map(<[u8]>::to_vec)) {
-            Ok(Some(secret)) => {
-                println!("{}", fencegate::fence::signature::sign(&secret, key, *token));
-                ExitCode::SUCCESS
-            }
-            Ok(None) => {
-                eprintln!("--key-file: the key could not be read");
-                ExitCode::from(2)
-            }
-            Err(e) => {
-                eprintln!("--key-file: {e}");
-                ExitCode::from(2)
-            }
-        };
+    match cli.command {
+        // These need no valid config, and `fence` reads at most its admin part.
+        Some(Command::Demo { listen, admin_listen, store_listen }) => {
+            return fencegate::demo::run(fencegate::demo::DemoOptions { listen, admin_listen, store_listen })
+        }
+        Some(Command::Sign { key, token, key_file }) => return sign(&key, token, &key_file),
+        Some(Command::Fence { admin, action }) => return fence_command(&cli.config, admin, action),
+        Some(Command::Completions { shell }) => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "fencegate", &mut script);
+            return print_bytes(&script, "the completion script");
+        }
+        Some(Command::Man { dir }) => return man(dir.as_deref()),
+        None => {}
     }
     let config = match Config::load(&cli.config) {
         Ok(config) => config,
@@ -158,10 +200,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match cli.command {
-        Some(Command::Fence { action }) => return fence_command(&config, action),
-        Some(Command::Sign { .. } | Command::Demo { .. }) | None => {}
-    }
     if cli.check {
         // The TLS files are read as at start: a certificate that does not
         // load fails the check.
@@ -232,9 +270,103 @@ fn main() -> ExitCode {
     })
 }
 
-/// Runs `fencegate fence ...` against the configured admin listener.
-fn fence_command(config: &Config, action: FenceAction) -> ExitCode {
-    use fencegate::admin::client::{AdminClient, SetOutcome};
+/// `fencegate sign`: needs only the key file, not a valid config.
+fn sign(key: &str, token: u64, key_file: &std::path::Path) -> ExitCode {
+    match fencegate::config::load_signing_key(key_file).map(|secret| secret.bytes().map(<[u8]>::to_vec)) {
+        Ok(Some(secret)) => {
+            println!("{}", fencegate::fence::signature::sign(&secret, key, token));
+            ExitCode::SUCCESS
+        }
+        Ok(None) => {
+            eprintln!("--key-file: the key could not be read");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("--key-file: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `fencegate man`: the top page to stdout, or every page into `dir`.
+fn man(dir: Option<&std::path::Path>) -> ExitCode {
+    let Some(dir) = dir else {
+        let mut page = Vec::new();
+        return match clap_mangen::Man::new(Cli::command()).render(&mut page) {
+            Ok(()) => print_bytes(&page, "the man page"),
+            Err(e) => {
+                eprintln!("cannot render the man page: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    };
+    match clap_mangen::generate_to(Cli::command(), dir) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cannot write the man pages into '{}': {e}", dir.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes `bytes` to stdout; a reader that went away early (`| head`) is
+/// no error, any other failure (a full disk) is reported, never a panic.
+fn print_bytes(bytes: &[u8], what: &str) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cannot write {what} to stdout: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The admin URL and token `fence` uses: `--admin-url` and the token from
+/// `--token-file` or `FENCEGATE_ADMIN_TOKEN`, reading no config; else the
+/// config's `[admin] listen` and its token, reading no other secret.
+fn admin_target(
+    config: &std::path::Path,
+    args: &AdminArgs,
+) -> Result<(fencegate::admin::client::AdminUrl, Option<String>), String> {
+    use fencegate::admin::client::AdminUrl;
+    use fencegate::config::{load_admin_token, ADMIN_TOKEN_ENV};
+    let token_file = match &args.token_file {
+        Some(path) => Some(load_admin_token(path).map_err(|e| format!("--token-file: {e}"))?),
+        None => None,
+    };
+    match &args.admin_url {
+        Some(url) => {
+            let url = AdminUrl::parse(url).map_err(|e| format!("--admin-url: {e}"))?;
+            let env = std::env::var(ADMIN_TOKEN_ENV).ok().filter(|t| !t.trim().is_empty());
+            Ok((url, token_file.or(env.map(|t| t.trim().to_string()))))
+        }
+        None => {
+            let hint = |e: fencegate::config::ConfigError| {
+                format!("{e}\n(fencegate fence reads the admin address and token from the config; give --admin-url to read none)")
+            };
+            let validated = Config::load_validated(config).map_err(hint)?;
+            let token = match token_file {
+                Some(token) => Some(token),
+                None => validated.read_admin_token().map_err(hint)?,
+            };
+            Ok((AdminUrl::from_listen(validated.admin.listen), token))
+        }
+    }
+}
+
+/// Runs `fencegate fence ...` against the admin listener.
+fn fence_command(config: &std::path::Path, args: AdminArgs, action: FenceAction) -> ExitCode {
+    use fencegate::admin::client::{AdminClient, CliError, SetOutcome};
+    let (url, token) = match admin_target(config, &args) {
+        Ok(target) => target,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -242,18 +374,26 @@ fn fence_command(config: &Config, action: FenceAction) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let client = AdminClient::new(config.admin.listen, config.admin.auth_token.clone());
+    let client = AdminClient::new(url, token, args.timeout);
+    // A line to stdout; a failed write (a full disk, a closed pipe) ends
+    // the command with an error instead of println!'s panic.
+    macro_rules! say {
+        ($($arg:tt)*) => {{
+            use std::io::Write;
+            writeln!(std::io::stdout().lock(), $($arg)*).map_err(CliError::Output)?
+        }};
+    }
     let result = runtime.block_on(async {
         match action {
             FenceAction::Get { key } => {
                 let token = client.get(&key).await?;
-                println!("{}", token.map_or_else(|| "none".to_string(), |t| t.to_string()));
+                say!("{}", token.map_or_else(|| "none".to_string(), |t| t.to_string()));
                 Ok(ExitCode::SUCCESS)
             }
             FenceAction::Set { key, token } => match client.set(&key, token).await? {
                 SetOutcome::Raised { previous } => {
                     let was = previous.map_or_else(|| "none".to_string(), |p| p.to_string());
-                    println!("{key}: fence raised to {token} (was {was})");
+                    say!("{key}: fence raised to {token} (was {was})");
                     Ok(ExitCode::SUCCESS)
                 }
                 SetOutcome::Refused { current } => {
@@ -262,20 +402,25 @@ fn fence_command(config: &Config, action: FenceAction) -> ExitCode {
                 }
             },
             FenceAction::List { prefix } => {
-                client.list(&prefix, |key, token| println!("{token}\t{key}")).await?;
+                client
+                    .list(&prefix, |key, token| {
+                        say!("{token}\t{key}");
+                        Ok(())
+                    })
+                    .await?;
                 Ok(ExitCode::SUCCESS)
             }
             FenceAction::Delete { key: Some(key), .. } => {
                 let (deleted, token) = client.delete_key(&key).await?;
                 match token {
-                    Some(token) if deleted > 0 => println!("{key}: fence {token} deleted"),
-                    _ => println!("{key}: had no fence"),
-                }
+                    Some(token) if deleted > 0 => say!("{key}: fence {token} deleted"),
+                    _ => say!("{key}: had no fence"),
+                };
                 Ok(ExitCode::SUCCESS)
             }
             FenceAction::ConfirmStore => {
                 let done = client.confirm_store().await?;
-                println!(
+                say!(
                     "fence store confirmed: identity {}, {} mark(s) this replica remembered restored; fenced writes \
                      held for {} ms while writes admitted before the loss may still reach the upstream",
                     done["identity"].as_str().unwrap_or("?"),
@@ -287,15 +432,20 @@ fn fence_command(config: &Config, action: FenceAction) -> ExitCode {
             FenceAction::Delete { key: None, prefix, all } => {
                 let prefix = prefix.unwrap_or_default();
                 let deleted = client.delete_prefix(&prefix, all).await?;
-                println!("{prefix}: {deleted} fence{} deleted", if deleted == 1 { "" } else { "s" });
+                say!("{prefix}: {deleted} fence{} deleted", if deleted == 1 { "" } else { "s" });
                 Ok(ExitCode::SUCCESS)
             }
         }
     });
-    result.unwrap_or_else(|e: fencegate::admin::client::CliError| {
-        eprintln!("{e}");
-        ExitCode::from(2)
-    })
+    match result {
+        Ok(code) => code,
+        // The reader went away (`fence list | head`): nothing left to say.
+        Err(CliError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// Takes SIGHUP from its default action (ending the process) while held; the

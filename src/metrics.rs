@@ -94,6 +94,7 @@ pub struct Metrics {
     families: RouteFamilies,
     /// Requests that matched no route.
     no_route: Arc<RouteMetrics>,
+    store_writable: Gauge<i64, AtomicI64>,
     tracked_keys: Gauge<i64, AtomicI64>,
     active_keys: Gauge<i64, AtomicI64>,
     waiting: Gauge<i64, AtomicI64>,
@@ -167,6 +168,8 @@ impl std::fmt::Debug for Metrics {
 /// Gauge values read at scrape time.
 #[derive(Debug, Clone, Copy)]
 pub struct Snapshot {
+    /// Whether the fence store takes fenced writes now (`fencegate_store_writable`).
+    pub store_writable: bool,
     pub tracked_keys: usize,
     pub cached_keys: usize,
     pub active_keys: usize,
@@ -207,6 +210,14 @@ impl Metrics {
             families.route(name);
         }
         let no_route = families.route(NO_ROUTE_LABEL);
+        let store_writable = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "fencegate_store_writable",
+            "1 while the fence store takes fenced writes; 0 while it refuses them (unreachable, distrusted, \
+             holding writes after a confirmation, or its last commit failed): fenced writes get 503, reads are \
+             served and /readyz stays 200 (/readyz?verbose says why)",
+            store_writable.clone(),
+        );
         let tracked_keys = Gauge::<i64, AtomicI64>::default();
         let active_keys = Gauge::<i64, AtomicI64>::default();
         let waiting = Gauge::<i64, AtomicI64>::default();
@@ -322,6 +333,7 @@ impl Metrics {
             registry,
             families,
             no_route,
+            store_writable,
             tracked_keys,
             active_keys,
             waiting,
@@ -375,6 +387,7 @@ impl Metrics {
 
     /// The Prometheus text exposition, with gauges set from `snapshot`.
     pub fn encode(&self, snapshot: Snapshot) -> String {
+        self.store_writable.set(i64::from(snapshot.store_writable));
         self.tracked_keys.set(snapshot.tracked_keys as i64);
         self.active_keys.set(snapshot.active_keys as i64);
         self.waiting.set(snapshot.waiting);
@@ -402,12 +415,19 @@ mod tests {
         m.record_unrouted(Outcome::NoRoute, 0.0001, false);
         // A route put in service again (a reload) counts on where it was.
         m.route("objects").record(Outcome::Stale, 0.001, false);
-        let text =
-            m.encode(Snapshot { tracked_keys: 3, cached_keys: 3, active_keys: 1, waiting: 2, buffered_bytes: 5 });
+        let text = m.encode(Snapshot {
+            store_writable: false,
+            tracked_keys: 3,
+            cached_keys: 3,
+            active_keys: 1,
+            waiting: 2,
+            buffered_bytes: 5,
+        });
         assert!(text.contains(r#"fencegate_requests_total{route="objects",outcome="stale"} 3"#), "{text}");
         assert!(text.contains(r#"fencegate_requests_total{route="blobs",outcome="forwarded"} 1"#), "{text}");
         assert!(text.contains(r#"fencegate_requests_total{route="none",outcome="no_route"} 1"#), "{text}");
         assert!(text.contains("fencegate_tracked_keys 3"), "{text}");
+        assert!(text.contains("fencegate_store_writable 0"), "{text}");
         assert!(text.contains(r#"fencegate_settles_total{route="blobs"} 1"#), "{text}");
         assert!(text.contains("fencegate_waiting_requests 2"), "{text}");
         assert!(text.contains("fencegate_buffered_bytes 5"), "{text}");

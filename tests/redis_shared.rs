@@ -72,8 +72,12 @@ fn spawn_put(url: String, token: u64, body: &'static str) -> tokio::task::JoinHa
     tokio::spawn(async move { put(&url, token, body).await })
 }
 
-async fn readyz(fg: &Running) -> Reply {
-    get(&fg.admin_url("/readyz")).await
+/// Why `fg`'s `/readyz?verbose` says its fence store refuses fenced writes,
+/// if it does; `/readyz` stays 200 meanwhile (reads are served).
+async fn refusing(fg: &Running) -> Option<String> {
+    let r = get(&fg.admin_url("/readyz?verbose")).await;
+    assert_eq!(r.status, 200, "a store refusing writes took the replica out of service: {}", r.text());
+    r.text().lines().find_map(|l| l.strip_prefix("[-]store-writable failed: ").map(str::to_string))
 }
 
 fn fences_url(fg: &Running, key: &str) -> String {
@@ -377,15 +381,16 @@ async fn a_killed_replicas_write_holds_the_key_until_its_lease_ends() {
 // ---------------------------------------------------------------- fail closed
 
 /// Redis down: fenced writes 503 (nothing forwarded), a token below a mark
-/// this replica saw still 409, reads pass, /readyz 503. Redis back with its
-/// data: writes resume, marks intact, /readyz 200.
+/// this replica saw still 409, reads pass, /readyz 200 (serving) with the
+/// store refusing writes in its verbose body and `fencegate_store_writable`
+/// 0. Redis back with its data: writes resume, marks intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_fails_closed_and_redis_back_with_its_data_resumes() {
     let mut redis = Redis::start_durable();
     let up = RecordingUpstream::start().await;
     let (a, b) = replicas(&redis, "", &up, "").await;
-    a.wait_ready(true, Duration::from_secs(5)).await;
-    b.wait_ready(true, Duration::from_secs(5)).await;
+    a.wait_writable(true, Duration::from_secs(5)).await;
+    b.wait_writable(true, Duration::from_secs(5)).await;
     assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
     // Redis dies while the key is idle: the write's record is gone. (A record
     // whose end never reached Redis stays until its lease ends, by design:
@@ -397,12 +402,12 @@ async fn redis_down_fails_closed_and_redis_back_with_its_data_resumes() {
 
     redis.kill();
     let down = Instant::now();
-    a.wait_ready(false, Duration::from_secs(3)).await;
-    b.wait_ready(false, Duration::from_secs(3)).await;
-    eprintln!("/readyz 503 on both {:?} after Redis died", down.elapsed());
-    let r = readyz(&a).await;
-    assert_eq!(r.status, 503);
-    assert!(r.text().contains("unreachable"), "{}", r.text());
+    a.wait_writable(false, Duration::from_secs(3)).await;
+    b.wait_writable(false, Duration::from_secs(3)).await;
+    eprintln!("fencegate_store_writable 0 on both {:?} after Redis died", down.elapsed());
+    assert_eq!(get(&a.admin_url("/readyz")).await.status, 200, "Redis down took the replica out of service");
+    let why = refusing(&a).await.expect("/readyz?verbose names the store refusing writes");
+    assert!(why.contains("unreachable"), "{why}");
 
     for fg in [&a, &b] {
         let r = put(&fg.url(KEY), 6, "six").await;
@@ -418,8 +423,8 @@ async fn redis_down_fails_closed_and_redis_back_with_its_data_resumes() {
     assert_eq!((r.status.as_u16(), r.text()), (200, "five".to_string()));
 
     redis.restart();
-    a.wait_ready(true, Duration::from_secs(5)).await;
-    b.wait_ready(true, Duration::from_secs(5)).await;
+    a.wait_writable(true, Duration::from_secs(5)).await;
+    b.wait_writable(true, Duration::from_secs(5)).await;
     // The mark came back from disk: B, which never saw it, refuses below it.
     assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
     let r = put(&b.url(KEY), 6, "six").await;
@@ -456,7 +461,7 @@ async fn a_redis_slower_than_timeout_refuses_the_write() {
 // ---------------------------------------------------------------- a Redis that forgets
 
 /// FLUSHALL under the replicas: every replica distrusts the store (503,
-/// /readyz 503 naming the identity, an ERROR line) until an operator
+/// /readyz?verbose naming the identity, an ERROR line) until an operator
 /// confirms; then the marks the replicas remember are back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flushed_store_is_refused_until_an_operator_confirms_it() {
@@ -470,8 +475,8 @@ async fn a_flushed_store_is_refused_until_an_operator_confirms_it() {
 
     redis.flush();
     for fg in [&a, &b] {
-        fg.wait_ready(false, Duration::from_secs(3)).await;
-        let detail = readyz(fg).await.json()["detail"].as_str().unwrap().to_string();
+        fg.wait_writable(false, Duration::from_secs(3)).await;
+        let detail = refusing(fg).await.unwrap_or_default();
         assert!(detail.contains("identity"), "{detail}");
     }
     for fg in [&a, &b] {
@@ -503,9 +508,9 @@ async fn a_flushed_store_is_refused_until_an_operator_confirms_it() {
     assert_eq!(done["restored"], 1, "A remembers one mark: {done}");
     assert_eq!(identity(&redis, "fencegate:"), new);
     assert_eq!(redis.cli(&["HGET", "fencegate:identity", "previous"]), old);
-    a.wait_ready(true, Duration::from_secs(10)).await;
+    a.wait_writable(true, Duration::from_secs(10)).await;
     // B adopts the confirmed identity after raising its own remembered marks.
-    b.wait_ready(true, Duration::from_secs(10)).await;
+    b.wait_writable(true, Duration::from_secs(10)).await;
     assert_eq!(redis.cli(&["GET", "fencegate:mark:/objects/b"]), "3", "B did not restore its mark");
     assert_eq!(redis.cli(&["GET", "fencegate:mark:/objects/a"]), "5", "A did not restore its mark");
 
@@ -553,7 +558,7 @@ async fn writes_admitted_before_the_loss_hold_the_confirmed_store(confirm_throug
     assert!(held_ms >= 17_000, "writes held {held_ms} ms, a write's lease is 18s");
     // The other replica adopts the confirmed identity (its check runs every second).
     eventually("the other replica adopting the confirmed identity", Duration::from_secs(5), || async {
-        readyz(other).await.json()["detail"].as_str().is_some_and(|d| d.contains("held"))
+        refusing(other).await.is_some_and(|d| d.contains("held"))
     })
     .await;
 
@@ -565,9 +570,8 @@ async fn writes_admitted_before_the_loss_hold_the_confirmed_store(confirm_throug
     assert!(retry > 1, "Retry-After {retry} while writes are held for {held_ms} ms");
     assert_store_unavailable(&put(&b.url("/objects/other"), 1, "another key").await);
     for (via, fg) in [("the confirming replica", confirmer), ("the other replica", other)] {
-        let ready = readyz(fg).await;
-        assert_eq!(ready.status, 503, "via {via}: {}", ready.text());
-        assert!(ready.json()["detail"].as_str().unwrap().contains("held"), "via {via}: {}", ready.text());
+        let why = refusing(fg).await.unwrap_or_default();
+        assert!(why.contains("held"), "via {via}: {why}");
     }
     // Reads flow meanwhile.
     assert_ne!(get(&b.url("/objects/other")).await.status, 503);
@@ -584,8 +588,8 @@ async fn writes_admitted_before_the_loss_hold_the_confirmed_store(confirm_throug
         six = put(&b.url(KEY), 6, "six").await;
     }
     assert_eq!(six.status, 200, "{}", six.text());
-    a.wait_ready(true, Duration::from_secs(3)).await;
-    b.wait_ready(true, Duration::from_secs(3)).await;
+    a.wait_writable(true, Duration::from_secs(3)).await;
+    b.wait_writable(true, Duration::from_secs(3)).await;
     assert_eq!(tokens(&up, KEY), ["5", "6"]);
     assert!(up.overlaps().is_empty(), "writes of different tokens overlapped: {:?}", up.overlaps());
     assert_stale(&put(&a.url(KEY), 5, "late").await, 6);
@@ -643,8 +647,8 @@ async fn five_held_while_redis_forgets(
     let five = spawn_put(a.url(KEY), 5, "five");
     gate.wait_arrived().await;
     redis.flush();
-    a.wait_ready(false, Duration::from_secs(3)).await;
-    b.wait_ready(false, Duration::from_secs(3)).await;
+    a.wait_writable(false, Duration::from_secs(3)).await;
+    b.wait_writable(false, Duration::from_secs(3)).await;
     (gate, five)
 }
 
@@ -660,8 +664,8 @@ async fn a_restarted_empty_redis_is_confirmed_with_the_cli() {
     assert_eq!(put(&b.url("/objects/b"), 1, "one").await.status, 200);
 
     redis.restart();
-    a.wait_ready(false, Duration::from_secs(3)).await;
-    b.wait_ready(false, Duration::from_secs(3)).await;
+    a.wait_writable(false, Duration::from_secs(3)).await;
+    b.wait_writable(false, Duration::from_secs(3)).await;
     assert_store_unavailable(&put(&b.url(KEY), 6, "six").await);
     // B never saw 5: without the store it cannot tell 4 is stale, and refuses it.
     assert_store_unavailable(&put(&b.url(KEY), 4, "four").await);
@@ -682,8 +686,8 @@ async fn a_restarted_empty_redis_is_confirmed_with_the_cli() {
     assert!(text(&out.stdout).contains("confirmed"), "{}", text(&out.stdout));
     assert!(text(&out.stdout).contains("1 mark"), "{}", text(&out.stdout));
 
-    a.wait_ready(true, Duration::from_secs(10)).await;
-    b.wait_ready(true, Duration::from_secs(10)).await;
+    a.wait_writable(true, Duration::from_secs(10)).await;
+    b.wait_writable(true, Duration::from_secs(10)).await;
     assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
     assert_eq!(put(&b.url(KEY), 6, "six").await.status, 200);
     assert_eq!(tokens(&up, KEY), ["5", "6"]);
@@ -713,7 +717,7 @@ async fn a_replica_that_never_used_the_store_does_not_trust_it_once_emptied() {
     assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
     redis.restart();
     b.signal("CONT");
-    a.wait_ready(false, Duration::from_secs(3)).await;
+    a.wait_writable(false, Duration::from_secs(3)).await;
 
     // B reconnects to the restarted Redis (its old connection broke), then
     // looks at the store once more: a full health check period.
@@ -723,14 +727,14 @@ async fn a_replica_that_never_used_the_store_does_not_trust_it_once_emptied() {
     let r = put(&b.url(KEY), 4, "four, below the mark 5").await;
     assert!(
         !tokens(&up, KEY).contains(&"4".to_string()),
-        "token 4 reached the upstream through B after it applied 5 ({} {}); B's /readyz: {}; Redis identity now {:?}",
+        "token 4 reached the upstream through B after it applied 5 ({} {}); B's store refusing: {:?}; Redis identity now {:?}",
         r.status,
         r.text(),
-        readyz(&b).await.status,
+        refusing(&b).await,
         identity(&redis, "fencegate:")
     );
     assert!([409, 503].contains(&r.status.as_u16()), "{}", r.text());
-    assert_eq!(readyz(&b).await.status, 503, "B trusts the emptied store");
+    assert!(refusing(&b).await.is_some(), "B trusts the emptied store");
 }
 
 /// The store answering a mark below one this replica saw (a failover to a
@@ -744,19 +748,18 @@ async fn a_mark_below_one_seen_makes_the_replica_distrust_the_store() {
 
     assert_eq!(redis.cli(&["SET", "fencegate:mark:/objects/a", "1"]), "OK");
     assert_store_unavailable(&put(&a.url(KEY), 6, "six").await);
-    let r = readyz(&a).await;
-    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(refusing(&a).await.is_some(), "A trusts a store that lost a mark");
     // Still refused: the store is distrusted, not just this key.
     assert_store_unavailable(&put(&a.url(KEY), 6, "six").await);
     assert_store_unavailable(&put(&a.url("/objects/other"), 1, "other").await);
     assert_eq!(seen_writes(&up, KEY), 1, "a write went through a store that lost marks");
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(readyz(&a).await.status, 503, "A trusted the store again on its own");
+    assert!(refusing(&a).await.is_some(), "A trusted the store again on its own");
 
     let r = confirm(&a, Some(&bearer())).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    a.wait_ready(true, Duration::from_secs(10)).await;
-    b.wait_ready(true, Duration::from_secs(10)).await;
+    a.wait_writable(true, Duration::from_secs(10)).await;
+    b.wait_writable(true, Duration::from_secs(10)).await;
     // A's remembered 5 is back (the refused 6 had already raised the store's
     // mark to 6, nothing forwarded).
     let r = put(&b.url(KEY), 4, "four").await;

@@ -43,7 +43,7 @@ async fn rediss_with_a_private_ca_and_a_password_fences_writes() {
         &route("objects", "/objects/", &up, ""),
     );
     let fg = Running::start(&config).await;
-    fg.wait_ready(true, DEADLINE).await;
+    fg.wait_writable(true, DEADLINE).await;
 
     assert_eq!(put(&fg.url("/objects/a"), 5, "five").await.status, 200);
     put(&fg.url("/objects/a"), 4, "four").await.problem(409);
@@ -63,7 +63,7 @@ async fn a_wrong_password_or_an_unknown_ca_fails_closed() {
     // A wrong password, and the system's roots, which do not know the test's CA.
     for fences in [fences(&redis, "wrong-password", Some(&ca_file)), fences(&redis, PASSWORD, None)] {
         let fg = Running::start(&config_text("", &fences, &routes)).await;
-        fg.wait_ready(false, DEADLINE).await;
+        fg.wait_writable(false, DEADLINE).await;
         let refused = put(&fg.url("/objects/a"), 5, "five").await;
         let problem = refused.problem(503);
         assert!(problem["type"].as_str().unwrap().ends_with("store-unavailable"), "{problem}");

@@ -47,7 +47,7 @@ pub use route::{
     CertNameError, KeyError, KeyInput, KeyTemplate, PathPattern, PatternError, RouteConfig, TemplateError, UpstreamUrl,
     UpstreamUrlError,
 };
-pub use secrets::{load_signing_key, SecretError, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};
+pub use secrets::{load_admin_token, load_signing_key, SecretError, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};
 pub use signing_key::SigningKey;
 pub use size::{parse_size, Size, SizeError};
 pub use tls::{pem_certificates, pem_private_key, PemError, PlatformRoots, TlsError, UpstreamTls, UpstreamTlsFiles};
@@ -78,6 +78,15 @@ impl Validated {
     /// environment ([`ADMIN_TOKEN_ENV`]).
     pub fn read_secrets(self) -> Result<Config, ConfigError> {
         self.read_secrets_with(admin_token_from_env())
+    }
+
+    /// Reads the admin token alone (from [`ADMIN_TOKEN_ENV`], else `auth_token_file`,
+    /// else `auth_token`, as [`read_secrets`](Self::read_secrets) does), no other
+    /// secret: what `fencegate fence` needs from a copy of the config.
+    pub fn read_admin_token(&self) -> Result<Option<String>, ConfigError> {
+        self.secrets
+            .read_admin_token(admin_token_from_env())
+            .map_err(|problems| ConfigError { source_name: self.source_name.clone(), problems })
     }
 
     /// Reads the secrets, with `env_token` standing for [`ADMIN_TOKEN_ENV`].
@@ -111,6 +120,18 @@ impl Config {
                 Err(ConfigError { source_name: name, problems })
             }
         }
+    }
+
+    /// Reads and validates a config file, reading none of the secrets it names.
+    pub fn load_validated(path: &Path) -> Result<Validated, ConfigError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::whole_file(&name, format!("cannot read the file: {e}")))?;
+        let file = parse(&text, &name)?;
+        let secrets = SecretSources::named_in(&file);
+        validate::validate(file)
+            .map(|config| Validated { config, secrets, source_name: name.clone() })
+            .map_err(|problems| ConfigError { source_name: name, problems })
     }
 
     /// Parses and validates config text, reading nothing else: the same input

@@ -114,6 +114,14 @@ impl SecretSources {
         p.or(Secrets { admin_token, signing_keys, upstream_tls })
     }
 
+    /// Reads the admin token alone, no other secret; `env_token` is the value
+    /// of [`ADMIN_TOKEN_ENV`].
+    pub(super) fn read_admin_token(&self, env_token: Option<String>) -> Result<Option<String>, Vec<ConfigProblem>> {
+        let mut p = Problems::default();
+        let token = self.admin_token(env_token, &mut p);
+        p.or(token)
+    }
+
     /// An empty value anywhere means unset.
     fn admin_token(&self, env_token: Option<String>, p: &mut Problems) -> Option<String> {
         if let Some(token) = env_token.filter(|t| !t.is_empty()) {
@@ -177,9 +185,9 @@ pub fn load_signing_key(path: &Path) -> Result<SigningKey, SecretError> {
     Ok(SigningKey::new(key))
 }
 
-/// Reads `[admin] auth_token_file`: its text without surrounding whitespace,
-/// which must leave something.
-fn load_admin_token(path: &Path) -> Result<String, SecretError> {
+/// Reads `[admin] auth_token_file` (and `fencegate fence --token-file`): its
+/// text without surrounding whitespace, which must leave something.
+pub fn load_admin_token(path: &Path) -> Result<String, SecretError> {
     let text = std::fs::read_to_string(path).map_err(|source| SecretError::Unreadable { path: path.into(), source })?;
     match text.trim() {
         "" => Err(SecretError::Empty { path: path.into() }),

@@ -121,12 +121,13 @@ pub async fn start_reloading(path: &Path) -> Proxy {
     Proxy { addr, admin, stop: Some(stop), task: Some(task) }
 }
 
-/// `fencegate` with a clean environment: no inherited config path, log filter or
-/// admin token, and a working directory without a `config/` so no default file
+/// `fencegate` with a clean environment: no inherited config path, log filter,
+/// admin URL or admin token, and a working directory without a `config/` so no default file
 /// is picked up.
 pub fn fencegate(cwd: &Path) -> Command {
     let mut cmd = Command::new(BIN);
     cmd.current_dir(cwd).env_remove("FENCEGATE_CONFIG").env_remove("RUST_LOG").env_remove("FENCEGATE_ADMIN_TOKEN");
+    cmd.env_remove("FENCEGATE_ADMIN_URL").env_remove("FENCEGATE_ADMIN_TOKEN_FILE");
     cmd
 }
 
@@ -302,14 +303,28 @@ impl Running {
         format!("http://{}{path}", self.admin)
     }
 
-    /// Polls the admin `/readyz` until it answers 200 (`ready`) or 503;
-    /// fails after `within`.
+    /// Polls the admin `/readyz` until it answers 200 (`ready`: serving) or
+    /// 503 (draining); fails after `within`.
     pub async fn wait_ready(&self, ready: bool, within: Duration) {
         let want = if ready { 200 } else { 503 };
         let url = self.admin_url("/readyz");
         super::eventually(&format!("/readyz of {} answering {want}", self.pid()), within, || async {
             super::get(&url).await.status == want
         })
+        .await;
+    }
+
+    /// Polls the admin `/metrics` until `fencegate_store_writable` is 1
+    /// (`writable`: the store takes fenced writes) or 0; fails after `within`.
+    /// `/readyz` stays 200 either way: only draining makes it 503.
+    pub async fn wait_writable(&self, writable: bool, within: Duration) {
+        let want = format!("\nfencegate_store_writable {}\n", u8::from(writable));
+        let url = self.admin_url("/metrics");
+        super::eventually(
+            &format!("fencegate_store_writable of {} turning {writable}", self.pid()),
+            within,
+            || async { super::get(&url).await.text().contains(&want) },
+        )
         .await;
     }
 

@@ -201,8 +201,8 @@ pub trait FenceStore: Send + Sync + 'static {
     /// start and on every config reload.
     fn set_write_lease(&self, _longest: Duration) {}
 
-    /// Why fenced writes are refused now, when they are: `/readyz` answers
-    /// 503 with it.
+    /// Why fenced writes are refused now, when they are: `/readyz?verbose`
+    /// names it and `fencegate_store_writable` is 0 (reads are still served).
     fn unready(&self) -> Option<String> {
         self.stats()
             .filter(|s| s.is_failing())

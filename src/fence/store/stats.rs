@@ -21,7 +21,7 @@ pub struct CommitStats {
     pub folds: Counter,
     /// Folds that failed and were retried (nothing is lost: the journal keeps the marks).
     pub fold_failures: Counter,
-    /// Whether the most recent commit failed: readiness reports 503 until one succeeds.
+    /// Whether the most recent commit failed: `fencegate_store_writable` is 0 until one succeeds.
     pub failing: AtomicBool,
     /// The store's size on disk, set from [`FenceStore::disk_bytes`](super::FenceStore::disk_bytes) at each scrape.
     pub disk_bytes: Gauge<i64, AtomicI64>,
