@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 use common::process::*;
 use common::*;
@@ -150,7 +150,7 @@ async fn every_applied_write_is_still_fenced_after_kill_9_mid_storm() {
             tokio::spawn(async move {
                 let client = client();
                 while !stop.load(Ordering::Relaxed) {
-                    let k = rng.gen_range(0..KEYS);
+                    let k = rng.random_range(0..KEYS);
                     let token = next_token[k].fetch_add(1, Ordering::Relaxed) + 1;
                     let req = Request::put(format!("{base}{}", key(k)))
                         .header("x-fencing-token", token)
