@@ -457,6 +457,7 @@ async fn a_clean_stop_leaves_every_mark_in_the_store_file() {
     fg.signal("TERM");
     assert_eq!(fg.wait_exit().await.code(), Some(0));
 
+    use redb::{ReadableDatabase, ReadableTable};
     let db = redb::Database::open(store.join("fences.redb")).unwrap();
     let txn = db.begin_read().unwrap();
     let table = txn.open_table(redb::TableDefinition::<&str, u64>::new("fences")).unwrap();
