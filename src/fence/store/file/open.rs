@@ -22,7 +22,7 @@ use crate::fence::store::CommitStats;
 use crate::fence::KeyMap;
 
 /// redb's own page cache. The mark cache in front of it does the heavy lifting.
-const DISK_CACHE_BYTES: usize = 16 << 20;
+pub(super) const DISK_CACHE_BYTES: usize = 16 << 20;
 /// Room for a batch past `fold_bytes` in a journal file's first allocation.
 const JOURNAL_SLACK_BYTES: u64 = 256 << 10;
 /// The store's threads: commit, fold and sweep.
@@ -46,10 +46,11 @@ pub enum OpenError {
     )]
     Corrupt { path: PathBuf, detail: String },
     /// A store in the file format fencegate 0.1 wrote that could not be
-    /// copied into the current one; the file is left as it was.
+    /// copied into the current one.
     #[error(
         "fence store {path} is in the file format fencegate 0.1 wrote and could not be upgraded ({detail}): \
-         the file is left as it was, with its fences; fix the cause and start again"
+         refusing to start. fencegate never writes to the old file, and the next start upgrades it again: \
+         fix the cause and start again"
     )]
     Upgrade { path: PathBuf, detail: String },
     /// A journal file holds damage a torn write can't explain.

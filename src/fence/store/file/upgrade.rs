@@ -18,6 +18,7 @@ use std::time::Instant;
 use redb::{ReadableTableMetadata, TableHandle};
 use redb2::{MultimapTableHandle as _, ReadableTableMetadata as _, TableHandle as _};
 
+use super::open::DISK_CACHE_BYTES;
 use super::{OpenError, FENCES, META};
 
 /// The old file format, the one fencegate 0.1 wrote.
@@ -33,15 +34,9 @@ const BATCH: usize = 50_000;
 pub(super) fn from_v2(file: &Path) -> Result<u64, OpenError> {
     let copy = copy_path(file);
     let failed = |detail: String| OpenError::Upgrade { path: file.to_path_buf(), detail };
-    tracing::info!(
-        path = %file.display(),
-        "fence store {} is in the file format fencegate 0.1 wrote: copying it into the current format \
-         (the file is replaced only once the copy is complete and on disk)",
-        file.display()
-    );
     let started = Instant::now();
     // redb panics instead of returning an error on some damaged files.
-    let old = std::panic::catch_unwind(|| redb2::Database::open(file))
+    let old = std::panic::catch_unwind(|| redb2::Database::builder().set_cache_size(DISK_CACHE_BYTES).open(file))
         .map_err(|_| failed("the old store library panicked while opening it".into()))?
         .map_err(|e| match e {
             redb2::DatabaseError::DatabaseAlreadyOpen => OpenError::InUse(file.to_path_buf()),
@@ -52,6 +47,12 @@ pub(super) fn from_v2(file: &Path) -> Result<u64, OpenError> {
             }
             other => failed(format!("opening it: {other}")),
         })?;
+    tracing::info!(
+        path = %file.display(),
+        "fence store {} is in the file format fencegate 0.1 wrote: copying it into the current format \
+         (the file is replaced only once the copy is complete and on disk)",
+        file.display()
+    );
     // A copy left by an earlier attempt that stopped part way is not the store.
     remove_copy(&copy).map_err(|e| failed(format!("removing the unfinished copy {}: {e}", copy.display())))?;
     let copied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| copy_into(&old, &copy)))
@@ -64,10 +65,18 @@ pub(super) fn from_v2(file: &Path) -> Result<u64, OpenError> {
         }
     };
     // Renamed while the old file is still open and locked: no fencegate 0.1
-    // can open it meanwhile. The directory is synced so the rename is on disk.
-    let renamed = std::fs::rename(&copy, file).and_then(|()| sync_dir(file));
+    // can open it meanwhile. The copy gets the old file's permissions.
+    let renamed = std::fs::metadata(file)
+        .and_then(|old| std::fs::set_permissions(&copy, old.permissions()))
+        .and_then(|()| std::fs::rename(&copy, file));
     drop(old);
-    renamed.map_err(|e| failed(format!("renaming the copy {} over it: {e}", copy.display())))?;
+    if let Err(e) = renamed {
+        let _ = remove_copy(&copy);
+        return Err(failed(format!("renaming the copy {} over it: {e}", copy.display())));
+    }
+    // Refused to start rather than risk the rename being lost with marks
+    // written since: the next start finds one file or the other, both whole.
+    sync_dir(file).map_err(|e| failed(format!("syncing its directory after the copy took its place: {e}")))?;
     tracing::info!(
         path = %file.display(),
         fences,
@@ -133,7 +142,7 @@ fn copy_into(old_db: &redb2::Database, copy: &Path) -> Result<u64, Failure> {
     if let Some(table) = txn.list_multimap_tables().map_err(old)?.next() {
         return Err(Failure::Old(format!("it holds a table fencegate does not know, {:?}", table.name())));
     }
-    let new_db = redb::Database::create(copy).map_err(new)?;
+    let new_db = redb::Database::builder().set_cache_size(DISK_CACHE_BYTES).create(copy).map_err(new)?;
     let mut fences = 0;
     for table in [FENCES, META] {
         let name = table.name();
@@ -238,6 +247,9 @@ mod tests {
         let file = dir.path().join(DB_FILE);
         // The old format indeed: the current redb can't open it.
         assert!(matches!(redb::Database::open(&file), Err(redb::DatabaseError::UpgradeRequired(2))));
+        let mode =
+            |file: &Path| std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(file).unwrap().permissions());
+        std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
 
         let store = FileStore::open(dir.path(), true, 1000).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(list_marks(&store.inner.db, "", None, marks.len() + 1).unwrap(), marks);
@@ -248,6 +260,7 @@ mod tests {
         close(store).await;
         // The copy took the old file's place, and the next start reads it as it is.
         assert_eq!(files_in(dir.path()), [journal::FILES[0], journal::FILES[1], DB_FILE]);
+        assert_eq!(mode(&file) & 0o777, 0o600, "the upgraded file is not as private as the old one");
         let store = FileStore::open(dir.path(), true, 1000).unwrap();
         assert_eq!(store.get("/objects/5").await.unwrap(), Some(40));
         assert_eq!(store.get("/objects/6").await.unwrap(), Some(43));
