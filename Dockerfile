@@ -29,7 +29,7 @@
 # ---- build ------------------------------------------------------------------
 # The toolchain is the crate's rust-version (Cargo.toml), so the image is built
 # the same way every time; raise both together (.ci/deploy-lint checks it).
-ARG RUST_VERSION=1.88
+ARG RUST_VERSION=1.91
 FROM rust:${RUST_VERSION}-bookworm AS builder
 # A pipe in a RUN fails the step when any of its commands fails.
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]

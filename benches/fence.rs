@@ -16,10 +16,11 @@
 //!   eight-digits-at-a-time parser still pays for its code.
 //! - `key_gate/*`: a key's turn (acquire + release).
 
+use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fencegate::fence::gate::Ask;
 use fencegate::fence::store::{Advance, MemoryStore};
 use fencegate::fence::token::parse_token;

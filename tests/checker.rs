@@ -79,7 +79,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioIo;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use tokio::net::TcpListener;
 
 use common::process::*;
@@ -144,11 +144,11 @@ impl Fate {
         }
     }
 
-    fn pick(rng: &mut impl Rng) -> Fate {
-        match rng.gen_range(0..100) {
-            0..=3 => Fate::Error { applied: rng.gen_bool(0.5) },
+    fn pick(rng: &mut impl RngExt) -> Fate {
+        match rng.random_range(0..100) {
+            0..=3 => Fate::Error { applied: rng.random_bool(0.5) },
             4..=9 => Fate::HungUp {
-                applied: [Applied::Never, Applied::BeforeHangingUp, Applied::AfterHangingUp][rng.gen_range(0..3)],
+                applied: [Applied::Never, Applied::BeforeHangingUp, Applied::AfterHangingUp][rng.random_range(0..3)],
             },
             10 => Fate::TooSlow,
             11..=13 => Fate::Slow,
@@ -277,11 +277,11 @@ impl HistoryUpstream {
                 let rng = &mut *rng;
                 let fate = Fate::pick(rng);
                 let delay = match fate {
-                    Fate::TooSlow => ROUTE_TIMEOUT + Duration::from_millis(rng.gen_range(20..=40)),
-                    Fate::Slow => Duration::from_millis(rng.gen_range(250..=350)),
-                    _ => Duration::from_millis(rng.gen_range(0..=20)),
+                    Fate::TooSlow => ROUTE_TIMEOUT + Duration::from_millis(rng.random_range(20..=40)),
+                    Fate::Slow => Duration::from_millis(rng.random_range(250..=350)),
+                    _ => Duration::from_millis(rng.random_range(0..=20)),
                 };
-                (fate, delay, Duration::from_millis(rng.gen_range(0..=30)))
+                (fate, delay, Duration::from_millis(rng.random_range(0..=30)))
             };
             tokio::time::sleep(delay).await;
             let applies_late = fate == Fate::HungUp { applied: Applied::AfterHangingUp };
@@ -433,10 +433,10 @@ impl Shared {
 
     /// A replica picked at random (no draw when there is one: a seed replays
     /// the single-replica run as before).
-    fn pick(&self, rng: &mut impl Rng) -> usize {
+    fn pick(&self, rng: &mut impl RngExt) -> usize {
         match self.targets.read().unwrap().len() {
             1 => 0,
-            n => rng.gen_range(0..n),
+            n => rng.random_range(0..n),
         }
     }
 }
@@ -466,8 +466,8 @@ async fn request(client: &Client<HttpConnector, Full<Bytes>>, req: Request<Full<
 const METHODS: [&str; 8] = ["PUT", "put", "Put", "pUT", "POST", "post", "PATCH", "dElEtE"];
 
 /// The path of `key` in one of the spellings a server resolves to it.
-fn spelled_path(key: usize, rng: &mut impl Rng) -> String {
-    match rng.gen_range(0..6) {
+fn spelled_path(key: usize, rng: &mut impl RngExt) -> String {
+    match rng.random_range(0..6) {
         0 => format!("/k//{key}"),
         1 => format!("/k/./{key}"),
         2 => format!("/k/x/../{key}"),
@@ -486,7 +486,7 @@ async fn write(
     token: u64,
 ) -> Op {
     let id = shared.next_op.fetch_add(1, Ordering::Relaxed);
-    let (method, path) = (METHODS[rng.gen_range(0..METHODS.len())], spelled_path(key, rng));
+    let (method, path) = (METHODS[rng.random_range(0..METHODS.len())], spelled_path(key, rng));
     let req = Request::builder()
         .method(method)
         .uri(format!("http://{}{path}", shared.target(via).proxy))
@@ -511,7 +511,7 @@ async fn hang_up(shared: &Shared, rng: &mut StdRng, (kind, via): (Kind, usize), 
     let id = shared.next_op.fetch_add(1, Ordering::Relaxed);
     let body = format!("op {id} token {token}");
     let (method, path, linger) =
-        (METHODS[rng.gen_range(0..METHODS.len())], spelled_path(key, rng), rng.gen_range(0..5));
+        (METHODS[rng.random_range(0..METHODS.len())], spelled_path(key, rng), rng.random_range(0..5));
     let head = format!(
         "{method} {path} HTTP/1.1\r\nhost: checker\r\nx-fencing-token: {token}\r\nx-op-id: {id}\r\n\
          content-length: {}\r\n\r\n",
@@ -583,21 +583,21 @@ async fn writer(shared: Arc<Shared>, mut rng: StdRng) -> Vec<Op> {
     while !shared.stop.load(Ordering::Relaxed) {
         let (key, token, acquired, pause, fence_first, rude) = {
             let (key, token, acquired) = match held {
-                Some((key, token)) if rng.gen_bool(0.6) => (key, token, false),
+                Some((key, token)) if rng.random_bool(0.6) => (key, token, false),
                 _ => {
-                    let key = rng.gen_range(0..KEYS);
+                    let key = rng.random_range(0..KEYS);
                     (key, shared.lock_service[key].fetch_add(1, Ordering::SeqCst) + 1, true)
                 }
             };
             // Now and then a long pause (a GC, a network hiccup): the lease runs out.
-            let pause = if rng.gen_bool(0.03) { rng.gen_range(20..100) } else { rng.gen_range(0..4) };
+            let pause = if rng.random_bool(0.03) { rng.random_range(20..100) } else { rng.random_range(0..4) };
             // Now and then a client that hangs up: after sending, or mid-body.
-            let rude = match rng.gen_range(0..100) {
+            let rude = match rng.random_range(0..100) {
                 0..=3 => Some(Kind::HangUp),
                 4..=5 => Some(Kind::HalfBody),
                 _ => None,
             };
-            (key, token, acquired, Duration::from_millis(pause), acquired && rng.gen_bool(0.05), rude)
+            (key, token, acquired, Duration::from_millis(pause), acquired && rng.random_bool(0.05), rude)
         };
         held = Some((key, token));
         if acquired {
@@ -616,7 +616,7 @@ async fn writer(shared: Arc<Shared>, mut rng: StdRng) -> Vec<Op> {
                     vec![hang_up(&shared, &mut rng, (kind, via), key, token).await]
                 }
                 // Now and then the holder writes from several tasks at once.
-                None if rng.gen_bool(0.25) => together(&client, &shared, &mut rng, key, token).await,
+                None if rng.random_bool(0.25) => together(&client, &shared, &mut rng, key, token).await,
                 None => {
                     let via = shared.pick(&mut rng);
                     vec![write(&client, &shared, &mut rng, (Kind::Write, via), key, token).await]
@@ -646,9 +646,9 @@ async fn together(
     key: usize,
     token: u64,
 ) -> Vec<Op> {
-    let tasks: Vec<_> = (0..rng.gen_range(2..=4))
+    let tasks: Vec<_> = (0..rng.random_range(2..=4))
         .map(|_| {
-            let (client, shared, mut rng) = (client.clone(), shared.clone(), StdRng::seed_from_u64(rng.gen()));
+            let (client, shared, mut rng) = (client.clone(), shared.clone(), StdRng::seed_from_u64(rng.random()));
             tokio::spawn(async move {
                 let via = shared.pick(&mut rng);
                 write(&client, &shared, &mut rng, (Kind::Write, via), key, token).await
@@ -779,7 +779,7 @@ impl Run {
             // still in flight at the upstream are the point: the store keeps
             // their records until their leases end, and a raise of their key
             // through either replica must wait for them (the overlap check).
-            let down = Duration::from_millis(self.rng.gen_range(0..500));
+            let down = Duration::from_millis(self.rng.random_range(0..500));
             tokio::time::sleep(down).await;
         }
         self.fg[victim] = self.site.start().await;
@@ -862,7 +862,7 @@ async fn check_a_run(mode: Mode) {
     // Independent streams from the one seed: the upstream's, each writer's, the soak's.
     let mut rng = StdRng::seed_from_u64(seed);
     let began = Instant::now();
-    let up = HistoryUpstream::start(rng.gen()).await;
+    let up = HistoryUpstream::start(rng.random()).await;
     let site = Site::new(mode, up.addr);
     let mut fg = Vec::with_capacity(mode.replicas);
     for _ in 0..mode.replicas {
@@ -876,7 +876,7 @@ async fn check_a_run(mode: Mode) {
         stop: AtomicBool::new(false),
     });
     let writers: Vec<_> =
-        (0..WRITERS).map(|_| tokio::spawn(writer(shared.clone(), StdRng::seed_from_u64(rng.gen())))).collect();
+        (0..WRITERS).map(|_| tokio::spawn(writer(shared.clone(), StdRng::seed_from_u64(rng.random())))).collect();
     let mut run = Run { site, up, fg, shared, rng, probes: Vec::new(), violations: Vec::new(), kills: 0 };
 
     match soak {
@@ -888,7 +888,7 @@ async fn check_a_run(mode: Mode) {
             wait_for_ops(&run.shared, &writers, TARGET_OPS).await;
         }
         Some(soak) => loop {
-            let next = Duration::from_millis(run.rng.gen_range(10_000..30_000));
+            let next = Duration::from_millis(run.rng.random_range(10_000..30_000));
             if began.elapsed() + next >= soak {
                 tokio::time::sleep(soak.saturating_sub(began.elapsed())).await;
                 break;

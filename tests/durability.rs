@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 use common::process::*;
 use common::*;
@@ -150,7 +150,7 @@ async fn every_applied_write_is_still_fenced_after_kill_9_mid_storm() {
             tokio::spawn(async move {
                 let client = client();
                 while !stop.load(Ordering::Relaxed) {
-                    let k = rng.gen_range(0..KEYS);
+                    let k = rng.random_range(0..KEYS);
                     let token = next_token[k].fetch_add(1, Ordering::Relaxed) + 1;
                     let req = Request::put(format!("{base}{}", key(k)))
                         .header("x-fencing-token", token)
@@ -457,6 +457,7 @@ async fn a_clean_stop_leaves_every_mark_in_the_store_file() {
     fg.signal("TERM");
     assert_eq!(fg.wait_exit().await.code(), Some(0));
 
+    use redb::{ReadableDatabase, ReadableTable};
     let db = redb::Database::open(store.join("fences.redb")).unwrap();
     let txn = db.begin_read().unwrap();
     let table = txn.open_table(redb::TableDefinition::<&str, u64>::new("fences")).unwrap();
@@ -536,4 +537,39 @@ async fn an_empty_journal_file_after_a_crash_is_warned_about() {
     // It is written afresh, and the store serves.
     assert!(std::fs::metadata(&emptied).unwrap().len() > 0, "the empty journal file was not written afresh");
     assert_eq!(put(&fg.url("/objects/e"), 4, "y").await.status, 200);
+}
+
+/// A store fencegate 0.1 wrote (redb 2's file format v2, its two tables of
+/// `&str` to `u64`) is upgraded at start, which the log says, and every
+/// fence in it is enforced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_fencegate_0_1_wrote_is_upgraded_at_start_with_every_fence_kept() {
+    let up = RecordingUpstream::start().await;
+    let (site, store, config) = file_store_site(&up);
+    std::fs::create_dir_all(&store).unwrap();
+    {
+        let db = redb2::Database::create(store.join("fences.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut fences = txn.open_table(redb2::TableDefinition::<&str, u64>::new("fences")).unwrap();
+            for k in 0..500u64 {
+                fences.insert(format!("/objects/{k}").as_str(), 1000 + k).unwrap();
+            }
+            txn.open_table(redb2::TableDefinition::<&str, u64>::new("meta")).unwrap().insert("clean", 1).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+
+    let fg = Running::start_in(site.path(), &config).await;
+    let upgraded = fg.events().into_iter().find(|e| {
+        e["message"].as_str().is_some_and(|m| m.contains("upgraded to the current file format, every fence kept"))
+    });
+    assert_eq!(upgraded.map(|e| e["fences"].clone()), Some(500.into()), "{}", fg.output());
+    for k in [0, 1, 250, 499] {
+        let key = format!("/objects/{k}");
+        assert_eq!(fence(&fg.admin_url(""), &key).await, Some(1000 + k));
+        assert_eq!(assert_stale(&fg.url(&key), 999 + k, 1000 + k).await, 1000 + k);
+    }
+    assert!(up.applied().is_empty(), "a stale write reached the upstream");
+    assert_eq!(put(&fg.url("/objects/7"), 2000, "newer").await.status, 200);
 }

@@ -24,7 +24,7 @@ use std::time::Duration;
 use common::process::*;
 use common::*;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 async fn setup() -> (RecordingUpstream, Proxy) {
     let up = RecordingUpstream::start().await;
@@ -297,15 +297,15 @@ async fn randomized_writers_never_break_the_invariants() {
                     // Mostly take the lock anew; sometimes keep writing with the
                     // token held since before a pause, which may be stale by now.
                     let (key, token) = match held {
-                        Some(h) if rng.gen_bool(0.4) => h,
+                        Some(h) if rng.random_bool(0.4) => h,
                         _ => {
-                            let key = rng.gen_range(0..KEYS);
+                            let key = rng.random_range(0..KEYS);
                             (key, epochs[key].fetch_add(1, Ordering::SeqCst) + 1)
                         }
                     };
                     // Now and then the holder writes from several tasks at once.
-                    let together = if rng.gen_bool(0.25) { rng.gen_range(2..=3) } else { 1 };
-                    (key, token, rng.gen_range(0..4u64), rng.gen_range(0..6u64), together)
+                    let together = if rng.random_bool(0.25) { rng.random_range(2..=3) } else { 1 };
+                    (key, token, rng.random_range(0..4u64), rng.random_range(0..6u64), together)
                 };
                 held = Some((key, token));
                 tokio::time::sleep(Duration::from_millis(pause)).await;

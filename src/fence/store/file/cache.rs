@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use dashmap::mapref::entry::Entry;
-use redb::Database;
+use redb::{Database, ReadableDatabase, ReadableTable};
 
 use super::fold::Unfolded;
 use super::{lock, FileStore, Inner, FENCES};
@@ -104,7 +104,8 @@ async fn read_mark(
         let journaled = lock(&unfolded).mark(&key);
         let txn = db.begin_read()?;
         let table = txn.open_table(FENCES)?;
-        Ok(table.get(&*key)?.map(|v| v.value()).max(journaled))
+        let mark = table.get(&*key)?.map(|v| v.value());
+        Ok(mark.max(journaled))
     })
     .await
     .map_err(|e| StoreError::Task { context: "read task", source: Arc::new(e) })?
@@ -127,7 +128,7 @@ pub(super) fn list_marks(
             _ => prefix,
         };
         let mut out = Vec::new();
-        for item in table.range::<&str>(start..)? {
+        for item in table.range(start..)? {
             let (k, v) = item?;
             let key = k.value();
             if !key.starts_with(prefix) || out.len() == limit {

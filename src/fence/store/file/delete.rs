@@ -159,7 +159,7 @@ fn remove_from_tree(db: &Database, which: &Selection) -> Result<Deleted, redb::E
             let mut table = txn.open_table(FENCES)?;
             // redb's range borrows the table: the keys are read first, then removed.
             let (mut keys, mut bytes, mut more) = (Vec::new(), 0, false);
-            for item in table.range::<&str>(prefix..)? {
+            for item in table.range(prefix..)? {
                 let (key, _) = item?;
                 let key = key.value();
                 if !key.starts_with(prefix) {

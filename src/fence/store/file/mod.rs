@@ -35,6 +35,7 @@ mod raise;
 mod relay;
 #[cfg(test)]
 mod tests;
+mod upgrade;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -9,19 +9,20 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{mpsc, Arc, Mutex};
 
-use redb::{Database, DatabaseError, ReadableTable, ReadableTableMetadata, StorageError};
+use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageError};
 use tokio::sync::Semaphore;
 
 use super::cache::{Sweeper, MAX_READERS};
 use super::commit::{Committer, Queue};
 use super::fold::{fold, set_clean, Folder, Unfolded};
 use super::journal::{self, Journal, Marks};
+use super::upgrade;
 use super::{CacheBounds, FileStore, Inner, Tuning, CLEAN, DB_FILE, FENCES, META};
 use crate::fence::store::CommitStats;
 use crate::fence::KeyMap;
 
 /// redb's own page cache. The mark cache in front of it does the heavy lifting.
-const DISK_CACHE_BYTES: usize = 16 << 20;
+pub(super) const DISK_CACHE_BYTES: usize = 16 << 20;
 /// Room for a batch past `fold_bytes` in a journal file's first allocation.
 const JOURNAL_SLACK_BYTES: u64 = 256 << 10;
 /// The store's threads: commit, fold and sweep.
@@ -44,6 +45,14 @@ pub enum OpenError {
          Restore it from a backup; only move it away if starting with no fences is really what you want"
     )]
     Corrupt { path: PathBuf, detail: String },
+    /// A store in the file format fencegate 0.1 wrote that could not be
+    /// copied into the current one.
+    #[error(
+        "fence store {path} is in the file format fencegate 0.1 wrote and could not be upgraded ({detail}): \
+         refusing to start. fencegate never writes to the old file, and the next start upgrades it again: \
+         fix the cause and start again"
+    )]
+    Upgrade { path: PathBuf, detail: String },
     /// A journal file holds damage a torn write can't explain.
     #[error(
         "fence store {path} is unreadable or corrupt ({source}): refusing to start without its fences. \
@@ -140,27 +149,44 @@ impl FileStore {
     }
 }
 
-/// Opens the database file, telling a file in use from a damaged one.
+/// Opens the database file, telling a file in use from a damaged one. A
+/// store in the file format fencegate 0.1 wrote is upgraded first ([`upgrade`]).
 fn open_database(file: &Path) -> Result<Database, OpenError> {
-    let corrupt = |detail: String| OpenError::Corrupt { path: file.to_path_buf(), detail };
+    match try_open(file)? {
+        Err(DatabaseError::UpgradeRequired(upgrade::OLD_FORMAT)) => {
+            upgrade::from_v2(file)?;
+            try_open(file)?.map_err(|e| open_failed(file, e))
+        }
+        opened => opened.map_err(|e| open_failed(file, e)),
+    }
+}
+
+fn try_open(file: &Path) -> Result<Result<Database, DatabaseError>, OpenError> {
     // redb panics instead of returning an error on some damaged files (one
     // shorter or longer than its header says): report those as corrupt too.
-    let opened = std::panic::catch_unwind(|| Database::builder().set_cache_size(DISK_CACHE_BYTES).create(file))
-        .map_err(|panic| {
-            let detail = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("the store library panicked while opening it");
-            corrupt(detail.to_string())
-        })?;
-    opened.map_err(|e| match e {
+    std::panic::catch_unwind(|| Database::builder().set_cache_size(DISK_CACHE_BYTES).create(file)).map_err(|panic| {
+        let detail = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("the store library panicked while opening it");
+        OpenError::Corrupt { path: file.to_path_buf(), detail: detail.to_string() }
+    })
+}
+
+fn open_failed(file: &Path, e: DatabaseError) -> OpenError {
+    let corrupt = |detail: String| OpenError::Corrupt { path: file.to_path_buf(), detail };
+    match e {
         DatabaseError::DatabaseAlreadyOpen => OpenError::InUse(file.to_path_buf()),
         DatabaseError::Storage(StorageError::Io(io)) if io.kind() == std::io::ErrorKind::WouldBlock => {
             OpenError::InUse(file.to_path_buf())
         }
+        DatabaseError::UpgradeRequired(format) => corrupt(format!(
+            "its header says file format v{format}: fencegate reads v3 and upgrades v{} (fencegate 0.1's) at start",
+            upgrade::OLD_FORMAT
+        )),
         other => corrupt(other.to_string()),
-    })
+    }
 }
 
 /// Replays both journal files into the B-tree, at start-up. Returns how many
