@@ -1,0 +1,36 @@
+//! The integration tests, one test binary: each module below was a test
+//! binary of its own, and is now a group that `cargo test --test it NAME::`
+//! runs alone (docs/testing.md). One binary links fencegate and the test
+//! dependencies once instead of once per file.
+//!
+//! The floors test (`tests/floors.rs`) stays a binary of its own: it reads
+//! the source tree only, builds in seconds, and runs first in CI.
+//!
+//! A new group: put it in `tests/it/NAME.rs` (or `tests/it/NAME/mod.rs` with
+//! submodules), reach the shared helpers with `use crate::common;`, and add
+//! `mod NAME;` below.
+
+// The shared helpers: upstreams, clients, fencegate in process and as a child.
+mod common;
+
+mod binary;
+mod bounds;
+mod checker;
+mod connections;
+mod contract;
+mod durability;
+mod faults;
+mod fence_api;
+mod fuzz_regressions;
+mod limits;
+mod no_way_around;
+mod ordering;
+mod proxying;
+mod redis_shared;
+mod redis_tls;
+mod reload;
+mod server_tls;
+mod signing;
+mod third_pass;
+mod upstream_http2;
+mod upstream_tls;
