@@ -53,9 +53,9 @@
 //! runs for a given time, restarting every 10 to 30 seconds:
 //!
 //! ```text
-//! cargo test --release --test checker -- --nocapture        # both runs
-//! cargo test --release --test checker two_replicas -- --nocapture
-//! FENCEGATE_SOAK_SECS=600 cargo test --release --test checker two_replicas -- --nocapture
+//! cargo test --profile ci --test it checker:: -- --nocapture        # both runs
+//! cargo test --profile ci --test it checker::two_replicas -- --nocapture
+//! FENCEGATE_SOAK_SECS=600 cargo test --profile ci --test it checker::two_replicas -- --nocapture
 //! ```
 //!
 //! Each run logs its seed; `FENCEGATE_TEST_SEED=<seed>` replays the same
