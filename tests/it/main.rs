@@ -1,14 +1,15 @@
-//! The integration tests, one test binary: each module below was a test
-//! binary of its own, and is now a group that `cargo test --test it NAME::`
-//! runs alone (docs/testing.md). One binary links fencegate and the test
-//! dependencies once instead of once per file.
+//! The integration tests, one test binary: each module below is a group
+//! that `cargo test --profile ci --test it NAME::` runs alone
+//! (docs/testing.md). One binary compiles the helpers and links fencegate and
+//! the test dependencies once, where a binary per file did it once per file.
 //!
 //! The floors test (`tests/floors.rs`) stays a binary of its own: it reads
-//! the source tree only, builds in seconds, and runs first in CI.
+//! the source tree only and runs first in CI.
 //!
 //! A new group: put it in `tests/it/NAME.rs` (or `tests/it/NAME/mod.rs` with
 //! submodules), reach the shared helpers with `use crate::common;`, and add
-//! `mod NAME;` below.
+//! `mod NAME;` below, in alphabetical order. No group's name may end
+//! another's, so that `NAME::` selects one group.
 
 // The shared helpers: upstreams, clients, fencegate in process and as a child.
 mod common;
