@@ -1,4 +1,4 @@
-//! The checks behind the fuzz targets, shared with `tests/fuzz_regressions.rs`.
+//! The checks behind the fuzz targets, shared with `tests/it/fuzz_regressions.rs`.
 //!
 //! Every `check_*` function takes one raw fuzzer input, decodes it, calls
 //! fencegate and panics when an oracle does not hold. The fuzz targets in

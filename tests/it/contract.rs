@@ -3,7 +3,7 @@
 //! A write that must still be at the upstream while something else happens is
 //! held there by the recording upstream and released afterwards, not slowed down.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -3,7 +3,7 @@
 //! (reads flow, each fenced write gets 503) and shows in `/readyz?verbose`
 //! and `fencegate_store_writable`. Real `redis-server` and fencegate processes.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

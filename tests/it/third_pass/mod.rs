@@ -9,9 +9,6 @@
 //! | `drain` | every refusal reaches a client still uploading (HTTP/1.1 write-first clients, HTTP/2) |
 //! | `turns` | no byte of an older write reaches the upstream after its turn passed |
 
-#[path = "../common/mod.rs"]
-mod common;
-
 mod drain;
 mod keys;
 mod tunnels;

@@ -5,7 +5,7 @@
 //! store behind tokio-rustls, with certificates made at test time (rcgen),
 //! on real sockets on 127.0.0.1.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! other addresses are not held. A flood that reconnects at once is slowed
 //! to a few connections, and the client beside it is served throughout.
 
-use crate::attacks;
+use super::attacks;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! `redis-server` that speaks only TLS with a certificate from a CA of the
 //! test's own, and whose default user is off.
 
-mod common;
+use crate::common;
 
 use common::certs::Ca;
 use common::process::*;

@@ -11,7 +11,7 @@
 //! how fast it happened. Waits that assert an absence (no response yet) and
 //! pauses that let a connection go quiet are the only fixed sleeps.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -3,11 +3,8 @@
 //! (memory, descriptors, disk, lines logged) and that a normal client beside
 //! the attack is still served.
 
-#[path = "../common/mod.rs"]
-mod common;
-
 // The attacks of the hostile benchmark, run here in miniature.
-#[path = "../../benches/hostile/attacks.rs"]
+#[path = "../../../benches/hostile/attacks.rs"]
 mod attacks;
 
 mod admin;

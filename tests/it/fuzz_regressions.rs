@@ -6,7 +6,7 @@
 //! crash found by `fuzz/run.sh` belongs here, marked `#[ignore = "bug: ..."]`
 //! until the fix lands.
 
-#[path = "../fuzz/src/lib.rs"]
+#[path = "../../fuzz/src/lib.rs"]
 mod checks;
 
 use checks::{
@@ -214,7 +214,7 @@ const MINIMAL: &str = "[[route]]\nname = \"objects\"\nprefix = \"/objects/\"\nup
 fn any_config_text_is_checked_without_panicking_and_duplicate_routes_are_refused() {
     assert!(Config::from_toml_str(MINIMAL).is_ok());
     check_config(MINIMAL.as_bytes());
-    check_config(include_bytes!("../config/fencegate.toml"));
+    check_config(include_bytes!("../../config/fencegate.toml"));
     for extra in [
         "max_body = \"0\"",
         "max_body = \"18446744073709551615\"",

@@ -1,7 +1,7 @@
 //! The fence API on the admin listener (`GET`/`PUT /fences`) and the
 //! `fencegate fence get|set|list` CLI that talks to it.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

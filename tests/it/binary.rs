@@ -2,10 +2,10 @@
 //! failures, logs, and graceful shutdown on SIGTERM/SIGINT.
 //!
 //! Every test listens on `127.0.0.1:0` and learns the bound addresses from the
-//! JSON "fencegate listening" log line. A `Running` guard (tests/common/process.rs) kills the child when a
+//! JSON "fencegate listening" log line. A `Running` guard (`common::process`) kills the child when a
 //! test fails, and prints what it logged.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};

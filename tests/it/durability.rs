@@ -4,7 +4,7 @@
 //! The recording upstream lives in the test process, so it outlives every
 //! restart of the proxy and is the witness of what was really written.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

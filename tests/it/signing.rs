@@ -5,7 +5,7 @@
 //! a 403 before the mark is read, so an unsigned token can never fence a key. A
 //! route with `max_token_jump` refuses a token too far above the key's mark.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -3,7 +3,7 @@
 //! way Kubernetes rotates a mounted Secret. Certificates are made at test
 //! time (rcgen); clients are rustls over real sockets on 127.0.0.1.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::Path;

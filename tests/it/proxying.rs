@@ -2,7 +2,7 @@
 //! on its way back: header rewriting, URI rewriting, bodies of any size and shape,
 //! HTTP/2 clients and protocol upgrades. Real sockets on 127.0.0.1 throughout.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

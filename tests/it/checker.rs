@@ -53,16 +53,16 @@
 //! runs for a given time, restarting every 10 to 30 seconds:
 //!
 //! ```text
-//! cargo test --release --test checker -- --nocapture        # both runs
-//! cargo test --release --test checker two_replicas -- --nocapture
-//! FENCEGATE_SOAK_SECS=600 cargo test --release --test checker two_replicas -- --nocapture
+//! cargo test --profile ci --test it checker:: -- --nocapture        # both runs
+//! cargo test --profile ci --test it checker::two_replicas -- --nocapture
+//! FENCEGATE_SOAK_SECS=600 cargo test --profile ci --test it checker::two_replicas -- --nocapture
 //! ```
 //!
 //! Each run logs its seed; `FENCEGATE_TEST_SEED=<seed>` replays the same
 //! random choices (what the interleaving of tasks does with them still
 //! varies).
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -765,7 +765,7 @@ impl Run {
         if self.fg.len() == 1 {
             // A restarted fencegate holds keys for the settle period, which
             // covers a write still in flight from before the crash
-            // (tests/faults.rs, after_a_crash_a_write_still_in_flight_is_not_overtaken).
+            // (`faults`, after_a_crash_a_write_still_in_flight_is_not_overtaken).
             // The checker still lets the upstream finish everything the dead
             // process sent before starting the next one, so each history
             // stays easy to judge.

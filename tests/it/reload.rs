@@ -3,7 +3,7 @@
 //! as they were, and a config that does not validate, or changes what only a
 //! restart can, leaves the running one serving.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

@@ -10,7 +10,7 @@
 //! `:authority`), and a hand-written HTTP/2 server for the faults
 //! ([`RawH2Upstream`]), on real sockets on 127.0.0.1.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! those dropped, `fencegate_log_suppressed_total` counts them all, and a
 //! normal client is served beside the flood.
 
-use crate::attacks;
+use super::attacks;
 
 use std::time::{Duration, Instant};
 

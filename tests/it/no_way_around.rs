@@ -19,7 +19,7 @@
 //!
 //! Class 10 of the issue (slow and silent connections) is tested elsewhere.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

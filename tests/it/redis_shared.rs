@@ -4,7 +4,7 @@
 //!
 //! Each test has its own Redis, its own replicas and its own upstream.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -14,7 +14,7 @@
 //! The randomized test logs its seed; `FENCEGATE_TEST_SEED=<seed>` replays the
 //! same random choices (the interleaving of the writers still varies).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

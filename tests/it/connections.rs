@@ -11,7 +11,7 @@
 //! how fast it happened. The only fixed waits are the ones that let a polite
 //! client show it is kept.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! that reads no secret but the admin token, the errors an operator meets, and
 //! the completions and man pages.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -15,7 +15,7 @@
 //! gave up on it, as a real server that does not watch its clients would: that
 //! late write is what a settle period is for.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
