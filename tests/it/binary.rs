@@ -376,6 +376,12 @@ async fn workers_serve_connections_on_threads_of_their_own() {
             .filter(|name| name.starts_with("fencegate-work"))
             .count()
     };
+    // The workers start beside the listeners: on a busy machine they may
+    // not all be there the moment the proxy first answers.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while workers() < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(workers(), 3, "one thread per configured worker");
     // Six client connections (one request each, then closed) are served,
     // whichever worker each lands on.
