@@ -41,6 +41,6 @@ pub mod telemetry;
 
 pub use config::Config;
 pub use server::{
-    give_back_memory_with, run, CertsReloaded, Fencegate, Reloaded, Reloader, ServerTls, StartError,
+    give_back_memory_with, run, shutdown_signal, CertsReloaded, Fencegate, Reloaded, Reloader, ServerTls, StartError,
     MAX_BLOCKING_THREADS,
 };

@@ -247,7 +247,7 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async {
-        let shutdown = match shutdown_signal() {
+        let shutdown = match fencegate::shutdown_signal() {
             Ok(shutdown) => shutdown,
             Err(e) => {
                 tracing::error!("cannot install signal handlers: {e}");
@@ -457,27 +457,3 @@ fn ignore_hangup() -> Option<tokio::signal::unix::Signal> {
 
 #[cfg(not(unix))]
 fn ignore_hangup() {}
-
-/// Registers the SIGTERM and SIGINT handlers now (so a signal that arrives
-/// while starting up is a graceful stop too) and resolves on the first of them.
-#[cfg(unix)]
-fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received"),
-            _ = int.recv() => tracing::info!("SIGINT received"),
-        }
-    })
-}
-
-/// Resolves on Ctrl-C.
-#[cfg(not(unix))]
-fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
-    Ok(async {
-        let _ = tokio::signal::ctrl_c().await;
-        tracing::info!("Ctrl-C received");
-    })
-}

@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 
 use crate::config::LogFormat;
 use crate::{telemetry, Config, Fencegate};
-use store::Store;
+pub use store::Store;
 use story::OBJECT;
 
 /// fencegate's proxy listener unless `--listen` names another.
@@ -105,7 +105,7 @@ async fn serve(options: DemoOptions) -> Result<(), String> {
         .await
         .map_err(|e| format!("{e} (choose other addresses with --listen and --admin-listen)"))?;
     let (proxy, admin) = (server.proxy_addr(), server.admin_addr());
-    let signal = shutdown_signal().map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let signal = crate::shutdown_signal().map_err(|e| format!("cannot install signal handlers: {e}"))?;
 
     println!("fencegate demo: the fence on its own, in front of a store that has none.");
     println!();
@@ -152,27 +152,4 @@ fn try_it(proxy: SocketAddr, admin: SocketAddr) {
     println!("  curl -i -X PUT --data 'a write without a token' {object}");
     println!("  curl -s 'http://{admin}/fences?key={key}'");
     println!();
-}
-
-/// Resolves on the first SIGINT (Ctrl-C) or SIGTERM; registered now, so a
-/// signal during the story stops the demo too.
-#[cfg(unix)]
-fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-    })
-}
-
-/// Resolves on Ctrl-C.
-#[cfg(not(unix))]
-fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
-    Ok(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
 }

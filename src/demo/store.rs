@@ -27,7 +27,7 @@ const MAX_BODY: usize = 16 * 1024 * 1024;
 /// The store's objects and how many requests reached it, shared by its
 /// connections and the story that reads them back.
 #[derive(Clone, Default)]
-pub(super) struct Store {
+pub struct Store {
     objects: Arc<Mutex<BTreeMap<String, Bytes>>>,
     received: Arc<AtomicU64>,
 }
@@ -44,7 +44,7 @@ impl Store {
     }
 
     /// Serves `listener` until the process ends.
-    pub(super) async fn serve(self, listener: TcpListener) {
+    pub async fn serve(self, listener: TcpListener) {
         loop {
             let stream = match listener.accept().await {
                 Ok((stream, _)) => stream,

@@ -15,6 +15,7 @@ mod guard;
 mod listener;
 mod penalty;
 mod reload;
+mod signals;
 mod watch;
 mod workers;
 
@@ -46,6 +47,7 @@ use workers::Workers;
 pub use certs::{CertsReloaded, ServerTls};
 pub use connection::give_back_memory_with;
 pub use reload::{Reloaded, Reloader};
+pub use signals::shutdown_signal;
 pub use workers::MAX_BLOCKING_THREADS;
 
 /// Why fencegate could not start.
