@@ -41,7 +41,7 @@ pub enum AdminUrlError {
     #[error("'{0}': the admin URL must start with http://")]
     Scheme(String),
     /// The URL is not repeated: it holds a password.
-    #[error("the admin URL has a user or password in it: put the admin token in --token-file or FENCEGATE_ADMIN_TOKEN, not in the URL")]
+    #[error("the admin URL has an `@` in it (a user or password?): put the admin token in --token-file or FENCEGATE_ADMIN_TOKEN, not in the URL")]
     Userinfo,
     #[error("'{0}': an admin URL has no query or fragment; the command adds its own")]
     Query(String),
@@ -51,6 +51,12 @@ impl AdminUrl {
     /// Parses `http://host[:port][/path]`; a bare `host:port` means http.
     pub fn parse(text: &str) -> Result<AdminUrl, AdminUrlError> {
         let owned = text.trim().to_string();
+        // Any `@` is refused before anything else, and the text never echoed:
+        // it may hold a password, in whatever part a parser would put it
+        // (`https://u:p@h`, `http://u:p#s@h`, `http://h:1/x@y`).
+        if owned.contains('@') {
+            return Err(AdminUrlError::Userinfo);
+        }
         let full = if owned.contains("://") { owned.clone() } else { format!("http://{owned}") };
         let uri: Uri =
             full.parse().map_err(|e: http::uri::InvalidUri| AdminUrlError::Invalid(owned.clone(), e.to_string()))?;
@@ -62,9 +68,6 @@ impl AdminUrl {
         let Some(authority) = uri.authority().cloned() else {
             return Err(AdminUrlError::Invalid(owned, "no host".into()));
         };
-        if authority.as_str().contains('@') {
-            return Err(AdminUrlError::Userinfo);
-        }
         if authority.host().is_empty() {
             return Err(AdminUrlError::Invalid(owned, "no host".into()));
         }
@@ -340,7 +343,19 @@ mod tests {
         let err = |text: &str| AdminUrl::parse(text).unwrap_err();
         assert!(matches!(err("https://127.0.0.1:9901"), AdminUrlError::Https(_)));
         assert!(matches!(err("ftp://127.0.0.1:9901"), AdminUrlError::Scheme(_)));
-        assert!(matches!(err("http://user:pw@127.0.0.1:9901"), AdminUrlError::Userinfo));
+        // A password is never echoed, wherever a parser would put it.
+        for with_secret in [
+            "http://user:s3cret@127.0.0.1:9901",
+            "https://user:s3cret@127.0.0.1:9901",
+            "ftp://user:s3cret@h:1",
+            "http://user:p#s3cret@h:1",
+            "http://user:1234/s3cret@h",
+            "http://user:s3 cret@h:1",
+        ] {
+            let e = err(with_secret);
+            assert_eq!(e, AdminUrlError::Userinfo, "{with_secret}");
+            assert!(!e.to_string().contains("s3"), "{e}");
+        }
         assert!(matches!(err("http://127.0.0.1:9901/?key=a"), AdminUrlError::Query(_)));
         assert!(matches!(err("http://127.0.0.1:9901/#top"), AdminUrlError::Query(_)));
         for bad in ["", "http://", "http://a b:1", "http://127.0.0.1:99999", "http://h:", "http://h:0", "[::1]:x"] {

@@ -48,6 +48,16 @@ pub struct DemoOptions {
 /// Runs the demo until SIGINT or SIGTERM: 0 then, 1 if it could not start
 /// or the story did not go as told.
 pub fn run(options: DemoOptions) -> ExitCode {
+    // Its bearer token is printed for all to read: the admin listener, which
+    // raises and deletes fences with it, stays on this host.
+    if !options.admin_listen.ip().is_loopback() {
+        eprintln!(
+            "demo: --admin-listen {}: the demo's admin token ({ADMIN_TOKEN}) is no secret, so its admin listener \
+             must be a loopback address (127.0.0.1 or ::1)",
+            options.admin_listen
+        );
+        return ExitCode::from(2);
+    }
     // Errors only: access lines would drown the story (RUST_LOG overrides).
     let _log = telemetry::init(LogFormat::Human, "error");
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {

@@ -176,8 +176,10 @@ async fn fence_errors_say_what_to_do() {
     assert!(stderr.contains("plain HTTP"), "{stderr}");
     let stderr = fails(&["fence", "--admin-url", "http://not a url", "get", "/a"]);
     assert!(stderr.contains("is not a URL like http://127.0.0.1:9901"), "{stderr}");
-    let stderr = fails(&["fence", "--admin-url", &format!("http://admin:{SECRET}@{admin}"), "get", "/a"]);
-    assert!(stderr.contains("not in the URL") && !stderr.contains(SECRET), "{stderr}");
+    for with_secret in [format!("http://admin:{SECRET}@{admin}"), format!("https://admin:{SECRET}@{admin}")] {
+        let stderr = fails(&["fence", "--admin-url", &with_secret, "get", "/a"]);
+        assert!(stderr.contains("not in the URL") && !stderr.contains(SECRET), "{stderr}");
+    }
 
     // The proxy listener is not the admin listener.
     let stderr = fails(&["fence", "--admin-url", &fg.proxy.to_string(), "get", "/a"]);

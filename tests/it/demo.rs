@@ -194,12 +194,32 @@ fn the_demo_plays_its_story_then_serves_the_readers_requests() {
 fn a_port_in_use_is_named_with_the_flag_that_moves_it() {
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
-    let out = Command::new(BIN)
-        .args(["demo", "--listen", &addr, "--admin-listen", "127.0.0.1:0", "--store-listen", "127.0.0.1:0"])
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("the fencegate binary runs");
+    // Within a deadline: a demo that did start would serve until stopped.
+    let out = crate::common::process::run_to_exit(
+        Command::new(BIN)
+            .args(["demo", "--listen", &addr, "--admin-listen", "127.0.0.1:0", "--store-listen", "127.0.0.1:0"])
+            .env_remove("RUST_LOG"),
+    );
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(&addr) && stderr.contains("--listen"), "{stderr}");
+}
+
+/// The demo's admin token is printed for all to read: its admin listener
+/// is refused anywhere but on loopback, before anything listens.
+#[test]
+fn the_demo_keeps_its_admin_listener_on_loopback() {
+    let out = crate::common::process::run_to_exit(
+        Command::new(BIN)
+            .args(["demo", "--listen", "127.0.0.1:0", "--admin-listen", "0.0.0.0:0", "--store-listen", "127.0.0.1:0"])
+            .env_remove("RUST_LOG"),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--admin-listen 0.0.0.0:0") && stderr.contains("loopback"), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).is_empty(),
+        "the demo started: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

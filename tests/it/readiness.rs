@@ -77,7 +77,21 @@ async fn with_redis_stopped_the_replica_serves_reads_and_stays_ready() {
     fg.wait_writable(false, Duration::from_secs(5)).await;
     let url = fg.url("/silent/slow");
     let read = tokio::spawn(async move { get(&url).await });
-    let (sent, _) = silent.accept().unwrap();
+    // Accepted within a deadline: a blocking accept that never returns
+    // would hang every test group of the binary.
+    silent.set_nonblocking(true).unwrap();
+    let accepted = Instant::now();
+    let (sent, _) = loop {
+        match silent.accept() {
+            Ok(pair) => break pair,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(accepted.elapsed() < DEADLINE, "the read never reached the upstream");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    };
+    sent.set_nonblocking(false).unwrap();
     fg.signal("TERM");
     let start = Instant::now();
     let draining = loop {

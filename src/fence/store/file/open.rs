@@ -49,8 +49,8 @@ pub enum OpenError {
     /// copied into the current one.
     #[error(
         "fence store {path} is in the file format fencegate 0.1 wrote and could not be upgraded ({detail}): \
-         refusing to start. fencegate never writes to the old file, and the next start upgrades it again: \
-         fix the cause and start again"
+         refusing to start. Its fences are as they were, and the next start upgrades it again: fix the cause \
+         and start again"
     )]
     Upgrade { path: PathBuf, detail: String },
     /// A journal file holds damage a torn write can't explain.

@@ -2,9 +2,10 @@
 //! fencegate uses now (v3 files) cannot open. At open, such a file is copied
 //! into the current format beside it and the copy renamed over it, once.
 //!
-//! fencegate never writes to the old file: until the rename, it is the store,
-//! as it was; a crash or a failure part way leaves it so, and the next start
-//! copies it again. The copy holds every table the old file holds (fencegate
+//! fencegate never changes the old file's fences (opening it, the old redb
+//! may only mark it open, or repair it after a crash, as any open does):
+//! until the rename, it is the store, as it was; a crash or a failure part
+//! way leaves it so, and the next start copies it again. The copy holds every table the old file holds (fencegate
 //! 0.1 had two, its marks and the clean-stop flag), entry by entry; a table
 //! fencegate does not know stops the upgrade rather than being dropped.
 
@@ -31,9 +32,13 @@ const BATCH: usize = 50_000;
 /// Copies the store `file`, written in redb's file format v2, into the
 /// current format, and renames the copy over it. Returns how many fences
 /// it holds.
-pub(super) fn from_v2(file: &Path) -> Result<u64, OpenError> {
+pub(super) fn from_v2(named: &Path) -> Result<u64, OpenError> {
+    let failed = |detail: String| OpenError::Upgrade { path: named.to_path_buf(), detail };
+    // A store file reached through a symlink is upgraded where it is: the
+    // rename must replace the file, not the link.
+    let resolved = std::fs::canonicalize(named).map_err(|e| failed(format!("finding the file the path names: {e}")))?;
+    let file = resolved.as_path();
     let copy = copy_path(file);
-    let failed = |detail: String| OpenError::Upgrade { path: file.to_path_buf(), detail };
     let started = Instant::now();
     // redb panics instead of returning an error on some damaged files.
     let old = std::panic::catch_unwind(|| redb2::Database::builder().set_cache_size(DISK_CACHE_BYTES).open(file))
@@ -65,18 +70,32 @@ pub(super) fn from_v2(file: &Path) -> Result<u64, OpenError> {
         }
     };
     // Renamed while the old file is still open and locked: no fencegate 0.1
-    // can open it meanwhile. The copy gets the old file's permissions.
+    // can open it meanwhile. The copy gets the old file's permissions and
+    // owner, so the service's user still opens it after an upgrade that ran
+    // as another user (root in a debug shell, say); where that cannot be
+    // done, the upgrade is refused rather than leave a file it cannot open.
     let renamed = std::fs::metadata(file)
-        .and_then(|old| std::fs::set_permissions(&copy, old.permissions()))
+        .and_then(|old| {
+            std::fs::set_permissions(&copy, old.permissions())?;
+            same_owner(&copy, &old)
+        })
         .and_then(|()| std::fs::rename(&copy, file));
     drop(old);
     if let Err(e) = renamed {
         let _ = remove_copy(&copy);
-        return Err(failed(format!("renaming the copy {} over it: {e}", copy.display())));
+        return Err(failed(format!(
+            "giving the copy {} the old file's mode and owner, and renaming it over it: {e}",
+            copy.display()
+        )));
     }
     // Refused to start rather than risk the rename being lost with marks
     // written since: the next start finds one file or the other, both whole.
-    sync_dir(file).map_err(|e| failed(format!("syncing its directory after the copy took its place: {e}")))?;
+    sync_dir(file).map_err(|e| {
+        failed(format!(
+            "syncing its directory after the upgraded copy took its place: {e} (the file is upgraded; \
+             fencegate starts once the directory can be synced)"
+        ))
+    })?;
     tracing::info!(
         path = %file.display(),
         fences,
@@ -85,6 +104,33 @@ pub(super) fn from_v2(file: &Path) -> Result<u64, OpenError> {
         file.display()
     );
     Ok(fences)
+}
+
+/// Gives `copy` the owner and group of the old file (`old`).
+#[cfg(unix)]
+fn same_owner(copy: &Path, old: &std::fs::Metadata) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let mine = std::fs::metadata(copy)?;
+    if (mine.uid(), mine.gid()) == (old.uid(), old.gid()) {
+        return Ok(());
+    }
+    std::os::unix::fs::chown(copy, Some(old.uid()), Some(old.gid())).map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!(
+                "the old file belongs to {}:{}, the copy to {}:{} ({e})",
+                old.uid(),
+                old.gid(),
+                mine.uid(),
+                mine.gid()
+            ),
+        )
+    })
+}
+
+#[cfg(not(unix))]
+fn same_owner(_: &Path, _: &std::fs::Metadata) -> std::io::Result<()> {
+    Ok(())
 }
 
 /// Where the copy of `file` is written.
@@ -265,6 +311,24 @@ mod tests {
         assert_eq!(store.get("/objects/5").await.unwrap(), Some(40));
         assert_eq!(store.get("/objects/6").await.unwrap(), Some(43));
         close(store).await;
+    }
+
+    /// A store file that is a symlink (to a volume mounted elsewhere, say) is
+    /// upgraded where it points: the link stays a link, the file it names
+    /// holds the fences.
+    #[tokio::test]
+    async fn a_store_file_behind_a_symlink_is_upgraded_where_it_points() {
+        let (dir, volume) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let marks = [("a".to_string(), 5), ("b".to_string(), 7)];
+        write_v2(volume.path(), &marks, true);
+        let (target, link) = (volume.path().join(DB_FILE), dir.path().join(DB_FILE));
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+
+        let store = FileStore::open(dir.path(), true, 100).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(store.list("", None, 10).await.unwrap(), marks);
+        close(store).await;
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link was replaced");
+        assert!(redb::Database::open(&target).is_ok(), "the file the link names was not upgraded");
     }
 
     /// fencegate 0.1 killed with marks only in its journal: the upgrade keeps
