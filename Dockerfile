@@ -107,11 +107,11 @@ STOPSIGNAL SIGTERM
 # registries show. VERSION is Cargo.toml's version; SOURCE and REVISION are
 # empty unless the build passes them. Last, so a new REVISION rebuilds no
 # layer above.
-ARG VERSION=0.1.0
+ARG VERSION=0.2.0
 ARG SOURCE=""
 ARG REVISION=""
 LABEL org.opencontainers.image.title="fencegate" \
-      org.opencontainers.image.description="An HTTP reverse proxy that enforces fencing tokens for upstreams that cannot" \
+      org.opencontainers.image.description="An HTTP reverse proxy that enforces fencing tokens in front of upstreams that cannot check them" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="${SOURCE}" \
