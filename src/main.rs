@@ -219,13 +219,13 @@ fn main() -> ExitCode {
                 );
             }
         }
-        println!(
-            "{}: OK ({} route{})",
+        let ok = format!(
+            "{}: OK ({} route{})\n",
             cli.config.display(),
             config.routes.len(),
             if config.routes.len() == 1 { "" } else { "s" }
         );
-        return ExitCode::SUCCESS;
+        return print_bytes(ok.as_bytes(), "the check's answer");
     }
     let format = match cli.log_format {
         Some(LogFormatArg::Json) => LogFormat::Json,
@@ -274,8 +274,8 @@ fn main() -> ExitCode {
 fn sign(key: &str, token: u64, key_file: &std::path::Path) -> ExitCode {
     match fencegate::config::load_signing_key(key_file).map(|secret| secret.bytes().map(<[u8]>::to_vec)) {
         Ok(Some(secret)) => {
-            println!("{}", fencegate::fence::signature::sign(&secret, key, token));
-            ExitCode::SUCCESS
+            let signature = fencegate::fence::signature::sign(&secret, key, token);
+            print_bytes(format!("{signature}\n").as_bytes(), "the signature")
         }
         Ok(None) => {
             eprintln!("--key-file: the key could not be read");

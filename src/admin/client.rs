@@ -128,6 +128,12 @@ pub enum CliError {
     ChangesDisabled { detail: String },
     #[error("{0}")]
     Refused(String),
+    /// The token holds a byte no header value may (a line break inside it).
+    #[error(
+        "the admin token cannot be sent: it holds a character an HTTP header may not (a line break or other \
+         control character inside it?)"
+    )]
+    BadToken,
     /// The answer could not be written out (a full disk, or a reader that
     /// went away: `fencegate fence list | head`).
     #[error("cannot write to stdout: {0}")]
@@ -188,7 +194,8 @@ impl AdminClient {
         let unreachable = |detail: String| CliError::Unreachable { url: self.url.clone(), detail };
         let mut req = Request::builder().method(method).uri(self.url.at(target));
         if let Some(token) = &self.token {
-            req = req.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+            let value = http::HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| CliError::BadToken)?;
+            req = req.header(http::header::AUTHORIZATION, value);
         }
         let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
         let req = req.body(Full::new(body)).map_err(|e| unreachable(chain(&e)))?;

@@ -244,6 +244,17 @@ pub(super) mod tests {
         assert_eq!(c.admin.auth_token, None);
     }
 
+    /// FENCEGATE_ADMIN_TOKEN is read as a token file is: surrounding
+    /// whitespace dropped, blank meaning unset (the CLI reads it the same way).
+    #[test]
+    fn the_admin_token_from_the_environment_is_trimmed() {
+        let token = |env: &str| {
+            Config::from_toml_str(MINIMAL).unwrap().read_secrets_with(Some(env.to_string())).unwrap().admin.auth_token
+        };
+        assert_eq!(token(" s3cret-token\n").as_deref(), Some("s3cret-token"));
+        assert_eq!(token(" \n"), None);
+    }
+
     #[test]
     fn the_shipped_reference_config_is_valid() {
         let text = include_str!("../../config/fencegate.toml");

@@ -122,9 +122,11 @@ impl SecretSources {
         p.or(token)
     }
 
-    /// An empty value anywhere means unset.
+    /// An empty value anywhere means unset. The environment's value loses its
+    /// surrounding whitespace, as a token file's does, so the server and the
+    /// CLI (which trims it too) read the same token from the same variable.
     fn admin_token(&self, env_token: Option<String>, p: &mut Problems) -> Option<String> {
-        if let Some(token) = env_token.filter(|t| !t.is_empty()) {
+        if let Some(token) = env_token.map(|t| t.trim().to_string()).filter(|t| !t.is_empty()) {
             return Some(token);
         }
         if let Some(path) = &self.admin_token_file {
