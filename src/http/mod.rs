@@ -10,7 +10,6 @@
 pub(crate) mod body;
 mod outcome;
 pub mod problem;
-mod refused;
 pub(crate) mod stream;
 pub(crate) mod teardown;
 mod woken;
@@ -21,6 +20,5 @@ pub use body::{
 };
 pub(crate) use body::{ReadError, Reader};
 pub use outcome::{Decision, Outcome, RouteLabel, RouteTag};
-pub use refused::RefusedOr;
 pub use teardown::Teardown;
 pub(crate) use woken::WokenOnly;

@@ -9,13 +9,13 @@ use std::sync::Arc;
 
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Duration;
 use tower::Layer;
 use tracing::debug;
 
+use super::calls::Calls;
 use super::connection::{
     self, Activity, ActivityIo, ClientStream, Ended, Protocols, ProxyConnection, TrackRequestsLayer, REFUSALS_IN_A_ROW,
 };
@@ -127,7 +127,7 @@ async fn serve(
     // end, by whichever layer refused its request, drained so the client
     // reads the refusal.
     let tracked = TrackRequestsLayer::new(activity.clone(), shared.per_connection.refusal_drain);
-    let service = TowerToHyperService::new(tracked.layer(proxy_service(shared, &Forward::of(client))));
+    let service = Calls::new(tracked.layer(proxy_service(shared, &Forward::of(client))));
     let conn = ProxyConnection::new(io, service, protocols, activity.clone());
     connection::serve(conn, activity, admission, peer).await
 }

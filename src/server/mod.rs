@@ -8,6 +8,7 @@
 //! in one account, checked at start (descriptors.rs).
 
 mod admin_listener;
+mod calls;
 pub(crate) mod certs;
 pub(crate) mod connection;
 mod descriptors;

@@ -22,10 +22,6 @@ use crate::http::{BoxError, ProxyBody};
 use crate::http::{Decision, Outcome};
 use crate::proxy::UpstreamError;
 
-/// The response future of a layer that refuses some requests and passes the
-/// rest on ([`crate::http::RefusedOr`]), refusing with a [`Rejection`].
-pub type RefusedOr<F> = crate::http::RefusedOr<F, Rejection>;
-
 use crate::config::KeyError;
 use crate::http::RouteTag;
 use crate::stack::router::{DestinationError, FoldedHeaders, RequestHostError, TunnelError};

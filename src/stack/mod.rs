@@ -1,20 +1,21 @@
 //! The proxy's tower stack, top to bottom: this file only composes it.
 //!
-//! Data flows one way, one concern per layer, in the order a request meets
-//! them: requests in flight (the server's) → trace and access log → rescue
-//! (refusals and panics) → header count → canonicalize + route → head-byte
-//! rate → head checks → body → the key's turn + advance → forward. What the
-//! layers guarantee together is written down once, in `docs/behaviour.md`
-//! ("The guarantee, step by step").
+//! Data flows one way, in the order a request meets it: requests in flight
+//! (the server's) → trace and access log → rescue (refusals and panics) →
+//! the pipeline, whose steps run as plain functions one after another:
+//! header count → canonicalize + route → head-byte rate → head checks → body
+//! → the key's turn + advance → forward. What the steps guarantee together
+//! is written down once, in `docs/behaviour.md` ("The guarantee, step by
+//! step"); `pipeline/mod.rs` says why they are steps of one service and not
+//! a layer each.
 //!
-//! Each layer has a folder in tower-http's layout: `mod.rs` says what it
-//! guarantees and why it sits where it does, `layer.rs` holds the `Layer`
-//! (the forward, at the bottom, is a service only), `service.rs` the
-//! `Service` and its `call`, `future.rs` its own response future when it has
-//! one; other files are named for their concern.
-//! `error.rs` holds the refusals every layer raises.
+//! The two layers have folders in tower-http's layout: `mod.rs` says what it
+//! guarantees and why it sits where it does, `layer.rs` holds the `Layer`,
+//! `service.rs` the `Service` and its `call`, `future.rs` its own response
+//! future. Each step has a folder of its own too, its files named for their
+//! concern. `error.rs` holds the refusals every step raises.
 //!
-//! Layers use the types of the layers below them, and two use each other:
+//! Steps use the types of the steps after them, and two use each other:
 //! a request routed by `router` carries the `SlotTaken` flag the `forward`
 //! marks once it has its way upstream, and the forward reads the routed
 //! request. The flag is the one thing the forward hands back up.
@@ -26,6 +27,7 @@ pub(crate) mod forward;
 pub(crate) mod head;
 pub(crate) mod header_count;
 pub(crate) mod header_rate;
+pub(crate) mod pipeline;
 pub(crate) mod rescue;
 pub(crate) mod router;
 pub(crate) mod turn;
@@ -44,14 +46,9 @@ use crate::http::ClientBody;
 use crate::metrics::Metrics;
 use crate::route::LiveRoutes;
 use access_log::access_log;
-use body::BodyLayer;
 use forward::Forward;
-use head::HeadChecksLayer;
-use header_count::HeaderCountLayer;
-use header_rate::HeaderRateLayer;
+use pipeline::{Fences, Pipeline};
 use rescue::RescueLayer;
-use router::RoutingLayer;
-use turn::FencingLayer;
 
 /// What every connection's stack shares.
 #[derive(Debug)]
@@ -103,41 +100,21 @@ pub fn proxy_service(
 > + Clone
        + Send
        + 'static {
-    let limits = shared.per_connection;
+    let fences = Fences {
+        routes: shared.routes.clone(),
+        store: shared.store.clone(),
+        gate: shared.gate.clone(),
+        buffers: shared.buffers.clone(),
+    };
     ServiceBuilder::new()
         // Outermost but for the server's count of requests in flight, so the access log and metrics see every
         // response, including the ones fencegate makes itself below.
         .layer(access_log(shared.metrics.clone()))
-        // Rescue: every refusal from the layers below becomes its problem+json
+        // Rescue: every refusal from the steps below becomes its problem+json
         // response here, and a panic a 500 problem, so no error escapes to
         // hyper as a connection reset; inside the access log, so both are
         // logged and counted.
         .layer(RescueLayer)
-        // Before anything else acts on a request: a head with more fields
-        // than allowed (an HTTP/2 head may decode to many more than its
-        // frames suggest) gets 431 here, as hyper answers one over HTTP/1.1.
-        .layer(HeaderCountLayer { max: limits.max_headers })
-        // Before anything looks at the target: make it canonical, then route
-        // it. Every layer below sees one spelling of each resource, and the
-        // route says which methods are fenced, how the key is made and where
-        // the request goes (404 without one).
-        .layer(RoutingLayer::new(shared.routes.clone(), forward.over_tls()))
-        // Per connection, the bytes of heads it may have sent upstream a
-        // second: after routing, so the refusal is counted under its route,
-        // and before the head checks, so a refused request reads and raises
-        // no mark. Built here, per connection: the bucket starts at accept.
-        .layer(HeaderRateLayer::new(limits.header_rate, limits.header_start))
-        // Everything the head can decide, before a body byte is read: token,
-        // key, signature, stale and jump checks, and no body on unfenced
-        // methods. A request already condemned never makes fencegate read
-        // (or buffer) its body.
-        .layer(HeadChecksLayer::new(shared.store.clone()))
-        // The body limit, and fenced bodies read whole (within the buffer
-        // budget) before they may take their key's turn: a slow or broken
-        // upload never holds a key, and never reaches the upstream in part.
-        .layer(BodyLayer::new(shared.buffers.clone(), limits.buffer_share))
-        // The key's turn and the atomic raise, then the forward, which ends
-        // at the upstream even if the client leaves (on a task of its own then).
-        .layer(FencingLayer::new(shared.store.clone(), shared.gate.clone()))
-        .service(forward.clone())
+        // The fence itself, one step after another (pipeline/mod.rs).
+        .service(Pipeline::new(forward.clone(), fences, &shared.per_connection, forward.over_tls()))
 }

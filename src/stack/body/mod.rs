@@ -1,7 +1,7 @@
-//! The body layer: the route's `max_body` (413 past it), and fenced bodies
+//! The body step: the route's `max_body` (413 past it), and fenced bodies
 //! read whole, within the process's buffer budget and the connection's share
 //! of it, before they may take their key's turn. The body types and the
-//! budget are the bottom floor's (`http/body`); this layer applies them to
+//! budget are the bottom floor's (`http/body`); this step applies them to
 //! the request path, and its refusals name the fence key and token.
 //!
 //! A declared `Content-Length` above the limit is refused before anything is
@@ -18,14 +18,12 @@
 //! as its body is dropped. Other bodies stream, and one that overruns the
 //! limit is cut off.
 
-mod future;
-mod layer;
-mod service;
+mod plan;
 
 use crate::http::{BudgetFull, ReadError};
 use crate::stack::error::ProxyError;
 
-pub use layer::BodyLayer;
+pub(crate) use plan::{plan, Budgets, Plan, Reading};
 
 impl From<BudgetFull> for ProxyError {
     fn from(full: BudgetFull) -> Self {

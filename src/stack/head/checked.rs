@@ -51,6 +51,14 @@ impl<B> Checked<B> {
     }
 }
 
+impl<B> Checked<B> {
+    /// The same request with its body mapped by `f`.
+    pub fn map_body<C>(self, f: impl FnOnce(B) -> C) -> Checked<C> {
+        let Checked { routed: Routed { route, request, fenced, destination, slot_taken }, fence } = self;
+        Checked { routed: Routed { route, request: request.map(f), fenced, destination, slot_taken }, fence }
+    }
+}
+
 impl Checked<()> {
     pub fn with_body<B>(self, body: B) -> Checked<B> {
         let Checked { routed, fence } = self;

@@ -31,7 +31,7 @@ pub(crate) async fn check<St: FenceStore, B: Body>(store: &St, routed: Routed<B>
 // A refusal is moved once, into the response future; boxing it would cost
 // every refused request an allocation.
 #[allow(clippy::result_large_err)]
-pub(super) fn check_head<B: Body>(routed: Routed<B>) -> Result<Checked<B>, Rejection> {
+pub(crate) fn check_head<B: Body>(routed: Routed<B>) -> Result<Checked<B>, Rejection> {
     let route = &routed.route;
     if !routed.fenced {
         // An upstream that expects no body may read this one as the next
@@ -91,7 +91,7 @@ fn written_keys<'a>(fence: &'a Fence, route: &'a Route) -> impl Iterator<Item = 
 
 /// A token already below a mark can never win, and one too far above it
 /// never will: refuse both without queueing, and without reading the body.
-pub(super) async fn check_marks<St: FenceStore>(
+pub(crate) async fn check_marks<St: FenceStore>(
     store: &St,
     fence: Option<&Fence>,
     route: &Route,
@@ -105,7 +105,7 @@ pub(super) async fn check_marks<St: FenceStore>(
 
 /// [`check_marks`] from the marks the store has at hand; `None` when it must
 /// read one first.
-pub(super) fn marks_at_hand<St: FenceStore>(
+pub(crate) fn marks_at_hand<St: FenceStore>(
     store: &St,
     fence: Option<&Fence>,
     route: &Route,

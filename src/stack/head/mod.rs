@@ -4,16 +4,13 @@
 //! `docs/behaviour.md` ("The guarantee, step by step").
 //!
 //! It sits after routing, whose route says what is fenced and how the key is
-//! made, and before the body layer: a request already condemned never makes
+//! made, and before the body step: a request already condemned never makes
 //! fencegate read (or buffer) its body.
 
 mod checked;
 mod checks;
-mod layer;
-mod service;
 
 pub(crate) use checked::{Checked, Fence};
 #[cfg(test)]
 pub(crate) use checks::check;
-pub(crate) use checks::check_mark;
-pub(crate) use layer::HeadChecksLayer;
+pub(crate) use checks::{check_head, check_mark, check_marks, marks_at_hand};

@@ -5,11 +5,18 @@
 //! name a large header field again and again, so a small HEADERS frame can
 //! decode into a head of `max_header_bytes`. HTTP/1.1 heads are counted by
 //! hyper's parser (`max_headers`); HTTP/2 heads arrive decoded, so
-//! [`HeaderCount`] counts them before anything else acts on the request.
+//! [`check`] counts them before anything else acts on the request.
 //! (header_rate/ bounds the bytes of heads a connection sends upstream.)
 
-mod layer;
-mod service;
+use http::HeaderMap;
 
-pub use layer::HeaderCountLayer;
-pub use service::HeaderCount;
+use crate::stack::error::ProxyError;
+
+/// Refuses a head with more than `max` fields (431).
+pub(crate) fn check(headers: &HeaderMap, max: usize) -> Result<(), ProxyError> {
+    let count = headers.len();
+    if count > max {
+        return Err(ProxyError::TooManyHeaders { count, max });
+    }
+    Ok(())
+}

@@ -17,8 +17,6 @@
 //! for as long as each connection lasts, never a fresh second of burst.
 
 mod bucket;
-mod layer;
 mod service;
 
-pub use layer::HeaderRateLayer;
-pub use service::HeaderRate;
+pub(crate) use service::HeaderRate;

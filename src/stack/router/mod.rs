@@ -1,6 +1,6 @@
-//! Canonicalize + route: the first layer that looks at the target (only the
+//! Canonicalize + route: the first step that looks at the target (only the
 //! access log, the rescue and the header count come before it), so every
-//! layer below sees one spelling of each resource.
+//! step after it sees one spelling of each resource.
 //!
 //! Before any route or fence sees a request, its target is put in the one form
 //! it is routed, keyed, signed and forwarded by (see [`crate::canonical`]):
@@ -29,9 +29,7 @@
 //! The request then goes on as [`Routed`]; no route is 404.
 
 mod destination;
-mod future;
 mod host;
-mod layer;
 mod method;
 mod path;
 mod routed;
@@ -43,8 +41,7 @@ mod underscores;
 
 pub use destination::{Destination, DestinationError, DESTINATION};
 pub use host::RequestHostError;
-pub use layer::RoutingLayer;
 pub use routed::Routed;
-pub use service::Routing;
+pub(crate) use service::route_request;
 pub use tunnel::TunnelError;
 pub use underscores::FoldedHeaders;

@@ -1,64 +1,17 @@
-//! The routing service: routes each request, and tags every response and
-//! refusal below it with the route.
-
-use std::sync::Arc;
-use std::task::{Context, Poll};
+//! Routing: each request's target made canonical and its route found.
 
 use http::uri::PathAndQuery;
-use http::{HeaderMap, Request, Response, Uri, Version};
-use tower::Service;
+use http::{HeaderMap, Request, Uri, Version};
 
-use super::future::Tagged;
 use super::path::find_route;
 use super::{destination, host, method, tunnel, underscores, Routed};
-use crate::http::{ProxyBody, RouteTag};
-use crate::route::{LiveRoutes, RouteTable};
-use crate::stack::error::RefusedOr;
-use crate::stack::error::{ProxyError, Rejection};
-
-/// Canonicalizes a request's target and finds its route; see the [module docs](super).
-/// Every response below, and every refusal, is tagged with the route.
-#[derive(Debug, Clone)]
-pub struct Routing<S> {
-    inner: S,
-    routes: Arc<LiveRoutes>,
-    /// The connection speaks TLS: a target without a scheme is `https`.
-    over_tls: bool,
-}
-
-impl<S> Routing<S> {
-    pub(super) fn new(inner: S, routes: Arc<LiveRoutes>, over_tls: bool) -> Self {
-        Routing { inner, routes, over_tls }
-    }
-}
-
-impl<S, B> Service<Request<B>> for Routing<S>
-where
-    S: Service<Routed<B>, Response = Response<ProxyBody>, Error = Rejection>,
-{
-    type Response = Response<ProxyBody>;
-    type Error = Rejection;
-    type Future = RefusedOr<Tagged<S::Future>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<B>) -> Self::Future {
-        match route_request(&self.routes.load(), request, self.over_tls) {
-            Ok((routed, tag)) => RefusedOr::Passed { inner: Tagged::new(self.inner.call(routed), tag) },
-            Err((error, tag)) => {
-                let mut rejection = Rejection::from(error);
-                rejection.route = tag;
-                RefusedOr::refused(rejection)
-            }
-        }
-    }
-}
+use crate::http::RouteTag;
+use crate::route::RouteTable;
+use crate::stack::error::ProxyError;
 
 /// The request in canonical form with its route, or why it was refused (with
 /// its route, when it had one).
-pub(super) fn route_request<B>(
+pub(crate) fn route_request<B>(
     routes: &RouteTable,
     request: Request<B>,
     over_tls: bool,

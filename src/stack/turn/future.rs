@@ -1,4 +1,4 @@
-//! [`Fencing`](super::service::Fencing)'s response future.
+//! The fence's response future: one per request that gets past the head.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,7 +12,7 @@ use crate::stack::forward::SlotTaken;
 
 type BoxedDecision = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Rejection>> + Send>>;
 
-/// Response future of [`super::Fencing`]: resolves once the upstream's
+/// The response future of a request the fence lets on: resolves once the upstream's
 /// response head arrived (the key's turn has been passed on by then) or the
 /// request was refused.
 ///

@@ -3,13 +3,13 @@
 //! even if the client leaves (then on a task of its own). The turn passes on
 //! only once the write can no longer land (`docs/behaviour.md`).
 //!
-//! It sits below the body layer, last before the forward: a fenced body is
+//! It comes after the body step, last before the forward: a fenced body is
 //! read whole before its request takes its keys' turns (unless its route
 //! sets `stream_body`), so a slow or broken upload never holds a key.
 
 mod future;
-mod layer;
 mod service;
 mod turns;
 
-pub(crate) use layer::FencingLayer;
+pub(crate) use future::ResponseFuture;
+pub(crate) use service::{fenced, fenced_after};

@@ -1,15 +1,16 @@
-//! The turn-taking service: a checked request waits for its keys' turns (in
+//! The turn-taking step: a checked request waits for its keys' turns (in
 //! key order, within one deadline), has its marks raised under them, and is
 //! forwarded to its end (on a task of its own if the client leaves first),
 //! passing the turns on when the upstream answers, or after the settle period
 //! when the outcome is unknown.
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
+use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::Response;
-use tower::Service;
+use tokio::time::Instant;
 
 use super::future::ResponseFuture;
 use super::turns::{hold_for, pass_when_sent, sent_whole, SettlingTurns, Turns};
@@ -25,81 +26,87 @@ use crate::stack::forward::SlotTaken;
 use crate::stack::head::{check_mark, Checked, Fence};
 use crate::stack::router::Routed;
 
-/// The fence's turn-taking middleware: steps 4 to 6 of the guarantee in
-/// `docs/behaviour.md` ("The guarantee, step by step").
-///
-/// It takes [`Checked`] requests, so a stack that does not route and check
-/// heads before it does not compile.
-#[derive(Debug)]
-pub struct Fencing<S, St> {
-    inner: S,
-    /// The store and the gate, behind one count of this connection's own:
-    /// the layers above clone this service for every request, and a clone
-    /// then touches no count the other worker threads write.
-    shared: Arc<(Arc<St>, Arc<KeyGate>)>,
-}
-
-impl<S: Clone, St> Clone for Fencing<S, St> {
-    fn clone(&self) -> Self {
-        Fencing { inner: self.inner.clone(), shared: self.shared.clone() }
-    }
-}
-
-impl<S, St> Fencing<S, St> {
-    /// For one client connection.
-    pub fn new(inner: S, store: Arc<St>, gate: Arc<KeyGate>) -> Self {
-        Fencing { inner, shared: Arc::new((store, gate)) }
-    }
-}
-
-impl<S, St, B> Service<Checked<B>> for Fencing<S, St>
+/// A request the fence lets through unfenced: forwarded as it is.
+fn unfenced<F, B>(forward: F, routed: Routed<B>) -> ResponseFuture
 where
-    S: Forwarder<B>,
+    F: Forwarder<B>,
+    B: Send + 'static,
+{
+    // Only a fenced forward must run to its end (future.rs). The two are
+    // futures of their own: the larger one would size the other's box.
+    ResponseFuture::new(None, forward_unfenced(forward, routed))
+}
+
+/// A fenced request with its body ready (read whole, or streaming): it
+/// waits for its keys' turns (in key order, within one deadline), has its
+/// marks raised under them, and is forwarded to its end. Steps 4 to 6 of the
+/// guarantee in `docs/behaviour.md` ("The guarantee, step by step"). An
+/// unfenced one (`fence` is `None`) is forwarded as it is.
+///
+/// It takes [`Checked`] requests, so a request that was not routed and had
+/// its head checked cannot take a turn.
+pub(crate) fn fenced<F, St, B>(forward: F, store: Arc<St>, gate: Arc<KeyGate>, checked: Checked<B>) -> ResponseFuture
+where
+    F: Forwarder<B>,
     St: FenceStore,
     B: Send + 'static,
 {
-    type Response = Response<ProxyBody>;
-    type Error = Rejection;
-    type Future = ResponseFuture;
+    let Checked { routed, fence } = checked;
+    let Some(fence) = fence else {
+        return unfenced(forward, routed);
+    };
+    let taken = forward.slot_flag(routed.request.version());
+    ResponseFuture::new(Some(taken.clone()), take_turn_and_forward(forward, store, gate, routed, fence, taken))
+}
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Checked<B>) -> Self::Future {
-        let inner = self.inner.clone();
-        let Checked { routed, fence } = req;
-        // Only a fenced forward must run to its end (future.rs). The two are
-        // futures of their own: the larger one would size the other's box.
-        let Some(fence) = fence else {
-            return ResponseFuture::new(None, forward_unfenced(inner, routed));
-        };
-        let taken = inner.slot_flag(routed.request.version());
-        ResponseFuture::new(
-            Some(taken.clone()),
-            take_turn_and_forward(inner, self.shared.clone(), routed, fence, taken),
-        )
-    }
+/// [`fenced`], for a request over HTTP `version` that `ready` must make
+/// ready first (a mark read from the store, a body read whole): the rare
+/// path, in one future with the rest.
+pub(crate) fn fenced_after<F, St, B>(
+    forward: F,
+    store: Arc<St>,
+    gate: Arc<KeyGate>,
+    version: http::Version,
+    ready: impl Future<Output = Result<Checked<B>, Rejection>> + Send + 'static,
+) -> ResponseFuture
+where
+    F: Forwarder<B>,
+    St: FenceStore,
+    B: Send + 'static,
+{
+    let taken = forward.slot_flag(version);
+    let future = {
+        let taken = taken.clone();
+        async move {
+            let Checked { routed, fence } = ready.await?;
+            match fence {
+                Some(fence) => take_turn_and_forward(forward, store, gate, routed, fence, taken).await,
+                None => forward_unfenced(forward, routed).await,
+            }
+        }
+    };
+    ResponseFuture::new(Some(taken), future)
 }
 
 /// A fenced request's way through: its keys' turns, its marks raised, its
 /// forward run to its end. (An `async` block, not an `async fn`: a function's
 /// future would keep its arguments twice, as given and as moved into locals.)
 #[allow(clippy::manual_async_fn)]
-fn take_turn_and_forward<S, St, B>(
-    inner: S,
-    shared: Arc<(Arc<St>, Arc<KeyGate>)>,
+fn take_turn_and_forward<F, St, B>(
+    inner: F,
+    store: Arc<St>,
+    gate: Arc<KeyGate>,
     mut routed: Routed<B>,
     fence: Fence,
     taken: SlotTaken,
 ) -> impl Future<Output = Result<Response<ProxyBody>, Rejection>> + Send
 where
-    S: Forwarder<B>,
+    F: Forwarder<B>,
     St: FenceStore,
     B: Send + 'static,
 {
     async move {
-        let (store, gate) = (&*shared.0, &shared.1);
+        let store = &*store;
         let route = routed.route.clone();
         let Fence { token, key, destination } = fence;
         let reject = |e: ProxyError, key: &Arc<str>| Rejection::new(e, Some(key.clone()), Some(token));
@@ -127,16 +134,17 @@ where
                 &one
             }
         };
-        // One deadline for all of them: `queue_timeout` bounds the whole wait.
+        // One deadline for all of them: `queue_timeout` bounds the whole wait
+        // (WaitBudget).
         // A request that writes two keys, or a key of a strict route, holds its
         // keys alone; any other shares its key with the requests carrying the
         // key's mark (fence/gate).
-        let deadline = tokio::time::Instant::now() + route.queue_timeout;
+        let mut budget = WaitBudget::new(route.queue_timeout);
         let mut turns = Turns::default();
         for (k, r) in keys {
             let ask = if keys.len() > 1 || r.strict { Ask::Alone } else { Ask::Share };
-            let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match gate.acquire(k, token, ask, wait).await {
+            let wait = budget.left();
+            match budget.spend(gate.acquire(k, token, ask, wait)).await {
                 Ok(turn) => turns.push(turn),
                 Err(NoTurn::Timeout) => return Err(reject(ProxyError::QueueTimeout(route.queue_timeout), &key)),
                 Err(NoTurn::Stale { current }) => return Err(reject(ProxyError::StaleToken { token, current }, k)),
@@ -159,12 +167,12 @@ where
         let advance_decides = matches!(keys, [(_, r)] if r.max_token_jump.is_none() && !r.strict);
         if !advance_decides {
             for (k, r) in keys {
-                check_mark(store, r, k, token).await.map_err(|e| reject(e, k))?;
+                budget.spend(check_mark(store, r, k, token)).await.map_err(|e| reject(e, k))?;
             }
         }
         for (k, r) in keys {
             let ask = if keys.len() > 1 || r.strict { Ask::Alone } else { Ask::Share };
-            let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let wait = budget.left();
             // A store replicas share records the write in flight for as long
             // as it may take, should this process die mid-write: what is left
             // of the wait for the keys' turns (a second key's may follow), a
@@ -172,7 +180,7 @@ where
             // body answered early to leave (bounded by `timeout` too), and the
             // settle period. (The store adds its own replica wait and a margin.)
             let lease = wait + route.queue_timeout + route.timeout * 2 + settle;
-            match store.enter(k, token, ask, lease, wait).await {
+            match budget.spend(store.enter(k, token, ask, lease, wait)).await {
                 // A strict route takes one write per token, and the advance is
                 // where that is decided for good: the fence API may have raised
                 // the mark to this very token since it was read. An equal
@@ -245,9 +253,45 @@ where
     }
 }
 
-async fn forward_unfenced<S, B>(inner: S, req: Routed<B>) -> Result<Response<ProxyBody>, Rejection>
+/// The one deadline of a request's waits for its keys (`queue_timeout` for
+/// all of them together), counted from the first wait that suspends: a
+/// request whose keys are free at once reads no clock for it.
+struct WaitBudget {
+    timeout: Duration,
+    started: Option<Instant>,
+}
+
+impl WaitBudget {
+    fn new(timeout: Duration) -> Self {
+        WaitBudget { timeout, started: None }
+    }
+
+    /// What is left of it.
+    fn left(&self) -> Duration {
+        match self.started {
+            None => self.timeout,
+            Some(started) => (started + self.timeout).saturating_duration_since(Instant::now()),
+        }
+    }
+
+    /// Awaits `wait`, starting the clock if it suspends (a wait that does
+    /// not suspend takes no time that counts).
+    async fn spend<T>(&mut self, wait: impl Future<Output = T>) -> T {
+        let mut wait = pin!(wait);
+        poll_fn(|cx| {
+            let poll = wait.as_mut().poll(cx);
+            if poll.is_pending() && self.started.is_none() {
+                self.started = Some(Instant::now());
+            }
+            poll
+        })
+        .await
+    }
+}
+
+async fn forward_unfenced<F, B>(inner: F, req: Routed<B>) -> Result<Response<ProxyBody>, Rejection>
 where
-    S: Forwarder<B>,
+    F: Forwarder<B>,
 {
     let mut response = inner.send(req).await?;
     let decision = Decision { outcome: Outcome::Unfenced, key: None, token: None, settled: false, route: None };
@@ -336,7 +380,7 @@ mod tests {
         let request = req.body(Empty::<Bytes>::new()).unwrap();
         let req = Routed { route, request, fenced: true, destination: None, slot_taken: None };
         let decided = match crate::stack::head::check(&*store, req).await {
-            Ok(checked) => Fencing::new(inner, store, Arc::new(KeyGate::default())).call(checked).await,
+            Ok(checked) => fenced(inner, store, Arc::new(KeyGate::default()), checked).await,
             Err(rejection) => Err(rejection),
         };
         let status = match decided {
@@ -428,7 +472,7 @@ mod tests {
         });
         let gate = Arc::new(KeyGate::default());
         let store = Arc::new(WitnessStore::default());
-        let refused = Fencing::new(timing_out, store, gate.clone()).call(checked).await.unwrap_err();
+        let refused = fenced(timing_out, store, gate.clone(), checked).await.unwrap_err();
         assert_eq!(refused.settle, Some(Duration::from_secs(2)));
         let started = tokio::time::Instant::now();
         let b_key: Arc<str> = "/objects/b".into();
@@ -436,5 +480,18 @@ mod tests {
         assert!(b(Duration::from_millis(1500)).await.is_err(), "the key settled too soon");
         assert!(b(Duration::from_secs(1)).await.is_ok());
         assert_eq!(started.elapsed(), Duration::from_secs(2), "paused time: the settle period exactly");
+    }
+
+    /// The keys' waits share one `queue_timeout`, counted from the first
+    /// wait that suspends: what is left after it is what the next one gets.
+    #[tokio::test(start_paused = true)]
+    async fn the_waits_share_one_budget_from_the_first_that_suspends() {
+        let mut budget = WaitBudget::new(Duration::from_secs(1));
+        assert_eq!(budget.spend(async { 7 }).await, 7);
+        assert_eq!(budget.left(), Duration::from_secs(1), "a wait that did not suspend took nothing");
+        budget.spend(tokio::time::sleep(Duration::from_millis(300))).await;
+        assert_eq!(budget.left(), Duration::from_millis(700));
+        budget.spend(tokio::time::sleep(Duration::from_millis(900))).await;
+        assert_eq!(budget.left(), Duration::ZERO);
     }
 }

@@ -1,0 +1,117 @@
+//! What a checked request's body needs before its key's turn: nothing (it
+//! streams), or a read of the whole body within the budgets and the route's
+//! `timeout`.
+
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use hyper::body::Body;
+use tokio::time::Sleep;
+
+use crate::http::{declared_length, BufferBudget, ClientBody, Held, Reader, RequestBody};
+use crate::stack::error::{ProxyError, Rejection};
+use crate::stack::head::Checked;
+
+/// The buffer budget of the whole process and the share of it one client
+/// connection may hold over all its streams.
+#[derive(Debug)]
+pub(crate) struct Budgets {
+    process: Arc<BufferBudget>,
+    connection: Arc<BufferBudget>,
+}
+
+impl Budgets {
+    /// For one client connection: a share of `process` of its own.
+    pub(crate) fn new(process: Arc<BufferBudget>, connection_share: u64) -> Budgets {
+        Budgets { process, connection: BufferBudget::new(connection_share) }
+    }
+}
+
+/// A checked request whose body is ready to go on, or must be read first.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Plan {
+    Ready(Checked<RequestBody>),
+    Read(Reading),
+}
+
+/// A fenced body to read whole before its request may take its key's turn.
+pub(crate) struct Reading {
+    reader: Reader,
+    checked: Checked<()>,
+    timeout: std::time::Duration,
+}
+
+/// The route's body limit, then the plan: a declared `Content-Length` above
+/// the limit is refused before anything is read; an unfenced body, one of a
+/// `stream_body` route or an empty one streams; any other fenced body is
+/// read whole, its declared length taken from the budgets at once.
+#[allow(clippy::result_large_err)]
+pub(crate) fn plan(checked: Checked<ClientBody>, budgets: &Budgets) -> Result<Plan, Rejection> {
+    let route = &checked.routed.route;
+    let limit = route.max_body;
+    let declared = declared_length(checked.routed.request.headers());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(checked.rejection(ProxyError::BodyTooLarge { limit, partly_sent: false }));
+    }
+    if checked.fence.is_none() || route.stream_body || checked.routed.request.body().is_end_stream() {
+        return Ok(Plan::Ready(checked.map_body(|body| RequestBody::streaming(body, limit))));
+    }
+    let mut held = Held::new(&budgets.process, &budgets.connection);
+    if let Some(len) = declared {
+        if let Err(e) = held.take(len) {
+            return Err(checked.rejection(e.into()));
+        }
+    }
+    let timeout = route.timeout;
+    let (checked, body) = checked.take_body();
+    Ok(Plan::Read(Reading { reader: Reader::new(body, limit, declared, held), checked, timeout }))
+}
+
+impl Plan {
+    /// The request with its body ready to go on.
+    pub(crate) async fn ready(self) -> Result<Checked<RequestBody>, Rejection> {
+        match self {
+            Plan::Ready(checked) => Ok(checked),
+            Plan::Read(reading) => reading.read().await,
+        }
+    }
+}
+
+impl Reading {
+    /// Reads on. The deadline is made at the read's first wait, in
+    /// `deadline` (the caller's, kept beside the reading so it is polled in
+    /// place): most bodies come with their head, and need no timer at all.
+    /// Ready with `Ok` once the body is whole: then [`into_checked`](Self::into_checked).
+    pub(crate) fn poll_read(
+        &mut self,
+        mut deadline: Pin<&mut Option<Sleep>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), Rejection>> {
+        let failed = match self.reader.poll_read(cx) {
+            Poll::Ready(Ok(())) => return Poll::Ready(Ok(())),
+            Poll::Ready(Err(e)) => ProxyError::from(e),
+            Poll::Pending => {
+                if deadline.is_none() {
+                    deadline.set(Some(tokio::time::sleep(self.timeout)));
+                }
+                ready!(deadline.as_mut().as_pin_mut().expect("set just above").poll(cx));
+                ProxyError::BodyTimeout(self.timeout)
+            }
+        };
+        Poll::Ready(Err(self.checked.rejection(failed)))
+    }
+
+    /// The request with the body read whole.
+    pub(crate) fn into_checked(self) -> Checked<RequestBody> {
+        let Reading { reader, checked, .. } = self;
+        checked.with_body(reader.into_body())
+    }
+
+    async fn read(mut self) -> Result<Checked<RequestBody>, Rejection> {
+        let mut deadline = pin!(None::<Sleep>);
+        poll_fn(|cx| self.poll_read(deadline.as_mut(), cx)).await?;
+        Ok(self.into_checked())
+    }
+}
