@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::Response;
-use tower_http::trace::OnResponse;
 use tracing::Span;
 
 use super::line::Line;
@@ -23,10 +22,10 @@ impl AccessLog {
     pub(super) fn new(metrics: Arc<Metrics>) -> Self {
         AccessLog { metrics }
     }
-}
 
-impl OnResponse<ProxyBody> for AccessLog {
-    fn on_response(self, response: &Response<ProxyBody>, latency: Duration, span: &Span) {
+    /// Counts `response`, answered `latency` after its request was handed
+    /// over, and writes its line (in `span`, the request's).
+    pub(super) fn on_response(&self, response: &Response<ProxyBody>, latency: Duration, span: &Span) {
         let decision = response.body().decision();
         let route = decision.and_then(|d| d.route.as_ref());
         let outcome = decision.map(|d| d.outcome).unwrap_or(Outcome::Internal);
