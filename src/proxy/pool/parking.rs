@@ -15,7 +15,7 @@
 //!
 //! A connection parked while a request waits for its slot closes instead.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use http::uri::Authority;
 use hyper::client::conn::http1;
@@ -46,9 +46,9 @@ pub(super) type Sender = http1::SendRequest<RequestBody>;
 /// driver task only looks into it, to close the connection if it is idle
 /// when a request waits for its slot.
 pub(super) struct Parked {
-    sender: Mutex<Option<Sender>>,
-    /// When the sender was last parked.
-    parked_at: Mutex<Instant>,
+    /// The sender while parked, and when it was last parked: one lock for
+    /// both, taken once per park.
+    cell: Mutex<Cell>,
     route: Arc<Slots>,
     share: Option<Arc<Slots>>,
     /// Tears the connection down, for a request that went past its route's
@@ -61,8 +61,7 @@ impl Parked {
     /// empty until its sender is first parked.
     pub(super) fn new(slot: &Slot, teardown: Teardown) -> Arc<Parked> {
         Arc::new(Parked {
-            sender: Mutex::new(None),
-            parked_at: Mutex::new(Instant::now()),
+            cell: Mutex::new(Cell { sender: None, parked_at: Instant::now() }),
             route: slot.route.clone(),
             share: slot.share.clone(),
             teardown,
@@ -74,22 +73,33 @@ impl Parked {
         &self.teardown
     }
 
+    fn cell(&self) -> MutexGuard<'_, Cell> {
+        self.cell.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Since when the sender has been parked, if it is.
     pub(super) fn parked_since(&self) -> Option<Instant> {
-        let parked = self.sender.lock().unwrap_or_else(PoisonError::into_inner).is_some();
-        parked.then(|| *self.parked_at.lock().unwrap_or_else(PoisonError::into_inner))
+        let cell = self.cell();
+        cell.sender.is_some().then_some(cell.parked_at)
     }
 
     /// Takes the sender out if it is parked and has finished its last
     /// response: the connection may then close without cutting anything.
     pub(super) fn take_if_idle(&self) -> Option<Sender> {
-        let mut sender = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
-        if sender.as_ref().is_some_and(Sender::is_ready) {
-            sender.take()
+        let mut cell = self.cell();
+        if cell.sender.as_ref().is_some_and(Sender::is_ready) {
+            cell.sender.take()
         } else {
             None
         }
     }
+}
+
+/// What [`Parked`] keeps under its lock.
+struct Cell {
+    sender: Option<Sender>,
+    /// When the sender was last parked.
+    parked_at: Instant,
 }
 
 /// Where a request's upstream connection is parked after its response.
@@ -132,8 +142,7 @@ impl Parking {
     /// body; a request that finds it busy gets the request back unsent and
     /// opens another.
     pub(super) fn put_back(self, own: &Idle, authority: &Authority, parked: Arc<Parked>, sender: Sender) {
-        *parked.parked_at.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
-        *parked.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
+        *parked.cell() = Cell { sender: Some(sender), parked_at: Instant::now() };
         // Its driver looks for waiters only when the connection turns idle; if
         // that happened before it was parked, look here.
         if super::slots::wanted(&parked.route, parked.share.as_deref()) && parked.take_if_idle().is_some() {
@@ -167,23 +176,23 @@ fn take_from(kept: &mut Vec<Kept>, route: &Arc<Slots>, authority: &Authority) ->
     while at > 0 {
         at -= 1;
         let (to, parked) = &kept[at];
-        let mut sender = parked.sender.lock().unwrap_or_else(PoisonError::into_inner);
-        match sender.as_ref() {
+        let mut cell = parked.cell();
+        match cell.sender.as_ref() {
             Some(s) if s.is_closed() => {}
             None => {}
             // The same route's, so the same upstream: its authority is a
             // clone of the route's, compared byte for byte (`==` on two
             // authorities ignores case: slower, see docs/perf-log.md).
             Some(s) if s.is_ready() && Arc::ptr_eq(&parked.route, route) && to.as_str() == authority.as_str() => {
-                let taken = sender.take();
-                drop(sender);
+                let taken = cell.sender.take();
+                drop(cell);
                 let (_, parked) = kept.remove(at);
                 return taken.map(|sender| (parked, sender));
             }
             // Busy (still sending its last response), or another route's.
             Some(_) => continue,
         }
-        drop(sender);
+        drop(cell);
         kept.remove(at);
     }
     None
@@ -242,7 +251,7 @@ mod tests {
         tokio::task::yield_now().await;
         Parking::Client.put_back(&own, &authority, busy, busy_sender);
         drop(closed_upstream);
-        while !closed_cell.sender.lock().unwrap().as_ref().is_some_and(Sender::is_closed) {
+        while !closed_cell.cell().sender.as_ref().is_some_and(Sender::is_closed) {
             tokio::task::yield_now().await;
         }
         drop(closed_cell);
