@@ -257,6 +257,50 @@ const UNREQUESTED_SWITCH: &str =
 mod tests {
     use super::*;
 
+    /// An exchange that answers `after` from now.
+    async fn answering(after: Duration) -> &'static str {
+        tokio::time::sleep(after).await;
+        "answered"
+    }
+
+    /// The timeout of each request, on the connection's one timer, as
+    /// `tokio::time::timeout` would time it: a deadline kept from an
+    /// earlier request neither cuts a later one short nor lets it run
+    /// long, whichever of the two is longer.
+    #[tokio::test(start_paused = true)]
+    async fn each_request_times_out_at_its_own_deadline_on_the_shared_timer() {
+        let timer = Timer::default();
+        let within = |timeout: u64, answer: u64| {
+            let timer = &timer;
+            async move {
+                let start = Instant::now();
+                let exchange = std::pin::pin!(answering(Duration::from_millis(answer)));
+                let answered = timer.within(Duration::from_millis(timeout), exchange).await;
+                (answered.is_ok(), start.elapsed())
+            }
+        };
+        // Answered in time: the timer is kept with a deadline still to come.
+        assert_eq!(within(1_000, 10).await, (true, Duration::from_millis(10)));
+        // A later request: the kept deadline goes off first, and is moved on.
+        assert_eq!(within(1_000, 2_000).await, (false, Duration::from_millis(1_000)));
+        assert_eq!(within(5_000, 3_000).await, (true, Duration::from_millis(3_000)));
+        // A shorter timeout than the deadline kept: set at once.
+        assert_eq!(within(100, 2_000).await, (false, Duration::from_millis(100)));
+        // The timer went off and was kept: the next request sets it afresh.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(within(300, 200).await, (true, Duration::from_millis(200)));
+        assert_eq!(within(300, 400).await, (false, Duration::from_millis(300)));
+        // Exactly as tokio's own, side by side.
+        for (timeout, answer) in [(250, 249), (250, 250), (250, 251)] {
+            let ours = within(timeout, answer).await;
+            let start = Instant::now();
+            let theirs = tokio::time::timeout(Duration::from_millis(timeout), answering(Duration::from_millis(answer)))
+                .await
+                .is_ok();
+            assert_eq!(ours, (theirs, start.elapsed()), "{timeout} ms, answered after {answer} ms");
+        }
+    }
+
     /// An HTTP/1.1 connection's fenced requests share its flag, cleared for
     /// each (a flag left set would make the next request's forward outlive
     /// a client that left before anything was sent); HTTP/2 streams each
