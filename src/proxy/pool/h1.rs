@@ -34,7 +34,7 @@ pub(super) async fn connect(
     let teardown = Teardown::new(false);
     let io = TokioIo::new(Resettable::new(stream, &teardown));
     let (sender, conn) = http1::Builder::new().handshake(io).await.map_err(UpstreamError::connect)?;
-    let parked = Parked::new(&slot, teardown.clone());
+    let parked = Parked::new(authority, &slot, teardown.clone());
     tokio::spawn(drive(conn, slot, Arc::downgrade(&parked), teardown));
     Ok((parked, sender))
 }

@@ -98,7 +98,7 @@ where
             SendingProj::Kept { exchange, kept, to } => match ready!(exchange.poll(cx)) {
                 Ok(response) => {
                     let (parked, sender) = kept.take().expect("a kept connection's exchange polled after it was done");
-                    to.parking.put_back(&to.upstreams.idle, to.authority, parked, sender);
+                    to.parking.put_back(&to.upstreams.idle, parked, sender);
                     return Poll::Ready(Ok(response));
                 }
                 Err(mut e) => match e.take_message() {
@@ -236,7 +236,7 @@ impl Upstreams {
         }
         match sender.send_request(req).await {
             Ok(response) => {
-                parking.put_back(&self.idle, authority, parked, sender);
+                parking.put_back(&self.idle, parked, sender);
                 Ok(response)
             }
             Err(e) => Err(connect::first_exchange_failed(authority, tls, e)),

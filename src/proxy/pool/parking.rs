@@ -15,7 +15,7 @@
 //!
 //! A connection parked while a request waits for its slot closes instead.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use http::uri::Authority;
 use hyper::client::conn::http1;
@@ -46,9 +46,12 @@ pub(super) type Sender = http1::SendRequest<RequestBody>;
 /// driver task only looks into it, to close the connection if it is idle
 /// when a request waits for its slot.
 pub(super) struct Parked {
-    sender: Mutex<Option<Sender>>,
-    /// When the sender was last parked.
-    parked_at: Mutex<Instant>,
+    /// Where the connection goes: a clone of its route's upstream authority,
+    /// made once, not at each park.
+    authority: Authority,
+    /// The sender while parked, and when it was last parked: one lock for
+    /// both, taken once per park.
+    cell: Mutex<Cell>,
     route: Arc<Slots>,
     share: Option<Arc<Slots>>,
     /// Tears the connection down, for a request that went past its route's
@@ -57,12 +60,12 @@ pub(super) struct Parked {
 }
 
 impl Parked {
-    /// The cell of a new connection in `slot`, torn down by `teardown`;
-    /// empty until its sender is first parked.
-    pub(super) fn new(slot: &Slot, teardown: Teardown) -> Arc<Parked> {
+    /// The cell of a new connection to `authority` in `slot`, torn down by
+    /// `teardown`; empty until its sender is first parked.
+    pub(super) fn new(authority: &Authority, slot: &Slot, teardown: Teardown) -> Arc<Parked> {
         Arc::new(Parked {
-            sender: Mutex::new(None),
-            parked_at: Mutex::new(Instant::now()),
+            authority: authority.clone(),
+            cell: Mutex::new(Cell { sender: None, parked_at: Instant::now() }),
             route: slot.route.clone(),
             share: slot.share.clone(),
             teardown,
@@ -74,22 +77,33 @@ impl Parked {
         &self.teardown
     }
 
+    fn cell(&self) -> MutexGuard<'_, Cell> {
+        self.cell.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Since when the sender has been parked, if it is.
     pub(super) fn parked_since(&self) -> Option<Instant> {
-        let parked = self.sender.lock().unwrap_or_else(PoisonError::into_inner).is_some();
-        parked.then(|| *self.parked_at.lock().unwrap_or_else(PoisonError::into_inner))
+        let cell = self.cell();
+        cell.sender.is_some().then_some(cell.parked_at)
     }
 
     /// Takes the sender out if it is parked and has finished its last
     /// response: the connection may then close without cutting anything.
     pub(super) fn take_if_idle(&self) -> Option<Sender> {
-        let mut sender = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
-        if sender.as_ref().is_some_and(Sender::is_ready) {
-            sender.take()
+        let mut cell = self.cell();
+        if cell.sender.as_ref().is_some_and(Sender::is_ready) {
+            cell.sender.take()
         } else {
             None
         }
     }
+}
+
+/// What [`Parked`] keeps under its lock.
+struct Cell {
+    sender: Option<Sender>,
+    /// When the sender was last parked.
+    parked_at: Instant,
 }
 
 /// Where a request's upstream connection is parked after its response.
@@ -109,8 +123,9 @@ pub enum Parking {
 #[derive(Default)]
 pub(super) struct Idle(Mutex<Vec<Kept>>);
 
-/// A kept connection: where it goes, and the cell its sender is parked in.
-type Kept = (Authority, Arc<Parked>);
+/// A kept connection: the cell its sender is parked in (which knows where
+/// it goes).
+type Kept = Arc<Parked>;
 
 impl Parking {
     /// An idle, still open connection to `authority` opened for `route`, that
@@ -131,9 +146,8 @@ impl Parking {
     /// client connection's). It may still be finishing this one's response
     /// body; a request that finds it busy gets the request back unsent and
     /// opens another.
-    pub(super) fn put_back(self, own: &Idle, authority: &Authority, parked: Arc<Parked>, sender: Sender) {
-        *parked.parked_at.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
-        *parked.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
+    pub(super) fn put_back(self, own: &Idle, parked: Arc<Parked>, sender: Sender) {
+        *parked.cell() = Cell { sender: Some(sender), parked_at: Instant::now() };
         // Its driver looks for waiters only when the connection turns idle; if
         // that happened before it was parked, look here.
         if super::slots::wanted(&parked.route, parked.share.as_deref()) && parked.take_if_idle().is_some() {
@@ -146,13 +160,13 @@ impl Parking {
                     // The oldest goes; dropping its cell closes the connection.
                     spare.remove(0);
                 }
-                spare.push((authority.clone(), parked));
+                spare.push(parked);
             }),
             Parking::Multiplexed => {}
             Parking::Client => {
                 let mut idle = own.0.lock().unwrap_or_else(PoisonError::into_inner);
                 if idle.len() < MAX_IDLE {
-                    idle.push((authority.clone(), parked));
+                    idle.push(parked);
                 }
             }
         }
@@ -166,24 +180,28 @@ fn take_from(kept: &mut Vec<Kept>, route: &Arc<Slots>, authority: &Authority) ->
     let mut at = kept.len();
     while at > 0 {
         at -= 1;
-        let (to, parked) = &kept[at];
-        let mut sender = parked.sender.lock().unwrap_or_else(PoisonError::into_inner);
-        match sender.as_ref() {
+        let parked = &kept[at];
+        let mut cell = parked.cell();
+        match cell.sender.as_ref() {
             Some(s) if s.is_closed() => {}
             None => {}
             // The same route's, so the same upstream: its authority is a
             // clone of the route's, compared byte for byte (`==` on two
             // authorities ignores case: slower, see docs/perf-log.md).
-            Some(s) if s.is_ready() && Arc::ptr_eq(&parked.route, route) && to.as_str() == authority.as_str() => {
-                let taken = sender.take();
-                drop(sender);
-                let (_, parked) = kept.remove(at);
+            Some(s)
+                if s.is_ready()
+                    && Arc::ptr_eq(&parked.route, route)
+                    && parked.authority.as_str() == authority.as_str() =>
+            {
+                let taken = cell.sender.take();
+                drop(cell);
+                let parked = kept.remove(at);
                 return taken.map(|sender| (parked, sender));
             }
             // Busy (still sending its last response), or another route's.
             Some(_) => continue,
         }
-        drop(sender);
+        drop(cell);
         kept.remove(at);
     }
     None
@@ -216,7 +234,7 @@ mod tests {
     async fn parked(slots: &UpstreamSlots) -> (Arc<Parked>, Sender, Slot, DuplexStream) {
         let slot = Slot::of_route(slots, slots.route().free.clone().try_acquire_owned().unwrap());
         let (sender, theirs) = connection().await;
-        (Parked::new(&slot, Teardown::new(false)), sender, slot, theirs)
+        (Parked::new(&Authority::from_static("upstream:80"), &slot, Teardown::new(false)), sender, slot, theirs)
     }
 
     /// A client connection's kept connections are taken newest first, only
@@ -230,19 +248,19 @@ mod tests {
         let own = Idle::default();
         let (closed, closed_sender, _s0, closed_upstream) = parked(&route).await;
         let closed_cell = closed.clone();
-        Parking::Client.put_back(&own, &authority, closed, closed_sender);
+        Parking::Client.put_back(&own, closed, closed_sender);
         let (newest_idle, idle_sender, _s1, _u1) = parked(&route).await;
         let newest_idle_cell = Arc::downgrade(&newest_idle);
-        Parking::Client.put_back(&own, &authority, newest_idle, idle_sender);
+        Parking::Client.put_back(&own, newest_idle, idle_sender);
         let (others, others_sender, _s2, _u2) = parked(&other).await;
-        Parking::Client.put_back(&own, &authority, others, others_sender);
+        Parking::Client.put_back(&own, others, others_sender);
         let (busy, mut busy_sender, _s3, _u3) = parked(&route).await;
         // A request on it that is never answered: its response is still coming.
         let _answer = busy_sender.send_request(request());
         tokio::task::yield_now().await;
-        Parking::Client.put_back(&own, &authority, busy, busy_sender);
+        Parking::Client.put_back(&own, busy, busy_sender);
         drop(closed_upstream);
-        while !closed_cell.sender.lock().unwrap().as_ref().is_some_and(Sender::is_closed) {
+        while !closed_cell.cell().sender.as_ref().is_some_and(Sender::is_closed) {
             tokio::task::yield_now().await;
         }
         drop(closed_cell);
@@ -261,7 +279,6 @@ mod tests {
     /// slot is not parked: it closes, and its slot goes to the request.
     #[tokio::test(start_paused = true)]
     async fn a_connection_parked_while_a_request_waits_for_its_slot_is_closed_instead() {
-        let authority = Authority::from_static("upstream:80");
         let route = UpstreamSlots::new(1, Duration::from_secs(60));
         let own = Idle::default();
         let (cell, sender, slot, _upstream) = parked(&route).await;
@@ -272,7 +289,7 @@ mod tests {
         while !route.route().wanted() {
             tokio::task::yield_now().await;
         }
-        Parking::Client.put_back(&own, &authority, cell.clone(), sender);
+        Parking::Client.put_back(&own, cell.clone(), sender);
         assert!(own.0.lock().unwrap().is_empty() && cell.parked_since().is_none(), "taken out to close");
         // (In the pool, the connection's driver drops the slot once its sender is gone.)
         drop(slot);
@@ -284,7 +301,6 @@ mod tests {
     /// `MAX_IDLE` of its own: one beyond closes.
     #[tokio::test]
     async fn spares_and_a_client_connections_own_are_bounded() {
-        let authority = Authority::from_static("upstream:80");
         let route = UpstreamSlots::new(MAX_SPARE + 1, Duration::from_secs(60));
         let mut cells = Vec::new();
         let mut upstreams = Vec::new();
@@ -292,7 +308,7 @@ mod tests {
             let (cell, sender, slot, upstream) = parked(&route).await;
             cells.push(Arc::downgrade(&cell));
             upstreams.push((slot, upstream));
-            Parking::Worker.put_back(&Idle::default(), &authority, cell, sender);
+            Parking::Worker.put_back(&Idle::default(), cell, sender);
         }
         assert_eq!(SPARE.with(|spare| spare.borrow().len()), MAX_SPARE);
         assert!(cells[0].upgrade().is_none(), "the oldest was dropped");
@@ -305,7 +321,7 @@ mod tests {
             let (cell, sender, slot, upstream) = parked(&route).await;
             cells.push(Arc::downgrade(&cell));
             upstreams.push((slot, upstream));
-            Parking::Client.put_back(&own, &authority, cell, sender);
+            Parking::Client.put_back(&own, cell, sender);
         }
         assert_eq!(own.0.lock().unwrap().len(), MAX_IDLE);
         assert!(cells[MAX_IDLE].upgrade().is_none(), "the one beyond was dropped");

@@ -4,14 +4,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::Response;
-use tower_http::trace::OnResponse;
 use tracing::Span;
 
 use super::line::Line;
 use crate::http::Outcome;
 use crate::http::ProxyBody;
 use crate::metrics::{Metrics, NO_ROUTE_LABEL};
-use crate::telemetry::access_sink;
+use crate::telemetry::{access_sink, ACCESS_TARGET};
 
 /// One access-log event and one metrics update per request.
 #[derive(Clone)]
@@ -23,10 +22,10 @@ impl AccessLog {
     pub(super) fn new(metrics: Arc<Metrics>) -> Self {
         AccessLog { metrics }
     }
-}
 
-impl OnResponse<ProxyBody> for AccessLog {
-    fn on_response(self, response: &Response<ProxyBody>, latency: Duration, span: &Span) {
+    /// Counts `response`, answered `latency` after its request was handed
+    /// over, and writes its line (in `span`, the request's).
+    pub(super) fn on_response(&self, response: &Response<ProxyBody>, latency: Duration, span: &Span) {
         let decision = response.body().decision();
         let route = decision.and_then(|d| d.route.as_ref());
         let outcome = decision.map(|d| d.outcome).unwrap_or(Outcome::Internal);
@@ -45,11 +44,58 @@ impl OnResponse<ProxyBody> for AccessLog {
         };
         match access_sink() {
             Some(sink) if span.is_disabled() => {
-                if tracing::enabled!(target: "fencegate::access", tracing::Level::INFO) {
+                if lines_enabled() {
                     sink.writer.line(false, |out| line.write(sink.format, SystemTime::now(), out));
                 }
             }
             _ => line.event(),
+        }
+    }
+}
+
+/// Whether the filter lets the access log's lines through: decided as
+/// `tracing::info!` decides for its own event, from its call site's cached
+/// interest, the subscriber asked only when that is "sometimes".
+/// (`tracing::enabled!` asks the subscriber every time.)
+fn lines_enabled() -> bool {
+    use tracing::callsite::{Callsite, DefaultCallsite};
+    static CALLSITE: DefaultCallsite = DefaultCallsite::new(&META);
+    static META: tracing::Metadata<'static> = tracing::metadata! {
+        name: "access line",
+        target: ACCESS_TARGET,
+        level: tracing::Level::INFO,
+        fields: &[],
+        callsite: &CALLSITE,
+        kind: tracing::metadata::Kind::HINT,
+    };
+    if !tracing::level_enabled!(tracing::Level::INFO) {
+        return false;
+    }
+    let interest = CALLSITE.interest();
+    !interest.is_never()
+        && (interest.is_always() || tracing::dispatcher::get_default(|current| current.enabled(CALLSITE.metadata())))
+}
+
+#[cfg(test)]
+mod tests {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::EnvFilter;
+
+    use super::*;
+
+    /// What the filter says of `fencegate::access` at info, as
+    /// `tracing::enabled!` says it.
+    #[test]
+    fn lines_are_enabled_as_the_filter_says() {
+        for (directives, expected) in
+            [("info", true), ("info,fencegate::access=off", false), ("warn", false), ("off,fencegate=info", true)]
+        {
+            let subscriber = tracing_subscriber::registry().with(EnvFilter::new(directives));
+            tracing::subscriber::with_default(subscriber, || {
+                let theirs = tracing::enabled!(target: "fencegate::access", tracing::Level::INFO);
+                assert_eq!(theirs, expected, "{directives}");
+                assert_eq!(lines_enabled(), expected, "{directives}");
+            });
         }
     }
 }

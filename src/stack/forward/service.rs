@@ -1,10 +1,14 @@
 //! The forward service: [`Forward`], one per client connection, and what it
 //! does with each request.
 
-use std::future::Future;
-use std::sync::Arc;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Poll, Waker};
+use std::time::Duration;
 
 use http::{Response, StatusCode};
+use tokio::time::{Instant, Sleep};
 use tower::Service;
 
 use super::prepare::prepare;
@@ -31,6 +35,8 @@ struct ClientSide {
     /// The flag of this connection's fenced requests over HTTP/1.1, one at a
     /// time (see [`Forwarder::slot_flag`]).
     slot_taken: SlotTaken,
+    /// The timer of this connection's forwards' timeouts.
+    timer: Timer,
 }
 
 impl Forward {
@@ -41,7 +47,12 @@ impl Forward {
 
     /// The forwarder of the client connection `client`.
     pub fn of(client: ClientAddr) -> Forward {
-        Forward(Arc::new(ClientSide { upstreams: Upstreams::default(), client, slot_taken: SlotTaken::default() }))
+        Forward(Arc::new(ClientSide {
+            upstreams: Upstreams::default(),
+            client,
+            slot_taken: SlotTaken::default(),
+            timer: Timer::default(),
+        }))
     }
 }
 
@@ -122,7 +133,7 @@ fn forward(
         // its stream.)
         let (answered, teardown) = {
             let mut sending = std::pin::pin!(upstreams.send(authority, tls, slots, checkout, request, handover));
-            let answered = tokio::time::timeout(route.timeout, sending.as_mut()).await;
+            let answered = connection.0.timer.within(route.timeout, sending.as_mut()).await;
             let on = handover.filter(|_| answered.is_err()).and_then(|h| h.connection());
             (answered, on.filter(|connection| !connection.is_multiplexed()))
         };
@@ -140,7 +151,7 @@ fn forward(
                 }
                 return Err(e.into());
             }
-            Err(_) => return Err(ProxyError::UpstreamTimeout(route.timeout)),
+            Err(Elapsed) => return Err(ProxyError::UpstreamTimeout(route.timeout)),
         };
 
         let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
@@ -162,6 +173,82 @@ fn forward(
     }
 }
 
+/// A client connection's timer for its forwards' timeouts: one [`Sleep`]
+/// for all its requests, rather than a timer made, registered with the
+/// runtime's wheel and taken out of it again for each. HTTP/1.1 requests come
+/// one at a time, so one timer serves them all; an HTTP/2 stream that finds
+/// it in use gets one of its own.
+///
+/// The timer is moved to a request's deadline lazily: one it holds for an
+/// earlier request (an earlier deadline) is left to go off, and only then
+/// set for the request's own, so most requests set no timer at all (a timer
+/// set takes a division and the wheel's lock). It never holds a deadline
+/// later than the request's: those are set at once. Left with the last
+/// request's task to wake, a connection idle past that request's deadline
+/// is woken once for nothing: cheaper than a timer made per request.
+#[derive(Debug, Default)]
+struct Timer(Mutex<Option<Pin<Box<Sleep>>>>);
+
+/// The route's timeout passed before the upstream's answer came.
+#[derive(Debug)]
+struct Elapsed;
+
+impl Timer {
+    /// `exchange`'s output, or [`Elapsed`] once `timeout` has passed: what
+    /// `tokio::time::timeout(timeout, exchange)` gives, timed out on the
+    /// same tick. The exchange is polled first; the timer only when it may
+    /// have news: on the first poll, when it went off, or when the task
+    /// polling changed (it wakes the task that last polled it).
+    async fn within<F: Future>(&self, timeout: Duration, mut exchange: Pin<&mut F>) -> Result<F::Output, Elapsed> {
+        // As tokio's: a deadline past what an `Instant` holds never comes.
+        let Some(deadline) = Instant::now().checked_add(timeout) else {
+            return Ok(exchange.await);
+        };
+        let kept = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let mut timer = match kept {
+            Some(mut timer) => {
+                if timer.deadline() > deadline {
+                    timer.as_mut().reset(deadline);
+                }
+                timer
+            }
+            None => Box::pin(tokio::time::sleep_until(deadline)),
+        };
+        // The task the timer wakes, once it has been polled.
+        let mut waking: Option<Waker> = None;
+        let answered = poll_fn(|cx| {
+            let had_budget = tokio::task::coop::has_budget_remaining();
+            if let Poll::Ready(output) = exchange.as_mut().poll(cx) {
+                return Poll::Ready(Ok(output));
+            }
+            if !timer.is_elapsed() && waking.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                return Poll::Pending;
+            }
+            // Past the task's budget if the exchange spent its last, as tokio's.
+            let unconstrained = had_budget && !tokio::task::coop::has_budget_remaining();
+            loop {
+                let went_off = if unconstrained {
+                    Pin::new(&mut tokio::task::coop::unconstrained(timer.as_mut())).poll(cx)
+                } else {
+                    timer.as_mut().poll(cx)
+                };
+                match went_off {
+                    Poll::Pending => {
+                        waking = Some(cx.waker().clone());
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(()) if timer.deadline() >= deadline => return Poll::Ready(Err(Elapsed)),
+                    // An earlier request's deadline: now this one's.
+                    Poll::Ready(()) => timer.as_mut().reset(deadline),
+                }
+            }
+        })
+        .await;
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(timer);
+        answered
+    }
+}
+
 /// Why a 101 to a request that did not ask to switch protocols is an error.
 const UNREQUESTED_SWITCH: &str =
     "the upstream answered 101 Switching Protocols to a request that did not ask to switch protocols";
@@ -169,6 +256,50 @@ const UNREQUESTED_SWITCH: &str =
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An exchange that answers `after` from now.
+    async fn answering(after: Duration) -> &'static str {
+        tokio::time::sleep(after).await;
+        "answered"
+    }
+
+    /// The timeout of each request, on the connection's one timer, as
+    /// `tokio::time::timeout` would time it: a deadline kept from an
+    /// earlier request neither cuts a later one short nor lets it run
+    /// long, whichever of the two is longer.
+    #[tokio::test(start_paused = true)]
+    async fn each_request_times_out_at_its_own_deadline_on_the_shared_timer() {
+        let timer = Timer::default();
+        let within = |timeout: u64, answer: u64| {
+            let timer = &timer;
+            async move {
+                let start = Instant::now();
+                let exchange = std::pin::pin!(answering(Duration::from_millis(answer)));
+                let answered = timer.within(Duration::from_millis(timeout), exchange).await;
+                (answered.is_ok(), start.elapsed())
+            }
+        };
+        // Answered in time: the timer is kept with a deadline still to come.
+        assert_eq!(within(1_000, 10).await, (true, Duration::from_millis(10)));
+        // A later request: the kept deadline goes off first, and is moved on.
+        assert_eq!(within(1_000, 2_000).await, (false, Duration::from_millis(1_000)));
+        assert_eq!(within(5_000, 3_000).await, (true, Duration::from_millis(3_000)));
+        // A shorter timeout than the deadline kept: set at once.
+        assert_eq!(within(100, 2_000).await, (false, Duration::from_millis(100)));
+        // The timer went off and was kept: the next request sets it afresh.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(within(300, 200).await, (true, Duration::from_millis(200)));
+        assert_eq!(within(300, 400).await, (false, Duration::from_millis(300)));
+        // Exactly as tokio's own, side by side.
+        for (timeout, answer) in [(250, 249), (250, 250), (250, 251)] {
+            let ours = within(timeout, answer).await;
+            let start = Instant::now();
+            let theirs = tokio::time::timeout(Duration::from_millis(timeout), answering(Duration::from_millis(answer)))
+                .await
+                .is_ok();
+            assert_eq!(ours, (theirs, start.elapsed()), "{timeout} ms, answered after {answer} ms");
+        }
+    }
 
     /// An HTTP/1.1 connection's fenced requests share its flag, cleared for
     /// each (a flag left set would make the next request's forward outlive
