@@ -68,17 +68,34 @@ pub fn canonical_host(authority: &str, default_port: u16) -> Result<Cow<'_, str>
 /// it to the full rules, which canonicalize or refuse it (an IPv6 literal
 /// always goes there); a test holds the two to agreeing.
 pub(super) fn already_canonical(authority: &str, default_port: u16) -> bool {
-    let (name, port) = match authority.split_once(':') {
-        Some((name, port)) => (name.as_bytes(), Some(port.as_bytes())),
-        None => (authority.as_bytes(), None),
-    };
+    is_canonical_host(authority.as_bytes(), default_port)
+}
+
+/// [`canonical_host`]'s quick check on raw bytes, such as a `Host` field's
+/// value before it is read as text: `true` when `authority` is its own
+/// canonical form (so it is ASCII too); `false` says nothing, the full rules
+/// decide. One pass, no allocation.
+///
+/// ```
+/// use fencegate::canonical::is_canonical_host;
+///
+/// assert!(is_canonical_host(b"a.example:8080", 80));
+/// assert!(!is_canonical_host(b"a.example:80", 80));
+/// assert!(!is_canonical_host(b"A.example", 80));
+/// ```
+pub fn is_canonical_host(authority: &[u8], default_port: u16) -> bool {
     // At the start, a dot would open an empty label.
     let mut after_dot = true;
-    for &b in name {
-        match b {
-            b'.' if after_dot => return false,
-            b'.' => after_dot = true,
-            b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' => after_dot = false,
+    let mut port = None;
+    let mut bytes = authority.iter();
+    while let Some(&b) = bytes.next() {
+        match NAME[usize::from(b)] {
+            Name::Char => after_dot = false,
+            Name::Dot if !after_dot => after_dot = true,
+            Name::Colon => {
+                port = Some(bytes.as_slice());
+                break;
+            }
             _ => return false,
         }
     }
@@ -86,15 +103,48 @@ pub(super) fn already_canonical(authority: &str, default_port: u16) -> bool {
     if after_dot {
         return false;
     }
+    let Some(port) = port else { return true };
     match port {
-        None => true,
-        Some(digits @ [b'1'..=b'9', ..]) if digits.len() <= 5 && digits.iter().all(u8::is_ascii_digit) => {
-            let number = digits.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0'));
+        [b'1'..=b'9', ..] if port.len() <= 5 => {
+            let mut number = 0u32;
+            for &d in port {
+                if !d.is_ascii_digit() {
+                    return false;
+                }
+                number = number * 10 + u32::from(d - b'0');
+            }
             number <= u32::from(u16::MAX) && number != u32::from(default_port)
         }
-        Some(_) => false,
+        _ => false,
     }
 }
+
+/// What a byte is to [`is_canonical_host`]'s name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Name {
+    /// A lower-case letter, a digit, `-` or `_`.
+    Char,
+    Dot,
+    Colon,
+    /// Anything else: the full rules decide.
+    Other,
+}
+
+/// The [`Name`] of every byte, so the scan is one load per byte.
+static NAME: [Name; 256] = {
+    let mut table = [Name::Other; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = match b as u8 {
+            b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' => Name::Char,
+            b'.' => Name::Dot,
+            b':' => Name::Colon,
+            _ => Name::Other,
+        };
+        b += 1;
+    }
+    table
+};
 
 /// [`canonical_host`] by its full rules, for hosts not canonical already.
 pub(super) fn canonical_host_by_the_rules(authority: &str, default_port: u16) -> Result<Cow<'_, str>, HostError> {

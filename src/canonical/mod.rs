@@ -43,8 +43,8 @@ mod query;
 #[cfg(test)]
 mod tests;
 
-pub use host::{canonical_host, HostError};
-pub use path::{admin_key, canonical_path, check_path_utf8, EscapedSlashes, PathError, PathOptions};
+pub use host::{canonical_host, is_canonical_host, HostError};
+pub use path::{admin_key, canonical_path, check_path_utf8, is_plain_path, EscapedSlashes, PathError, PathOptions};
 pub use query::{check_query_utf8, query_param, query_param_with, QueryError};
 
 /// What a route does with percent-escapes (and raw bytes) that do not decode

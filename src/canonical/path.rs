@@ -126,6 +126,19 @@ pub fn canonical_path(path: &str, options: PathOptions) -> Result<Cow<'_, str>, 
     if bytes.first() != Some(&b'/') {
         return Err(PathError::NotAbsolute);
     }
+    // Nearly every request's path: nothing to decode, encode, merge or resolve.
+    if is_plain_path(path) {
+        return Ok(Cow::Borrowed(path));
+    }
+    canonical_path_by_the_rules(path, options)
+}
+
+/// [`canonical_path`] by its full rules, for paths not plain already.
+pub(super) fn canonical_path_by_the_rules(path: &str, options: PathOptions) -> Result<Cow<'_, str>, PathError> {
+    let bytes = path.as_bytes();
+    if bytes.first() != Some(&b'/') {
+        return Err(PathError::NotAbsolute);
+    }
     let mut out = Output::new(path);
     out.keep(1);
     loop {
@@ -176,6 +189,61 @@ pub fn canonical_path(path: &str, options: PathOptions) -> Result<Cow<'_, str>, 
     }
     Ok(path)
 }
+
+/// Whether `path` is canonical under every [`PathOptions`] as it is, told in
+/// one pass over its bytes: it starts with `/` and holds only characters a
+/// path keeps raw and `/`, with no escape (so nothing above 0x7F either), no
+/// empty segment but a trailing one, and no segment that starts with `.`.
+/// `false` says nothing: [`canonical_path`] decides by its full rules.
+///
+/// ```
+/// use fencegate::canonical::is_plain_path;
+///
+/// assert!(is_plain_path("/objects/a-b_c~d/"));
+/// for path in ["/objects//a", "/objects/.a", "/objects/%61", "/objects/a b", "objects/a"] {
+///     assert!(!is_plain_path(path), "{path}");
+/// }
+/// ```
+pub fn is_plain_path(path: &str) -> bool {
+    let Some((&b'/', rest)) = path.as_bytes().split_first() else { return false };
+    let mut after_slash = true;
+    for &b in rest {
+        match PLAIN[usize::from(b)] {
+            Plain::Char => after_slash = false,
+            Plain::Dot if !after_slash => {}
+            Plain::Slash if !after_slash => after_slash = true,
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// What a byte is to [`is_plain_path`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plain {
+    /// Kept as it is ([`Raw::Keep`]), but not `.`.
+    Char,
+    Dot,
+    Slash,
+    /// Anything else: the full rules decide.
+    Other,
+}
+
+/// The [`Plain`] class of every byte, from [`RAW`]'s.
+static PLAIN: [Plain; 256] = {
+    let mut table = [Plain::Other; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = match (b as u8, raw_class(b as u8)) {
+            (b'.', _) => Plain::Dot,
+            (_, Raw::Keep) => Plain::Char,
+            (_, Raw::Slash) => Plain::Slash,
+            _ => Plain::Other,
+        };
+        b += 1;
+    }
+    table
+};
 
 /// Whether every run of bytes above 0x7F in `path`, percent-escaped or raw
 /// (`%C3` then a raw `é` is one run), is UTF-8 text by the rules of

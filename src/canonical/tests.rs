@@ -111,6 +111,46 @@ fn canonical_paths_are_borrowed() {
     }
 }
 
+/// The one-pass plain check never takes a path the full rules would change
+/// or refuse under any options, and takes the common ones; over every short
+/// spelling made of the characters that matter.
+#[test]
+fn the_plain_check_agrees_with_the_rules() {
+    use super::path::canonical_path_by_the_rules;
+    const ALPHABET: &[u8] = b"/a.%2F;_ \\\x00\xC3\xA9";
+    let every = [false, true].into_iter().flat_map(|merge_slashes| {
+        [EscapedSlashes::Reject, EscapedSlashes::Keep].into_iter().flat_map(move |escaped_slashes| {
+            [NonUtf8::Reject, NonUtf8::Raw].map(|non_utf8| PathOptions { merge_slashes, escaped_slashes, non_utf8 })
+        })
+    });
+    let every: Vec<PathOptions> = every.collect();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut taken = 0;
+    for _ in 0..200_000 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let len = (seed % 12) as usize;
+        let bytes: Vec<u8> =
+            std::iter::once(b'/').chain((0..len).map(|i| ALPHABET[((seed >> (4 + 5 * i)) % 13) as usize])).collect();
+        let Ok(text) = std::str::from_utf8(&bytes) else { continue };
+        if is_plain_path(text) {
+            taken += 1;
+            for options in &every {
+                let by_the_rules = canonical_path_by_the_rules(text, *options);
+                assert!(matches!(by_the_rules, Ok(Cow::Borrowed(p)) if p == text), "{text:?} {options:?}");
+            }
+        }
+    }
+    assert!(taken > 1000, "the plain check took only {taken}");
+    for path in ["/", "/objects/a", "/objects/a/", "/a-b_c~d/!$&'()*+,;=:@/x..", "/a./b"] {
+        assert!(is_plain_path(path), "{path}");
+    }
+    for path in ["", "a", "//", "/a//b", "/.", "/a/.", "/a/..", "/.a", "/%61", "/a b", "/\u{e9}", "/a\\b", "/a\x7f"] {
+        assert!(!is_plain_path(path), "{path:?}");
+    }
+}
+
 #[test]
 fn escapes() {
     for (input, want) in [

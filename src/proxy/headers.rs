@@ -43,26 +43,100 @@ fn hop_index(name: &HeaderName) -> Option<usize> {
     })
 }
 
+/// What one pass over a head's fields found for its rewrite: which
+/// hop-by-hop fields it has, whether `Connection` names any field but
+/// `keep-alive`, and how many `Host` fields it has.
+#[derive(Debug, Clone, Copy)]
+pub struct HopFields {
+    /// Bit `i` set: the field at `i` in [`hop_by_hop`] is present.
+    present: u16,
+    /// Every `Connection` field is `keep-alive` (any case), or there is none.
+    only_hops: bool,
+    hosts: usize,
+}
+
+const UPGRADE_AT: usize = 8;
+
+impl HopFields {
+    /// One pass over the names present (a handful) instead of a lookup per
+    /// hop-by-hop name. For a request's head, which seldom has `Connection`:
+    /// its values are looked up only when it is there.
+    pub fn find(headers: &HeaderMap) -> HopFields {
+        let mut found = HopFields { present: 0, only_hops: true, hosts: 0 };
+        // The names, each once: a plain walk over the entries, no values.
+        for name in headers.keys() {
+            if let Some(at) = hop_index(name) {
+                found.present |= 1 << at;
+            } else if *name == header::HOST {
+                found.hosts = 1;
+            }
+        }
+        // Only when some name has more than one value can `Host` have.
+        if found.hosts == 1 && headers.len() != headers.keys_len() {
+            found.hosts = headers.get_all(header::HOST).iter().count();
+        }
+        if found.present & 1 != 0 {
+            found.only_hops = headers.get_all(header::CONNECTION).iter().all(is_keep_alive);
+        }
+        found
+    }
+
+    /// [`find`](Self::find) in one pass over every field with its value:
+    /// for a response's head, which nearly always has `Connection:
+    /// keep-alive`, so reading each value on the way costs less than a lookup.
+    /// `close` is not one of them: a field named `Close` goes too.
+    fn find_by_fields(headers: &HeaderMap) -> HopFields {
+        let mut found = HopFields { present: 0, only_hops: true, hosts: 0 };
+        for (name, value) in headers {
+            if let Some(at) = hop_index(name) {
+                found.present |= 1 << at;
+                if at == 0 && !is_keep_alive(value) {
+                    found.only_hops = false;
+                }
+            } else if *name == header::HOST {
+                found.hosts += 1;
+            }
+        }
+        found
+    }
+
+    /// Whether a `Connection` field names a field other than the hop-by-hop
+    /// ones (`keep-alive` aside), which [`strip_found`] then removes too.
+    pub fn connection_names_fields(&self) -> bool {
+        !self.only_hops
+    }
+
+    /// How many `Host` fields there are.
+    pub fn hosts(&self) -> usize {
+        self.hosts
+    }
+
+    /// [`wants_upgrade`], without a lookup when there is no `Upgrade`.
+    pub fn wants_upgrade(&self, headers: &HeaderMap) -> bool {
+        self.present & (1 << UPGRADE_AT) != 0 && wants_upgrade(headers)
+    }
+}
+
+/// Whether a `Connection` value is `keep-alive`, in any case (sent as is
+/// nearly always: the exact bytes are compared before any case).
+fn is_keep_alive(value: &HeaderValue) -> bool {
+    let value = value.as_bytes();
+    value == b"keep-alive" || value.eq_ignore_ascii_case(b"keep-alive")
+}
+
 /// Removes hop-by-hop headers, including every header `Connection` names, except
 /// `keep` (the route's token header: the fence read it, so the upstream gets it
 /// unchanged whatever `Connection` says). With `keep_upgrade`, `Upgrade` survives
 /// and `Connection: upgrade` is set again, so a protocol switch can pass through.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, keep: impl Fn(&HeaderName) -> bool) {
-    // One pass over the fields present (a handful) instead of a lookup per
-    // hop-by-hop name; most requests carry none, most responses only
-    // `Connection: keep-alive`. The same pass tells whether `Connection`
-    // names anything but `keep-alive` (every kept-alive upstream answer has
-    // that one). `close` is not one of them: a field named `Close` goes too.
-    let mut present = 0u16;
-    let mut only_hops = true;
-    for (name, value) in headers.iter() {
-        if let Some(at) = hop_index(name) {
-            present |= 1 << at;
-            if at == 0 && !value.as_bytes().eq_ignore_ascii_case(b"keep-alive") {
-                only_hops = false;
-            }
-        }
-    }
+    let found = HopFields::find_by_fields(headers);
+    strip_found(headers, found, keep_upgrade, keep);
+}
+
+/// [`strip_hop_by_hop`] with the fields `headers` has, as [`HopFields::find`]
+/// found them (and nothing changed since).
+pub fn strip_found(headers: &mut HeaderMap, found: HopFields, keep_upgrade: bool, keep: impl Fn(&HeaderName) -> bool) {
+    let HopFields { present, only_hops, .. } = found;
     if present == 0 && !keep_upgrade {
         return;
     }
@@ -229,6 +303,31 @@ mod tests {
         for other in ["content-type", "connections", "te2", "x-upgrade", "host"] {
             assert_eq!(hop_index(&HeaderName::from_static(other)), None, "{other}");
         }
+    }
+
+    /// What the one pass finds: `Host` fields counted (several lines too),
+    /// and whether `Connection` names a field.
+    #[test]
+    fn the_one_pass_counts_hosts_and_reads_connection() {
+        let found = |pairs: &[(&str, &str)]| {
+            let (by_names, by_fields) = (HopFields::find(&map(pairs)), HopFields::find_by_fields(&map(pairs)));
+            assert_eq!(by_names.present, by_fields.present, "{pairs:?}");
+            assert_eq!(by_names.only_hops, by_fields.only_hops, "{pairs:?}");
+            assert_eq!(by_names.hosts, by_fields.hosts, "{pairs:?}");
+            by_names
+        };
+        assert_eq!(found(&[]).hosts(), 0);
+        assert_eq!(found(&[("host", "a"), ("accept", "x"), ("accept", "y")]).hosts(), 1);
+        assert_eq!(found(&[("host", "a"), ("x-a", "1"), ("host", "b")]).hosts(), 2);
+        for (value, names) in [("keep-alive", false), ("Keep-Alive", false), ("close", true), ("x-a", true)] {
+            let f = found(&[("connection", value), ("connection", "keep-alive")]);
+            assert_eq!(f.connection_names_fields(), names, "{value}");
+        }
+        assert!(!found(&[("host", "a")]).connection_names_fields());
+        let upgrade = map(&[("connection", "upgrade"), ("upgrade", "websocket")]);
+        assert!(HopFields::find(&upgrade).wants_upgrade(&upgrade));
+        let no_upgrade = map(&[("connection", "upgrade")]);
+        assert!(!HopFields::find(&no_upgrade).wants_upgrade(&no_upgrade));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use http::header::HeaderValue;
 
 pub use error::UpstreamError;
-pub use headers::{add_forwarded, strip_hop_by_hop, wants_upgrade};
+pub use headers::{add_forwarded, strip_found, strip_hop_by_hop, HopFields};
 
 pub use pool::{Parking, StreamHeld, UpstreamSlots, Upstreams};
 

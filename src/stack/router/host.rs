@@ -3,10 +3,11 @@
 
 use std::borrow::Cow;
 
-use http::header::{HeaderValue, InvalidHeaderValue, HOST};
-use http::{HeaderMap, Uri};
+use http::header::{HeaderValue, InvalidHeaderValue};
+use http::Uri;
 
-use crate::canonical::{self, canonical_host};
+use super::fields::Hosts;
+use crate::canonical::{self, canonical_host, is_canonical_host};
 
 /// Why the request's host cannot be routed by (a 400 `bad-host`). The texts
 /// are the problem's `detail`, after "the request's host is not one
@@ -37,12 +38,14 @@ pub enum RequestHostError {
     },
 }
 
-/// Makes the request's host canonical and the one `Host` header; returns it.
-/// A target without a scheme (origin form) has the connection's: `https`
-/// when it came `over_tls`.
+/// The request's canonical host, from its target and its `Host` fields
+/// (`hosts`, as the one pass over the fields found them): `None` when the
+/// one `Host` field is that already, or there is no host at all; else the
+/// value the one `Host` field must take. A target without a scheme (origin
+/// form) has the connection's: `https` when it came `over_tls`.
 pub(super) fn request_host(
     uri: &Uri,
-    headers: &mut HeaderMap,
+    hosts: Hosts<'_>,
     over_tls: bool,
 ) -> Result<Option<HeaderValue>, RequestHostError> {
     let https = match uri.scheme() {
@@ -50,16 +53,24 @@ pub(super) fn request_host(
         None => over_tls,
     };
     let default_port = if https { 443 } else { 80 };
-    let mut hosts = headers.get_all(HOST).iter();
-    let header = hosts.next();
-    if hosts.next().is_some() {
-        return Err(RequestHostError::Repeated);
+    let header = match hosts {
+        Hosts::None => None,
+        Hosts::One(value) => Some(value),
+        Hosts::Repeated => return Err(RequestHostError::Repeated),
+    };
+    let from_uri = uri.authority();
+    // The common case, in one pass over the value's bytes: an origin-form
+    // target and a canonical `Host` (so ASCII too).
+    if let (Some(value), None) = (header, from_uri) {
+        if is_canonical_host(value.as_bytes(), default_port) {
+            return Ok(None);
+        }
     }
     let from_header = match header {
         Some(value) => Some(canonical(value.to_str().map_err(|_| RequestHostError::NotAscii)?, default_port)?),
         None => None,
     };
-    let from_uri = uri.authority().map(|authority| canonical(authority.as_str(), default_port)).transpose()?;
+    let from_uri = from_uri.map(|authority| canonical(authority.as_str(), default_port)).transpose()?;
     let host = match (from_header, from_uri) {
         (Some(named), Some(target)) if named != target => {
             return Err(RequestHostError::Disagree { target: target.into_owned(), header: named.into_owned() })
@@ -67,14 +78,12 @@ pub(super) fn request_host(
         (Some(host), _) | (None, Some(host)) => host,
         (None, None) => return Ok(None),
     };
-    let unchanged = header.is_some_and(|h| h.as_bytes() == host.as_bytes());
-    if unchanged {
-        return Ok(header.cloned());
+    if header.is_some_and(|h| h.as_bytes() == host.as_bytes()) {
+        return Ok(None);
     }
-    let value = HeaderValue::from_str(&host)
-        .map_err(|source| RequestHostError::NotHeaderValue { host: host.to_string(), source })?;
-    headers.insert(HOST, value.clone());
-    Ok(Some(value))
+    HeaderValue::from_str(&host)
+        .map(Some)
+        .map_err(|source| RequestHostError::NotHeaderValue { host: host.to_string(), source })
 }
 
 /// `text`'s canonical host, refused in the words of a malformed one.
@@ -85,8 +94,8 @@ fn canonical(text: &str, default_port: u16) -> Result<Cow<'_, str>, RequestHostE
 #[cfg(test)]
 mod tests {
     use super::super::tests::route;
-    use super::*;
     use crate::stack::error::ProxyError;
+    use http::header::HOST;
 
     #[test]
     fn hosts_are_canonical_and_must_agree() {

@@ -11,12 +11,16 @@ use crate::stack::error::ProxyError;
 /// as the method a request is to be run as.
 const METHOD_OVERRIDE_HEADERS: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
 
+/// Whether a name `len` bytes long may be a method override: folding keeps
+/// the length, so most fields are told apart by it alone.
+pub(super) fn may_be_override(len: usize) -> bool {
+    METHOD_OVERRIDE_HEADERS.iter().any(|header| header.len() == len)
+}
+
 /// Whether `name` is a method override in any spelling a server folds into
 /// one (`x_http_method_override` reaches a WSGI handler as the override).
 fn is_override(name: &HeaderName) -> bool {
-    // Folding keeps the length: most fields are told apart by it alone.
-    let len = name.as_str().len();
-    if !METHOD_OVERRIDE_HEADERS.iter().any(|header| header.len() == len) {
+    if !may_be_override(name.as_str().len()) {
         return false;
     }
     let name = super::underscores::folded(name);
@@ -24,9 +28,22 @@ fn is_override(name: &HeaderName) -> bool {
 }
 
 /// Whether the request may write: its method or a method override is not one
-/// of the route's safe methods.
-pub(super) fn is_fenced(route: &Route, method: &http::Method, headers: &HeaderMap) -> Result<bool, ProxyError> {
-    let mut fenced = !route.is_safe(method.as_str().as_bytes());
+/// of the route's safe methods. `overrides` is whether `headers` may hold an
+/// override (a name of such a length, see [`may_be_override`]); without one,
+/// the method alone decides.
+pub(super) fn is_fenced(
+    route: &Route,
+    method: &http::Method,
+    headers: &HeaderMap,
+    overrides: bool,
+) -> Result<bool, ProxyError> {
+    // `route.is_safe` by the method itself: two `Method`s are equal exactly
+    // when their texts are (a standard one is only ever parsed from its
+    // text), and a standard one compares as an integer, not as bytes.
+    let mut fenced = !route.safe_methods.contains(method);
+    if !overrides {
+        return Ok(fenced);
+    }
     let mut first: Option<&HeaderValue> = None;
     // The names the request has, in the order it sent them, rather than a
     // lookup (a hash of each name) for every override most requests lack.

@@ -29,6 +29,7 @@
 //! The request then goes on as [`Routed`]; no route is 404.
 
 mod destination;
+mod fields;
 mod host;
 mod method;
 mod path;

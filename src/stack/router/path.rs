@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::canonical::{canonical_path, check_path_utf8, EscapedSlashes, NonUtf8, PathOptions};
+use crate::canonical::{canonical_path, check_path_utf8, is_plain_path, EscapedSlashes, NonUtf8, PathOptions};
 use crate::route::{Route, RouteTable};
 use crate::stack::error::ProxyError;
 
@@ -15,6 +15,14 @@ const ROUTING: PathOptions =
 /// Finds the route for a raw request path. Returns its canonical form too
 /// when that differs from the raw one.
 pub(super) fn find_route(routes: &RouteTable, raw: &str) -> Result<(Arc<Route>, Option<String>), ProxyError> {
+    // Nearly every request: a path that is its own canonical form under every
+    // route's options, with no escape for a route to refuse.
+    if is_plain_path(raw) {
+        return match routes.find(raw) {
+            Some(route) => Ok((route.clone(), None)),
+            None => Err(ProxyError::NoRoute { path: raw.to_string() }),
+        };
+    }
     let path = canonical_path(raw, ROUTING)?;
     let Some((index, route)) = routes.find_indexed(&path) else {
         return Err(ProxyError::NoRoute { path: path.into_owned() });

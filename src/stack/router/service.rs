@@ -13,46 +13,59 @@ use crate::stack::error::ProxyError;
 /// its route, when it had one).
 pub(crate) fn route_request<B>(
     routes: &RouteTable,
-    request: Request<B>,
+    mut request: Request<B>,
     over_tls: bool,
 ) -> Result<(Routed<B>, RouteTag), (ProxyError, Option<RouteTag>)> {
-    let (mut parts, body) = request.into_parts();
+    // The request is checked and changed where it is, not taken apart and
+    // put back together (two moves of its head).
     let untagged = |e: ProxyError| (e, None);
-    if parts.version == Version::HTTP_2 {
-        check_header_whitespace(&parts.headers).map_err(untagged)?;
+    if request.version() == Version::HTTP_2 {
+        check_header_whitespace(request.headers()).map_err(untagged)?;
     }
-    let host = host::request_host(&parts.uri, &mut parts.headers, over_tls).map_err(|e| untagged(e.into()))?;
+    // One pass over the fields finds what every check below reads, rather
+    // than a lookup by name (a hash and a probe) for each.
+    let fields = super::fields::scan(request.headers());
+    let present = fields.present;
+    if let Some(host) = host::request_host(request.uri(), fields.hosts, over_tls).map_err(|e| untagged(e.into()))? {
+        request.headers_mut().insert(http::header::HOST, host);
+    }
 
-    let (route, path) = find_route(routes, parts.uri.path()).map_err(untagged)?;
+    let (route, path) = find_route(routes, request.uri().path()).map_err(untagged)?;
     // Only a changed path is written back: what comes after routing reads the
     // path and query only, so an absolute-form or HTTP/2 target that is
     // already canonical needs no new URI.
-    if path.is_some() {
+    if let Some(path) = path {
         // The canonical form, in origin form: what is keyed is what is forwarded.
-        let path = path.as_deref().unwrap_or(parts.uri.path());
-        let target = match parts.uri.query() {
+        let target = match request.uri().query() {
             Some(query) => format!("{path}?{query}"),
-            None => path.to_string(),
+            None => path,
         };
         let target =
             PathAndQuery::try_from(target).map_err(|e| untagged(ProxyError::internal("canonical target", e)))?;
-        parts.uri = Uri::from(target);
+        *request.uri_mut() = Uri::from(target);
     }
     let tag = RouteTag(route.clone());
     let tagged = |e: ProxyError| (e, Some(tag.clone()));
 
     // Before anything reads a header: names spelled with `_` are dropped, or
     // refused when they fold into another's (underscores.rs).
-    underscores::apply(&mut parts.headers, route.underscores_in_headers).map_err(|e| tagged(e.into()))?;
+    if present.underscored {
+        underscores::apply(request.headers_mut(), route.underscores_in_headers).map_err(|e| tagged(e.into()))?;
+    }
+    let (method, headers) = (request.method(), request.headers());
     // A tunnel outlives its token and carries writes no fence sees (tunnel.rs).
-    tunnel::check(&parts.method, &parts.headers, &parts.extensions, route.unfenced_tunnels)
+    tunnel::check(method, headers, present.upgrade, request.extensions(), route.unfenced_tunnels)
         .map_err(|e| tagged(e.into()))?;
-    let mut fenced = method::is_fenced(&route, &parts.method, &parts.headers).map_err(tagged)?;
+    let mut fenced = method::is_fenced(&route, method, headers, present.overrides).map_err(tagged)?;
     // A COPY or MOVE writes its Destination: the request is fenced when the
     // destination's route fences its method, whatever the source route says.
-    let destination = match destination::destination(routes, &route, host.as_ref(), &parts.headers) {
+    let destination = match present.destination {
+        false => Ok(None),
+        true => destination::destination(routes, &route, headers.get(http::header::HOST), headers),
+    };
+    let destination = match destination {
         Ok(Some(d)) => {
-            fenced |= method::is_fenced(&d.route, &parts.method, &parts.headers).map_err(tagged)?;
+            fenced |= method::is_fenced(&d.route, method, headers, present.overrides).map_err(tagged)?;
             fenced.then_some(d)
         }
         Ok(None) => None,
@@ -61,7 +74,6 @@ pub(crate) fn route_request<B>(
         // as a fenced resource (`/objects/b%2Fc` to a server that decodes it).
         Err(e) => return Err(tagged(e.into())),
     };
-    let request = Request::from_parts(parts, body);
     Ok((Routed { route, request, fenced, destination, slot_taken: None }, tag))
 }
 

@@ -42,9 +42,12 @@ pub enum TunnelError {
 
 /// `Err` when the request would open a tunnel that the route does not let
 /// through (`unfenced_tunnels` lets HTTP/1.1 upgrades other than h2c pass).
+/// `upgrade` is whether `headers` has an `Upgrade` field; without one, they
+/// are not read.
 pub(super) fn check(
     method: &Method,
     headers: &HeaderMap,
+    upgrade: bool,
     extensions: &Extensions,
     unfenced_tunnels: bool,
 ) -> Result<(), TunnelError> {
@@ -53,6 +56,9 @@ pub(super) fn check(
     }
     if method == Method::CONNECT {
         return Err(TunnelError::Connect);
+    }
+    if !upgrade {
+        return Ok(());
     }
     // Any `Upgrade` field counts, whatever `Connection` says: a server that
     // switches on `Upgrade` alone must not be handed the choice.
@@ -93,7 +99,8 @@ mod tests {
         for value in upgrade {
             headers.append(header::UPGRADE, HeaderValue::from_str(value).unwrap());
         }
-        check(&Method::from_bytes(method.as_bytes()).unwrap(), &headers, &Extensions::new(), unfenced_tunnels)
+        let upgrade = headers.contains_key(header::UPGRADE);
+        check(&Method::from_bytes(method.as_bytes()).unwrap(), &headers, upgrade, &Extensions::new(), unfenced_tunnels)
     }
 
     #[test]
@@ -118,7 +125,7 @@ mod tests {
         let mut extensions = Extensions::new();
         extensions.insert(hyper::ext::Protocol::from_static("websocket"));
         assert_eq!(
-            check(&Method::CONNECT, &HeaderMap::new(), &extensions, true),
+            check(&Method::CONNECT, &HeaderMap::new(), false, &extensions, true),
             Err(TunnelError::ExtendedConnect("websocket".into()))
         );
     }
