@@ -151,6 +151,19 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<
     r
 }
 
+/// The answer to a request whose handler panicked (tower-http's
+/// `CatchPanicLayer` calls it): 500 problem+json, and the panic logged,
+/// rather than a reset connection.
+pub(crate) fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> Response<Full<Bytes>> {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string());
+    crate::telemetry::error_limited!(panic = %what, "an admin request panicked");
+    Problem::new(ProblemType::INTERNAL, "the request could not be completed").into_response()
+}
+
 /// A problem with no type of its own: the status and title say it all.
 fn problem(status: StatusCode, title: &'static str, detail: impl Into<String>) -> Response<Full<Bytes>> {
     Problem::new(ProblemType::blank(status, title), detail).into_response()
@@ -226,5 +239,25 @@ mod tests {
         for query in [None, Some(""), Some("verbose=0"), Some("verbose=false"), Some("verbosity=1")] {
             assert!(!verbose(query), "{query:?}");
         }
+    }
+
+    /// A handler that panics answers 500 problem+json through the layer the
+    /// admin listener puts around it, instead of resetting the connection.
+    #[tokio::test]
+    async fn a_panicking_handler_answers_500_problem_json() {
+        use tower::{Layer, ServiceExt};
+        let panicking = tower::service_fn(|_: Request<()>| async {
+            if true {
+                panic!("out of cheese");
+            }
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+        });
+        let service = tower_http::catch_panic::CatchPanicLayer::custom(panicked).layer(panicking);
+        let response = service.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["type"], "urn:fencegate:problem:internal");
     }
 }

@@ -12,12 +12,15 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use http::header::AUTHORIZATION;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tracing::warn;
 
 use super::connection::{self, Activity, ActivityIo, TrackRequestsLayer};
@@ -152,6 +155,12 @@ async fn accept(
         let state = state.clone();
         let service = tower::ServiceBuilder::new()
             .layer(TrackRequestsLayer::new(activity.clone(), server.refusal_drain))
+            // The bearer token shows as `Sensitive` wherever a request's
+            // headers are printed (a debug line, a panic message).
+            .layer(SetSensitiveRequestHeadersLayer::new([AUTHORIZATION]))
+            // A handler that panics answers 500 problem+json instead of
+            // resetting the operator's connection.
+            .layer(CatchPanicLayer::custom(admin::panicked))
             .service_fn(move |req| admin::handle(state.clone(), peer, req));
         let conn = builder.serve_connection(
             TokioIo::new(ActivityIo::new(stream, activity.clone())),
