@@ -144,7 +144,7 @@ where
         for (k, r) in keys {
             let ask = if keys.len() > 1 || r.strict { Ask::Alone } else { Ask::Share };
             let wait = budget.left();
-            match budget.spend(gate.acquire(k, token, ask, wait)).await {
+            match spend!(budget, gate.acquire(k, token, ask, wait)) {
                 Ok(turn) => turns.push(turn),
                 Err(NoTurn::Timeout) => return Err(reject(ProxyError::QueueTimeout(route.queue_timeout), &key)),
                 Err(NoTurn::Stale { current }) => return Err(reject(ProxyError::StaleToken { token, current }, k)),
@@ -167,7 +167,7 @@ where
         let advance_decides = matches!(keys, [(_, r)] if r.max_token_jump.is_none() && !r.strict);
         if !advance_decides {
             for (k, r) in keys {
-                budget.spend(check_mark(store, r, k, token)).await.map_err(|e| reject(e, k))?;
+                spend!(budget, check_mark(store, r, k, token)).map_err(|e| reject(e, k))?;
             }
         }
         for (k, r) in keys {
@@ -180,7 +180,7 @@ where
             // body answered early to leave (bounded by `timeout` too), and the
             // settle period. (The store adds its own replica wait and a margin.)
             let lease = wait + route.queue_timeout + route.timeout * 2 + settle;
-            match budget.spend(store.enter(k, token, ask, lease, wait)).await {
+            match spend!(budget, store.enter(k, token, ask, lease, wait)) {
                 // A strict route takes one write per token, and the advance is
                 // where that is decided for good: the fence API may have raised
                 // the mark to this very token since it was read. An equal
@@ -274,20 +274,32 @@ impl WaitBudget {
         }
     }
 
-    /// Awaits `wait`, starting the clock if it suspends (a wait that does
-    /// not suspend takes no time that counts).
-    async fn spend<T>(&mut self, wait: impl Future<Output = T>) -> T {
-        let mut wait = pin!(wait);
+    /// Starts the clock, if no wait has yet: one suspends now.
+    fn suspended(&mut self) {
+        if self.started.is_none() {
+            self.started = Some(Instant::now());
+        }
+    }
+}
+
+/// Awaits `$wait` within `$budget` ([`WaitBudget`]), starting its clock if
+/// it suspends (a wait that does not suspend takes no time that counts). A
+/// macro, not a method: the wait is made in place, not moved into a future
+/// of the method's.
+macro_rules! spend {
+    ($budget:expr, $wait:expr) => {{
+        let mut wait = pin!($wait);
         poll_fn(|cx| {
             let poll = wait.as_mut().poll(cx);
-            if poll.is_pending() && self.started.is_none() {
-                self.started = Some(Instant::now());
+            if poll.is_pending() {
+                $budget.suspended();
             }
             poll
         })
         .await
-    }
+    }};
 }
+use spend;
 
 async fn forward_unfenced<F, B>(inner: F, req: Routed<B>) -> Result<Response<ProxyBody>, Rejection>
 where
@@ -487,11 +499,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_waits_share_one_budget_from_the_first_that_suspends() {
         let mut budget = WaitBudget::new(Duration::from_secs(1));
-        assert_eq!(budget.spend(async { 7 }).await, 7);
+        assert_eq!(spend!(budget, async { 7 }), 7);
         assert_eq!(budget.left(), Duration::from_secs(1), "a wait that did not suspend took nothing");
-        budget.spend(tokio::time::sleep(Duration::from_millis(300))).await;
+        spend!(budget, tokio::time::sleep(Duration::from_millis(300)));
         assert_eq!(budget.left(), Duration::from_millis(700));
-        budget.spend(tokio::time::sleep(Duration::from_millis(900))).await;
+        spend!(budget, tokio::time::sleep(Duration::from_millis(900)));
         assert_eq!(budget.left(), Duration::ZERO);
     }
 }
