@@ -155,12 +155,7 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<
 /// `CatchPanicLayer` calls it): 500 problem+json, and the panic logged,
 /// rather than a reset connection.
 pub(crate) fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> Response<Full<Bytes>> {
-    let what = panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic".to_string());
-    crate::telemetry::error_limited!(panic = %what, "an admin request panicked");
+    crate::telemetry::error_limited!(panic = %crate::http::problem::panic_message(&*panic), "an admin request panicked");
     Problem::new(ProblemType::INTERNAL, "the request could not be completed").into_response()
 }
 

@@ -170,6 +170,15 @@ impl Problem {
     }
 }
 
+/// What a caught panic says, for the log line about it.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,12 +25,7 @@ use crate::stack::error::{ProxyError, Rejection};
 
 /// The 500 problem for a panic below the rescue layer.
 fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<ProxyBody> {
-    let what = panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic".to_string());
-    crate::telemetry::error_limited!(panic = %what, "a request panicked");
+    crate::telemetry::error_limited!(panic = %crate::http::problem::panic_message(&*panic), "a request panicked");
     Rejection::from(ProxyError::Internal { context: "the request could not be completed", source: None })
         .into_response()
 }
