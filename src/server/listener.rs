@@ -147,6 +147,13 @@ const HYPER_MAX_HEADERS: usize = 100;
 fn protocols(server: &ServerConfig, resting: Gauge<i64, AtomicI64>) -> Protocols {
     let mut h1 = http1::Builder::new();
     h1.timer(TokioTimer::new())
+        // A response's head and body copied into one buffer and written at
+        // once (hyper's flatten strategy) instead of queued as slices for a
+        // vectored write: for the heads and small bodies most answers are,
+        // the queue's bookkeeping costs more than the copy (43.9k -> 42.9k
+        // instructions per fenced PUT with the upstream side's, under
+        // callgrind); a large body pays one more copy, as through nginx.
+        .writev(false)
         // Our own guards (connection/) time request heads and idleness:
         // hyper's head timer would also close idle keep-alive connections.
         .header_read_timeout(None)
