@@ -150,9 +150,11 @@ fn protocols(server: &ServerConfig, resting: Gauge<i64, AtomicI64>) -> Protocols
         // A response's head and body copied into one buffer and written at
         // once (hyper's flatten strategy) instead of queued as slices for a
         // vectored write: for the heads and small bodies most answers are,
-        // the queue's bookkeeping costs more than the copy (43.9k -> 42.9k
-        // instructions per fenced PUT with the upstream side's, under
-        // callgrind); a large body pays one more copy, as through nginx.
+        // the queue's bookkeeping costs more than the copy (docs/perf-log.md);
+        // a large body pays one more copy, as through nginx. hyper stops
+        // taking more of a body once the buffer holds `max_buf_size` (below),
+        // and the buffer is freed when the connection rests
+        // (connection/resting.rs).
         .writev(false)
         // Our own guards (connection/) time request heads and idleness:
         // hyper's head timer would also close idle keep-alive connections.

@@ -33,11 +33,10 @@ pub(super) async fn connect(
     let stream = open_with_retries(authority, tls).await?;
     let teardown = Teardown::new(false);
     let io = TokioIo::new(Resettable::new(stream, &teardown));
-    // Heads and small bodies copied into one buffer and written at once
-    // (hyper's flatten strategy), rather than queued as separate slices for
-    // a vectored write: a fenced request is a head and a body read whole,
-    // and the queue's bookkeeping cost more than the copy (server/listener.rs).
-    let (sender, conn) = http1::Builder::new().writev(false).handshake(io).await.map_err(UpstreamError::connect)?;
+    // Bodies queued for a vectored write, not copied into the head's buffer
+    // (hyper's default here): that buffer stays with the connection while it
+    // is parked, and a large upload would leave it hundreds of KiB wide.
+    let (sender, conn) = http1::Builder::new().handshake(io).await.map_err(UpstreamError::connect)?;
     let parked = Parked::new(authority, &slot, teardown.clone());
     tokio::spawn(drive(conn, slot, Arc::downgrade(&parked), teardown));
     Ok((parked, sender))
