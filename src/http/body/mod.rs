@@ -3,7 +3,7 @@
 //! bytes, and the buffer budget they count against (the process's, and one
 //! client connection's share of it). What the request path does with them
 //! (413 past `max_body`, 503 with `Retry-After` when a budget is full, a
-//! fenced body read whole before its key's turn) is the body layer's, and is
+//! fenced body read whole before its key's turn) is the body step's, and is
 //! written down there: `stack/body`.
 //!
 //! The budget counts what is allocated, not what arrived: a declared length

@@ -60,19 +60,8 @@ impl<B> Checked<B> {
 }
 
 impl Checked<()> {
+    /// Puts a body back where [`take_body`](Checked::take_body) took one.
     pub fn with_body<B>(self, body: B) -> Checked<B> {
-        let Checked { routed, fence } = self;
-        let (parts, ()) = routed.request.into_parts();
-        let request = http::Request::from_parts(parts, body);
-        Checked {
-            routed: Routed {
-                request,
-                route: routed.route,
-                fenced: routed.fenced,
-                destination: routed.destination,
-                slot_taken: routed.slot_taken,
-            },
-            fence,
-        }
+        self.map_body(|()| body)
     }
 }

@@ -182,7 +182,7 @@ pub(crate) fn check_jump(max_jump: Option<u64>, token: u64, current: u64) -> Res
 fn carries_body<B: Body>(request: &http::Request<B>) -> bool {
     let headers = request.headers();
     match headers.get(CONTENT_LENGTH) {
-        // What the body layer reads as the length; one it cannot read is a body.
+        // What the body step reads as the length; one it cannot read is a body.
         Some(_) => crate::http::declared_length(headers) != Some(0),
         None => headers.contains_key(TRANSFER_ENCODING) || !request.body().is_end_stream(),
     }

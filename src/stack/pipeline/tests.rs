@@ -51,6 +51,17 @@ impl crate::http::OpenBodies for Bodies {
 /// connection's pipeline over `store`, served by hyper on a real socket;
 /// returns the status and whether the forward was reached.
 async fn put_through<St: FenceStore>(store: Arc<St>, token: u64) -> (u16, bool) {
+    put_through_at(store, token, 1 << 20, 1 << 16).await
+}
+
+/// [`put_through`] on a connection whose heads may reach the upstream at
+/// `header_rate` bytes a second, starting with `header_start`.
+async fn put_through_at<St: FenceStore>(
+    store: Arc<St>,
+    token: u64,
+    header_rate: u64,
+    header_start: u64,
+) -> (u16, bool) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let reached = Arc::new(AtomicBool::new(false));
@@ -70,8 +81,8 @@ async fn put_through<St: FenceStore>(store: Arc<St>, token: u64) -> (u16, bool) 
     let limits = ConnectionLimits {
         buffer_share: 1 << 20,
         max_headers: 100,
-        header_rate: 1 << 20,
-        header_start: 1 << 16,
+        header_rate,
+        header_start,
         refusal_drain: crate::config::RefusalDrain {
             bytes: 0,
             time: std::time::Duration::ZERO,
@@ -122,4 +133,16 @@ async fn a_stale_token_is_refused_from_the_head_whether_the_mark_is_at_hand_or_r
     assert_eq!(put_through(cold.clone(), 8).await, (200, true));
     assert_eq!(hot.get("/objects/a").await.unwrap(), Some(7));
     assert_eq!(cold.get("/objects/a").await.unwrap(), Some(8));
+}
+
+/// A head refused for the connection's header rate (after routing, before
+/// the head checks) reaches nothing: no forward, no mark raised.
+#[tokio::test]
+async fn a_head_over_the_header_rate_raises_no_mark_and_reaches_nothing() {
+    let store = Arc::new(MemoryStore::default());
+    store.advance("/objects/a", 7).await.unwrap();
+    assert_eq!(put_through_at(store.clone(), 9, 1_000, 0).await, (429, false));
+    assert_eq!(store.get("/objects/a").await.unwrap(), Some(7));
+    assert_eq!(put_through_at(store.clone(), 9, 1 << 20, 1 << 16).await, (200, true));
+    assert_eq!(store.get("/objects/a").await.unwrap(), Some(9));
 }
