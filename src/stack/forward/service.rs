@@ -217,22 +217,17 @@ impl Timer {
         // The task the timer wakes, once it has been polled.
         let mut waking: Option<Waker> = None;
         let answered = poll_fn(|cx| {
-            let had_budget = tokio::task::coop::has_budget_remaining();
             if let Poll::Ready(output) = exchange.as_mut().poll(cx) {
                 return Poll::Ready(Ok(output));
             }
             if !timer.is_elapsed() && waking.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                 return Poll::Pending;
             }
-            // Past the task's budget if the exchange spent its last, as tokio's.
-            let unconstrained = had_budget && !tokio::task::coop::has_budget_remaining();
             loop {
-                let went_off = if unconstrained {
-                    Pin::new(&mut tokio::task::coop::unconstrained(timer.as_mut())).poll(cx)
-                } else {
-                    timer.as_mut().poll(cx)
-                };
-                match went_off {
+                // Outside the task's budget, always: a timer refused by the
+                // budget answers Pending without registering to wake anyone,
+                // and the shortcut above would then never poll it again.
+                match Pin::new(&mut tokio::task::coop::unconstrained(timer.as_mut())).poll(cx) {
                     Poll::Pending => {
                         waking = Some(cx.waker().clone());
                         return Poll::Pending;
@@ -267,6 +262,24 @@ mod tests {
     /// `tokio::time::timeout` would time it: a deadline kept from an
     /// earlier request neither cuts a later one short nor lets it run
     /// long, whichever of the two is longer.
+    /// A request whose first poll comes with its task's budget spent still
+    /// times out: a timer the budget refused would never wake it (the
+    /// upstream's write could then land after a newer one).
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_first_polled_with_the_budget_spent_still_goes_off() {
+        let ours = tokio::spawn(async {
+            let timer = Timer::default();
+            for _ in 0..128 {
+                tokio::task::consume_budget().await;
+            }
+            let exchange = std::pin::pin!(std::future::pending::<()>());
+            timer.within(Duration::from_millis(10), exchange).await.is_err()
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(ours.is_finished(), "the timeout never went off");
+        assert!(ours.await.unwrap());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn each_request_times_out_at_its_own_deadline_on_the_shared_timer() {
         let timer = Timer::default();
