@@ -17,6 +17,12 @@ pub enum Ask {
     Share,
     /// It holds the key alone: a `strict` route, or a request writing two keys.
     Alone,
+    /// As [`Share`](Ask::Share), for a request whose token the store had at
+    /// hand as the key's mark, exactly: at an idle key it shares at once. Its
+    /// advance changes nothing, so there is nothing to decide alone first
+    /// (should the mark have moved since, its own advance refuses it, and so
+    /// does every sharer's).
+    ShareAtMark,
 }
 
 /// Why a request gets no turn.
@@ -87,14 +93,18 @@ impl KeyTurns {
         }
         if self.holders == 0 {
             self.holders = 1;
-            self.shared = None;
-            self.alone = Some(token);
-            return Ok(Some(match ask {
+            let held = match ask {
                 Ask::Share => Held::Deciding,
                 Ask::Alone => Held::Alone,
-            }));
+                Ask::ShareAtMark => Held::Shared,
+            };
+            (self.shared, self.alone) = match held {
+                Held::Shared => (Some(token), None),
+                _ => (None, Some(token)),
+            };
+            return Ok(Some(held));
         }
-        if ask == Ask::Share && self.shared == Some(token) {
+        if ask != Ask::Alone && self.shared == Some(token) {
             self.holders += 1;
             return Ok(Some(Held::Shared));
         }
@@ -109,9 +119,11 @@ impl KeyTurns {
         loop {
             let held = match self.queue.front() {
                 // A token below the mark joins too: its check refuses it.
-                Some(w) if w.ask == Ask::Share && self.shared.is_some_and(|mark| w.token <= mark) => Held::Shared,
+                Some(w) if w.ask != Ask::Alone && self.shared.is_some_and(|mark| w.token <= mark) => Held::Shared,
+                // The mark a waiter had at hand may have moved while it
+                // waited: it decides, as any other.
                 Some(w) if self.holders == 0 => match w.ask {
-                    Ask::Share => Held::Deciding,
+                    Ask::Share | Ask::ShareAtMark => Held::Deciding,
                     Ask::Alone => Held::Alone,
                 },
                 _ => return,
@@ -214,6 +226,45 @@ mod tests {
         drop((first, third));
         release_second.send(()).unwrap();
         assert_eq!(second.await.unwrap(), Ok(()));
+        assert_eq!(gate.active_keys(), 0);
+    }
+
+    /// A request the store had at hand at the key's mark shares an idle key
+    /// at once; the rules for everyone else are the same as after a share.
+    #[tokio::test(start_paused = true)]
+    async fn a_token_at_the_mark_at_hand_shares_an_idle_key_at_once() {
+        let gate = Arc::new(KeyGate::default());
+        let first = gate.acquire(&"k".into(), 5, Ask::ShareAtMark, LONG).await.unwrap();
+        assert_eq!(first.held(), Held::Shared);
+        // Its token's other writes join without waiting, however they ask.
+        let second = gate.acquire(&"k".into(), 5, Ask::Share, Duration::ZERO).await.unwrap();
+        let third = gate.acquire(&"k".into(), 5, Ask::ShareAtMark, Duration::ZERO).await.unwrap();
+        assert_eq!(third.held(), Held::Shared);
+        // Below it: refused at once. Above it: a raise, which waits for all three.
+        assert_eq!(
+            gate.acquire(&"k".into(), 4, Ask::ShareAtMark, LONG).await.unwrap_err(),
+            NoTurn::Stale { current: 5 }
+        );
+        let (raise, release_raise) = waiter(&gate, "k", 6, Ask::ShareAtMark);
+        settle().await;
+        assert!(!raise.is_finished());
+        drop((first, second));
+        settle().await;
+        assert!(!raise.is_finished(), "a raise went while a write of the old mark was in flight");
+        assert_eq!(gate.waiting(), 1);
+        drop(third);
+        settle().await;
+        assert_eq!(gate.waiting(), 0, "the raise has its turn once the last write of the old mark ended");
+        release_raise.send(()).unwrap();
+        assert_eq!(raise.await.unwrap(), Ok(()));
+        // Alone asks are never shared.
+        let alone = gate.acquire(&"k".into(), 7, Ask::Alone, LONG).await.unwrap();
+        assert_eq!(alone.held(), Held::Alone);
+        assert_eq!(
+            gate.acquire(&"k".into(), 7, Ask::ShareAtMark, Duration::from_millis(10)).await.unwrap_err(),
+            NoTurn::Timeout
+        );
+        drop(alone);
         assert_eq!(gate.active_keys(), 0);
     }
 

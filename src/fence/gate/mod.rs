@@ -23,7 +23,10 @@
 //! key's mark until a request has raised (or confirmed) it under a turn, so
 //! the first request to arrive at an idle key holds it alone until its check
 //! and advance are done; it then shares, and the requests that queued behind
-//! it with the same token join it.
+//! it with the same token join it. A request whose token the store had at
+//! hand as the key's mark, exactly, asks [`Ask::ShareAtMark`]: at an idle key
+//! it shares at once, since its advance has nothing to change (the holder's
+//! writes, the common case, skip one update of the key's entry).
 //!
 //! A key's entry exists only while someone holds or waits for its turn, so a
 //! million keys written once leave nothing behind.

@@ -23,6 +23,11 @@ pub struct Fence {
     pub key: Arc<str>,
     /// The WebDAV destination's key and its route, when the request has one.
     pub destination: Option<(Arc<str>, Arc<Route>)>,
+    /// The store had the key's mark at hand, and it was the token: the
+    /// request may share an idle key at once ([`Ask::ShareAtMark`]).
+    ///
+    /// [`Ask::ShareAtMark`]: crate::fence::gate::Ask::ShareAtMark
+    pub at_mark: bool,
 }
 
 impl Fence {

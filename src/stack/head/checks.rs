@@ -79,7 +79,7 @@ pub(crate) fn check_head<B: Body>(routed: Routed<B>) -> Result<Checked<B>, Rejec
         check_signature(dest_route, dest_key, token, headers, &DESTINATION_SIGNATURE_HEADER)
             .map_err(|e| reject(e, &key))?;
     }
-    Ok(Checked { routed, fence: Some(Fence { token, key, destination }) })
+    Ok(Checked { routed, fence: Some(Fence { token, key, destination, at_mark: false }) })
 }
 
 /// The keys a fenced request writes, each with the route whose policy
@@ -104,29 +104,38 @@ pub(crate) async fn check_marks<St: FenceStore>(
 }
 
 /// [`check_marks`] from the marks the store has at hand; `None` when it must
-/// read one first.
+/// read one first. A request that writes one key, whose mark the store had
+/// at hand and equal to its token, is marked [`Fence::at_mark`].
 pub(crate) fn marks_at_hand<St: FenceStore>(
     store: &St,
-    fence: Option<&Fence>,
+    fence: Option<&mut Fence>,
     route: &Route,
 ) -> Option<Result<(), Rejection>> {
     let Some(fence) = fence else { return Some(Ok(())) };
+    let mut at_mark = fence.destination.is_none();
     for (key, route) in written_keys(fence, route) {
         let checked = match store.at_hand(key) {
-            AtHand::Mark(mark) => compare_mark(route, fence.token, mark),
+            AtHand::Mark(mark) => {
+                at_mark &= mark == Some(fence.token);
+                compare_mark(route, fence.token, mark)
+            }
             // A store replicas share: a token below a mark this replica saw
             // is refused without a round trip; the rest is decided under the
             // turn, in the store's one atomic step.
             AtHand::Floor(Some(current)) if fence.token < current || (route.strict && fence.token == current) => {
                 Err(ProxyError::StaleToken { token: fence.token, current })
             }
-            AtHand::Floor(_) => Ok(()),
+            AtHand::Floor(_) => {
+                at_mark = false;
+                Ok(())
+            }
             AtHand::Read => return None,
         };
         if let Err(e) = checked {
             return Some(Err(fence.rejection(e, key)));
         }
     }
+    fence.at_mark = at_mark;
     Some(Ok(()))
 }
 
@@ -225,6 +234,34 @@ mod tests {
         }
         let checked = check(&store, copy(lenient.clone())).await.unwrap();
         assert!(checked.fence.is_none());
+    }
+
+    /// Only a request that writes one key whose mark the store has at hand,
+    /// equal to its token, is marked to share an idle key at once.
+    #[tokio::test]
+    async fn a_fence_is_at_the_mark_only_when_the_store_has_it_at_hand_and_equal() {
+        let route = Arc::new(test_route("objects", "/objects/"));
+        let store = MemoryStore::default();
+        store.advance_now("/objects/a", 5);
+        let fence = |token, key: &str, destination: Option<(Arc<str>, Arc<Route>)>| Fence {
+            token,
+            key: key.into(),
+            destination,
+            at_mark: false,
+        };
+        let at_mark = |mut fence: Fence| {
+            assert!(matches!(marks_at_hand(&store, Some(&mut fence), &route), Some(Ok(()))));
+            fence.at_mark
+        };
+        assert!(at_mark(fence(5, "/objects/a", None)));
+        assert!(!at_mark(fence(6, "/objects/a", None)), "a raise");
+        assert!(!at_mark(fence(5, "/objects/fresh", None)), "a key without a mark");
+        let to = Some(("/objects/a".into(), route.clone()));
+        assert!(!at_mark(fence(5, "/objects/a", to)), "a request that writes two keys holds them alone");
+        // A stale token is refused, not marked.
+        let mut stale = fence(4, "/objects/a", None);
+        assert!(matches!(marks_at_hand(&store, Some(&mut stale), &route), Some(Err(_))));
+        assert!(!stale.at_mark);
     }
 
     #[test]

@@ -137,11 +137,11 @@ where
         if let Err((error, wait)) = connection.header_rate.spend(&routed.request) {
             return PipelineFuture::refused(on_route(error.into(), &tag), Some(wait));
         }
-        let checked = match check_head(routed) {
+        let mut checked = match check_head(routed) {
             Ok(checked) => checked,
             Err(rejection) => return PipelineFuture::refused(on_route(rejection, &tag), None),
         };
-        match marks_at_hand(&*connection.store, checked.fence.as_ref(), &checked.routed.route) {
+        match marks_at_hand(&*connection.store, checked.fence.as_mut(), &checked.routed.route) {
             Some(Err(rejection)) => PipelineFuture::refused(on_route(rejection, &tag), None),
             Some(Ok(())) => match plan(checked, &connection.budgets) {
                 Err(rejection) => PipelineFuture::refused(on_route(rejection, &tag), None),

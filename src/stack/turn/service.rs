@@ -108,7 +108,7 @@ where
     async move {
         let store = &*store;
         let route = routed.route.clone();
-        let Fence { token, key, destination } = fence;
+        let Fence { token, key, destination, at_mark } = fence;
         let reject = |e: ProxyError, key: &Arc<str>| Rejection::new(e, Some(key.clone()), Some(token));
         // Each key settles as long as its own route asks: a COPY into a route
         // that settles for 2s holds that key 2s, whatever its source route says.
@@ -142,7 +142,12 @@ where
         let mut budget = WaitBudget::new(route.queue_timeout);
         let mut turns = Turns::default();
         for (k, r) in keys {
-            let ask = if keys.len() > 1 || r.strict { Ask::Alone } else { Ask::Share };
+            let ask = match (keys.len() > 1 || r.strict, at_mark) {
+                (true, _) => Ask::Alone,
+                // The mark at hand was the token: nothing to decide alone.
+                (false, true) => Ask::ShareAtMark,
+                (false, false) => Ask::Share,
+            };
             let wait = budget.left();
             match spend!(budget, gate.acquire(k, token, ask, wait)) {
                 Ok(turn) => turns.push(turn),
@@ -477,7 +482,12 @@ mod tests {
         let request = Request::builder().method("COPY").uri("/lenient/a").body(Empty::<Bytes>::new()).unwrap();
         let checked = Checked {
             routed: Routed { route: source, request, fenced: true, destination: None, slot_taken: None },
-            fence: Some(Fence { token: 5, key: "/lenient/a".into(), destination: Some(("/objects/b".into(), dest)) }),
+            fence: Some(Fence {
+                token: 5,
+                key: "/lenient/a".into(),
+                destination: Some(("/objects/b".into(), dest)),
+                at_mark: false,
+            }),
         };
         let timing_out = tower::service_fn(|_req: Routed<Empty<Bytes>>| async {
             Err::<Response<ProxyBody>, _>(ProxyError::UpstreamTimeout(Duration::from_secs(1)))
