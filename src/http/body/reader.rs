@@ -7,7 +7,7 @@ use std::task::{ready, Context, Poll};
 use bytes::{Bytes, BytesMut};
 use hyper::body::Body;
 
-use super::blocks::{Block, Blocks};
+use super::blocks::{Block, Blocks, MAP_FROM};
 use super::budget::{BudgetFull, Held};
 use super::client::ClientBody;
 use super::request::RequestBody;
@@ -39,6 +39,13 @@ pub(crate) enum ReadError {
 /// `held` has taken from the budgets first: one of exactly the declared
 /// length, if there is one (already taken), else blocks that grow with the
 /// body, from [`MIN_BLOCK`] to [`MAX_BLOCK`].
+///
+/// A declared length's block is made when the first bytes come, unless they
+/// are the whole body in one piece below [`MAP_FROM`] (most small bodies come
+/// with their head): those are kept as hyper handed them, no block and no
+/// copy. They are a slice of the buffer hyper read the head into, which the
+/// request's head holds as long anyway; the budgets hold the declared length
+/// either way.
 #[derive(Debug)]
 pub(crate) struct Reader {
     body: ClientBody,
@@ -46,13 +53,17 @@ pub(crate) struct Reader {
     held: Held,
     blocks: Blocks,
     block: Block,
+    /// The declared length, until the first bytes come: its capacity is
+    /// taken from the budgets already.
+    declared: Option<usize>,
     seen: u64,
 }
 
 impl Reader {
     pub(crate) fn new(body: ClientBody, limit: u64, declared: Option<u64>, held: Held) -> Reader {
-        let block = Block::new(usize::try_from(declared.unwrap_or(0)).unwrap_or(0));
-        Reader { body, limit, held, blocks: Blocks::default(), block, seen: 0 }
+        let declared = declared.map(|len| usize::try_from(len).unwrap_or(usize::MAX));
+        let block = Block::Heap(BytesMut::new());
+        Reader { body, limit, held, blocks: Blocks::default(), block, declared, seen: 0 }
     }
 
     /// Reads on until the body ends (`Ok`) or fails its limits.
@@ -74,6 +85,13 @@ impl Reader {
         self.seen += data.len() as u64;
         if self.seen > limit {
             return Err(ReadError::TooLarge { limit });
+        }
+        if let Some(declared) = self.declared.take() {
+            if data.len() == declared && declared < MAP_FROM {
+                self.blocks.push(data);
+                return Ok(());
+            }
+            self.block = Block::new(declared);
         }
         while !data.is_empty() {
             if self.block.is_full() {
