@@ -41,11 +41,15 @@ pub(crate) enum ReadError {
 /// body, from [`MIN_BLOCK`] to [`MAX_BLOCK`].
 ///
 /// A declared length's block is made when the first bytes come, unless they
-/// are the whole body in one piece below [`MAP_FROM`] (most small bodies come
-/// with their head): those are kept as hyper handed them, no block and no
-/// copy. They are a slice of the buffer hyper read the head into, which the
-/// request's head holds as long anyway; the budgets hold the declared length
+/// are the whole body in one piece below [`MAP_FROM`] over HTTP/1.x (most
+/// small bodies come with their head): those are kept as hyper handed them,
+/// no block and no copy. They are a slice of the connection's read buffer:
+/// the one the head was read into (which the head holds as long anyway), or
+/// at most one more per connection, since an HTTP/1.x connection has one
+/// request in the fence at a time. The budgets hold the declared length
 /// either way.
+/// An HTTP/2 connection's streams each keep their own block: a slice kept of
+/// its shared buffer would hold that buffer for every stream still waiting.
 #[derive(Debug)]
 pub(crate) struct Reader {
     body: ClientBody,
@@ -87,7 +91,7 @@ impl Reader {
             return Err(ReadError::TooLarge { limit });
         }
         if let Some(declared) = self.declared.take() {
-            if data.len() == declared && declared < MAP_FROM {
+            if data.len() == declared && declared < MAP_FROM && self.body.is_http1() {
                 self.blocks.push(data);
                 return Ok(());
             }
