@@ -147,7 +147,7 @@ where
                 Err(rejection) => PipelineFuture::refused(on_route(rejection, &tag), None),
                 Ok(Plan::Ready(checked)) => PipelineFuture::Deciding { inner: self.fenced(checked), tag },
                 Ok(Plan::Read(reading)) => {
-                    PipelineFuture::Reading { reading: Some(reading), deadline: None, next: Some(self.clone()), tag }
+                    PipelineFuture::Reading { reading: Some(reading), deadline: None, next: Some(self.next()), tag }
                 }
             },
             // A mark to read first: the rest waits for it, in one future.
@@ -174,9 +174,24 @@ where
 {
     /// The turn and the forward of a request whose body is ready.
     fn fenced(&self, checked: Checked<RequestBody>) -> ResponseFuture {
-        let connection = &*self.connection;
-        turn::fenced(self.forward.clone(), connection.store.clone(), connection.gate.clone(), checked)
+        let Next { forward, store, gate } = self.next();
+        turn::fenced(forward, store, gate, checked)
     }
+
+    /// What the turn and the forward take, for a request whose body is read
+    /// first: taken once, not the pipeline's handles and then these.
+    fn next(&self) -> Next<F, St> {
+        let connection = &*self.connection;
+        Next { forward: self.forward.clone(), store: connection.store.clone(), gate: connection.gate.clone() }
+    }
+}
+
+/// What the turn and the forward of one request take: the connection's
+/// forwarder and the process's store and gate.
+pub(crate) struct Next<F, St> {
+    forward: F,
+    store: Arc<St>,
+    gate: Arc<KeyGate>,
 }
 
 pin_project_lite::pin_project! {
@@ -191,7 +206,7 @@ pin_project_lite::pin_project! {
             reading: Option<Reading>,
             #[pin]
             deadline: Option<Sleep>,
-            next: Option<Pipeline<F, St>>,
+            next: Option<Next<F, St>>,
             tag: Option<RouteTag>,
         },
         Deciding { #[pin] inner: ResponseFuture, tag: Option<RouteTag> },
@@ -230,8 +245,8 @@ where
                 if let Err(rejection) = read {
                     return tagged(Err(rejection), tag);
                 }
-                let next = next.take().expect("taken only here");
-                (next.fenced(reading.into_checked()), tag.take())
+                let Next { forward, store, gate } = next.take().expect("taken only here");
+                (turn::fenced(forward, store, gate, reading.into_checked()), tag.take())
             }
         };
         self.set(PipelineFuture::Deciding { inner, tag });

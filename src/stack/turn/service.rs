@@ -107,7 +107,12 @@ where
 {
     async move {
         let store = &*store;
-        let route = routed.route.clone();
+        // Borrowed, not cloned: every worker's requests share the route, and
+        // a count of it is a cache line the workers would pass back and forth.
+        // The borrow ends before the request is sent; what is read after is
+        // copied out first.
+        let route: &Route = &routed.route;
+        let timeout = route.timeout;
         let Fence { token, key, destination, at_mark } = fence;
         let reject = |e: ProxyError, key: &Arc<str>| Rejection::new(e, Some(key.clone()), Some(token));
         // Each key settles as long as its own route asks: a COPY into a route
@@ -125,12 +130,12 @@ where
         let (one, mut two);
         let keys: &[(&Arc<str>, &Route)] = match &destination {
             Some((dest_key, dest_route)) if *dest_key != key => {
-                two = [(&key, &*route), (dest_key, &**dest_route)];
+                two = [(&key, route), (dest_key, &**dest_route)];
                 two.sort_by(|a, b| a.0.cmp(b.0));
                 &two
             }
             _ => {
-                one = [(&key, &*route)];
+                one = [(&key, route)];
                 &one
             }
         };
@@ -225,7 +230,7 @@ where
             // wait for the body (see `pass_when_sent`).
             Ok(_) if !sent_whole(&taken) => {
                 still_sending = true;
-                pass_when_sent(turns, taken, settle, route.timeout);
+                pass_when_sent(turns, taken, settle, timeout);
             }
             // The upstream may still apply this write. Keep the keys closed for
             // the settle period, so a newer write cannot land and then be
