@@ -44,9 +44,10 @@ pub(crate) enum ReadError {
 /// are the whole body in one piece below [`MAP_FROM`] over HTTP/1.x (most
 /// small bodies come with their head): those are kept as hyper handed them,
 /// no block and no copy. They are a slice of the connection's read buffer:
-/// the one the head was read into (which the head holds as long anyway), or
-/// at most one more per connection, since an HTTP/1.x connection has one
-/// request in the fence at a time. The budgets hold the declared length
+/// the one the head was read into (which the head holds as long anyway), or,
+/// for a body that came in a read of its own, at most one more of hyper's
+/// read buffers per connection (8 KiB, never past `max_header_bytes`), since
+/// an HTTP/1.x connection has one request in the fence at a time. The budgets hold the declared length
 /// either way.
 /// An HTTP/2 connection's streams each keep their own block: a slice kept of
 /// its shared buffer would hold that buffer for every stream still waiting.
