@@ -63,7 +63,7 @@ impl Blocks {
 /// idle proxy would keep what an attack made it hold. Smaller blocks, the
 /// first 16 KiB of any body, come from the allocator: a mapping costs two
 /// system calls, which small bodies should not pay.
-pub(super) const MAP_FROM: usize = 16 * 1024;
+const MAP_FROM: usize = 16 * 1024;
 
 /// Where a buffered body's bytes are written, `capacity` taken up front.
 #[derive(Debug)]

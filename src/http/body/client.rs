@@ -47,11 +47,6 @@ impl ClientBody {
         ClientBody { inner: Some(inner), open, http1, awaits_continue }
     }
 
-    /// Whether it came over HTTP/1.x.
-    pub fn is_http1(&self) -> bool {
-        self.http1
-    }
-
     fn inner(&self) -> &Incoming {
         self.inner.as_ref().expect("a body's Incoming is taken only when it is dropped")
     }

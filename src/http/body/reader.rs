@@ -7,7 +7,7 @@ use std::task::{ready, Context, Poll};
 use bytes::{Bytes, BytesMut};
 use hyper::body::Body;
 
-use super::blocks::{Block, Blocks, MAP_FROM};
+use super::blocks::{Block, Blocks};
 use super::budget::{BudgetFull, Held};
 use super::client::ClientBody;
 use super::request::RequestBody;
@@ -39,18 +39,6 @@ pub(crate) enum ReadError {
 /// `held` has taken from the budgets first: one of exactly the declared
 /// length, if there is one (already taken), else blocks that grow with the
 /// body, from [`MIN_BLOCK`] to [`MAX_BLOCK`].
-///
-/// A declared length's block is made when the first bytes come, unless they
-/// are the whole body in one piece below [`MAP_FROM`] over HTTP/1.x (most
-/// small bodies come with their head): those are kept as hyper handed them,
-/// no block and no copy. They are a slice of the connection's read buffer:
-/// the one the head was read into (which the head holds as long anyway), or,
-/// for a body that came in a read of its own, at most one more of hyper's
-/// read buffers per connection (8 KiB, never past `max_header_bytes`), since
-/// an HTTP/1.x connection has one request in the fence at a time. The budgets hold the declared length
-/// either way.
-/// An HTTP/2 connection's streams each keep their own block: a slice kept of
-/// its shared buffer would hold that buffer for every stream still waiting.
 #[derive(Debug)]
 pub(crate) struct Reader {
     body: ClientBody,
@@ -58,17 +46,13 @@ pub(crate) struct Reader {
     held: Held,
     blocks: Blocks,
     block: Block,
-    /// The declared length, until the first bytes come: its capacity is
-    /// taken from the budgets already.
-    declared: Option<usize>,
     seen: u64,
 }
 
 impl Reader {
     pub(crate) fn new(body: ClientBody, limit: u64, declared: Option<u64>, held: Held) -> Reader {
-        let declared = declared.map(|len| usize::try_from(len).unwrap_or(usize::MAX));
-        let block = Block::Heap(BytesMut::new());
-        Reader { body, limit, held, blocks: Blocks::default(), block, declared, seen: 0 }
+        let block = Block::new(usize::try_from(declared.unwrap_or(0)).unwrap_or(0));
+        Reader { body, limit, held, blocks: Blocks::default(), block, seen: 0 }
     }
 
     /// Reads on until the body ends (`Ok`) or fails its limits.
@@ -90,13 +74,6 @@ impl Reader {
         self.seen += data.len() as u64;
         if self.seen > limit {
             return Err(ReadError::TooLarge { limit });
-        }
-        if let Some(declared) = self.declared.take() {
-            if data.len() == declared && declared < MAP_FROM && self.body.is_http1() {
-                self.blocks.push(data);
-                return Ok(());
-            }
-            self.block = Block::new(declared);
         }
         while !data.is_empty() {
             if self.block.is_full() {
