@@ -117,22 +117,18 @@ fn canonical_paths_are_borrowed() {
 #[test]
 fn the_plain_check_agrees_with_the_rules() {
     use super::path::canonical_path_by_the_rules;
-    const ALPHABET: &[u8] = b"/a.%2F;_ \\\x00\xC3\xA9";
+    // The kept characters each class of byte has, and each that changes or
+    // refuses a path.
+    const ALPHABET: &[u8] = b"/a.%2F;_ \\\x00\xC3\xA9~!$&'()*+,=:@Z9\x7f?#";
     let every = [false, true].into_iter().flat_map(|merge_slashes| {
         [EscapedSlashes::Reject, EscapedSlashes::Keep].into_iter().flat_map(move |escaped_slashes| {
             [NonUtf8::Reject, NonUtf8::Raw].map(|non_utf8| PathOptions { merge_slashes, escaped_slashes, non_utf8 })
         })
     });
     let every: Vec<PathOptions> = every.collect();
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut taken = 0;
-    for _ in 0..200_000 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let len = (seed % 12) as usize;
-        let bytes: Vec<u8> =
-            std::iter::once(b'/').chain((0..len).map(|i| ALPHABET[((seed >> (4 + 5 * i)) % 13) as usize])).collect();
+    for spelling in spellings(0x9e37_79b9_7f4a_7c15, ALPHABET, 12, 300_000) {
+        let bytes: Vec<u8> = std::iter::once(b'/').chain(spelling).collect();
         let Ok(text) = std::str::from_utf8(&bytes) else { continue };
         if is_plain_path(text) {
             taken += 1;
@@ -405,15 +401,11 @@ fn host_spellings() {
 #[test]
 fn the_quick_check_agrees_with_the_rules() {
     use super::host::{already_canonical, canonical_host_by_the_rules};
-    const ALPHABET: &[u8] = b"aZ09.-_:[]@%";
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    // Every digit, so default ports (80, 443) and port bounds come up.
+    const ALPHABET: &[u8] = b"aZ0123456789.-_:[]@%";
     let mut taken = 0;
-    for _ in 0..300_000 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let len = (seed % 11) as usize;
-        let text: String = (0..len).map(|i| ALPHABET[((seed >> (4 + 5 * i)) % 12) as usize] as char).collect();
+    for spelling in spellings(0x2545_f491_4f6c_dd1d, ALPHABET, 11, 300_000) {
+        let text: String = spelling.into_iter().map(char::from).collect();
         for default_port in [80, 443, 9] {
             if already_canonical(&text, default_port) {
                 taken += 1;
@@ -429,6 +421,36 @@ fn the_quick_check_agrees_with_the_rules() {
     for host in ["a.example:80", "a.example:65536", "a.example:08080", "A.example", "a..b", ".a", "a.", "[::1]", ""] {
         assert!(!already_canonical(host, 80), "{host}");
     }
+}
+
+/// The router asks with the `Host` field's bytes, which need not be UTF-8
+/// or visible: none of those is taken as canonical.
+#[test]
+fn the_quick_check_on_raw_bytes_leaves_the_rest_to_the_rules() {
+    for (bytes, default_port) in [
+        (&b"a.example\xff"[..], 80),
+        (b"b\xc3\xbccher", 80),
+        (b"a.example ", 80),
+        (b"a\t", 80),
+        (b"a.example:80", 80),
+        (b"a.example:443", 443),
+    ] {
+        assert!(!host::is_canonical_host(bytes, default_port), "{bytes:?}");
+    }
+    assert!(host::is_canonical_host(b"a.example:8080", 80));
+}
+
+/// `count` pseudo-random spellings of at most `max_len - 1` bytes drawn from
+/// `alphabet` (at most 32 bytes), the same for the same `seed`.
+fn spellings(mut seed: u64, alphabet: &'static [u8], max_len: u64, count: usize) -> impl Iterator<Item = Vec<u8>> {
+    assert!(alphabet.len() <= 32 && max_len <= 12, "five bits a byte, from one 64-bit draw");
+    (0..count).map(move |_| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let len = seed % max_len;
+        (0..len).map(|i| alphabet[((seed >> (4 + 5 * i)) % alphabet.len() as u64) as usize]).collect()
+    })
 }
 
 #[test]

@@ -109,9 +109,16 @@ mod tests {
             ("/objects/a", "a.example:x"),
             ("/objects/a", "user@a.example"),
             ("http://b.example/objects/a", "a.example"),
+            // A canonical Host beside a target that names another host in
+            // another spelling: the target is still compared.
+            ("http://B.example./objects/a", "a.example"),
+            ("http://a.example:8080/objects/a", "a.example"),
         ] {
             assert!(matches!(route("PUT", target, &[("host", host)]), Err(ProxyError::BadHost(_))), "{target} {host}");
         }
+        // Two Host fields, each canonical and the same: still two.
+        let twice = route("PUT", "/objects/a", &[("host", "a.example"), ("host", "a.example")]);
+        assert!(matches!(twice, Err(ProxyError::BadHost(_))));
     }
 
     /// The problem's `detail` reads as it did when these were strings.
