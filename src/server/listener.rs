@@ -147,15 +147,6 @@ const HYPER_MAX_HEADERS: usize = 100;
 fn protocols(server: &ServerConfig, resting: Gauge<i64, AtomicI64>) -> Protocols {
     let mut h1 = http1::Builder::new();
     h1.timer(TokioTimer::new())
-        // A response's head and body copied into one buffer and written at
-        // once (hyper's flatten strategy) instead of queued as slices for a
-        // vectored write: for the heads and small bodies most answers are,
-        // the queue's bookkeeping costs more than the copy (docs/perf-log.md);
-        // a large body pays one more copy, as through nginx. hyper stops
-        // taking more of a body once the buffer holds `max_buf_size` (below),
-        // and the buffer is freed when the connection rests
-        // (connection/resting.rs).
-        .writev(false)
         // Our own guards (connection/) time request heads and idleness:
         // hyper's head timer would also close idle keep-alive connections.
         .header_read_timeout(None)
@@ -189,5 +180,16 @@ fn protocols(server: &ServerConfig, resting: Gauge<i64, AtomicI64>) -> Protocols
         .adaptive_window(false)
         .initial_connection_window_size(H2_CONNECTION_WINDOW)
         .initial_stream_window_size(H2_STREAM_WINDOW);
-    Protocols { http1: h1, http2: h2, resting }
+    // For connections that rest (plain TCP): a response's head and body
+    // copied into one buffer and written at once (hyper's flatten strategy)
+    // instead of queued as slices for a vectored write. For the heads and
+    // small bodies most answers are, the queue's bookkeeping costs more than
+    // the copy (docs/perf-log.md). But the buffer keeps the width of the
+    // largest body it took (up to `max_buf_size` and one upstream chunk past
+    // it, hundreds of KiB) until hyper's state is freed, which only a rest
+    // does (connection/resting.rs): a TLS connection, which never rests,
+    // keeps the queue.
+    let mut http1_resting = h1.clone();
+    http1_resting.writev(false);
+    Protocols { http1_resting, http1: h1, http2: h2, resting }
 }

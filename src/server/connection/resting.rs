@@ -65,6 +65,10 @@ pub(super) fn give_back_soon() {
 
 /// How each protocol is served, and the count of resting connections.
 pub(crate) struct Protocols {
+    /// HTTP/1.1 for a connection that rests: it writes from one buffer,
+    /// which its rests free (server/listener.rs says why).
+    pub(crate) http1_resting: http1::Builder,
+    /// HTTP/1.1 for one that never rests (TLS).
     pub(crate) http1: http1::Builder,
     pub(crate) http2: http2::Builder<TokioExecutor>,
     /// `fencegate_resting_connections`.
@@ -136,7 +140,8 @@ where
     }
 
     fn http1(&self, io: Io, service: S) -> State<S> {
-        State::Http1(Box::pin(self.protocols.http1.serve_connection(TokioIo::new(io), service).with_upgrades()))
+        let http1 = if self.rests { &self.protocols.http1_resting } else { &self.protocols.http1 };
+        State::Http1(Box::pin(http1.serve_connection(TokioIo::new(io), service).with_upgrades()))
     }
 }
 
