@@ -159,14 +159,15 @@ pub fn strip_found(headers: &mut HeaderMap, found: HopFields, keep_upgrade: bool
 
 /// The names a `Connection` header lists, other than the hop-by-hop ones.
 fn connection_named(headers: &HeaderMap, hops: &[&'static HeaderName]) -> Vec<HeaderName> {
+    // Bytes, not text: a line with a byte that is not UTF-8 still has its
+    // other names removed.
     headers
         .get_all(header::CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|name| !name.is_empty() && !hops.iter().any(|hop| hop.as_str().eq_ignore_ascii_case(name)))
-        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|name| !name.is_empty() && !hops.iter().any(|hop| hop.as_str().as_bytes().eq_ignore_ascii_case(name)))
+        .filter_map(|name| HeaderName::from_bytes(name).ok())
         .collect()
 }
 
@@ -182,7 +183,8 @@ pub fn wants_upgrade(headers: &HeaderMap) -> bool {
 }
 
 /// Appends the client to `X-Forwarded-For` and sets `X-Forwarded-Proto` and
-/// `X-Forwarded-Host` (the host the client asked for).
+/// `X-Forwarded-Host` (the host the client asked for; a request that named no
+/// host has the client's own `X-Forwarded-Host` removed, never passed on).
 pub fn add_forwarded(headers: &mut HeaderMap, client: &ClientAddr, original_host: Option<HeaderValue>) {
     // One lookup for the read and the write.
     match headers.entry(&X_FORWARDED_FOR) {
@@ -207,8 +209,13 @@ pub fn add_forwarded(headers: &mut HeaderMap, client: &ClientAddr, original_host
         }
     }
     headers.insert(&X_FORWARDED_PROTO, client.proto.clone());
-    if let Some(host) = original_host {
-        headers.insert(&X_FORWARDED_HOST, host);
+    match original_host {
+        Some(host) => {
+            headers.insert(&X_FORWARDED_HOST, host);
+        }
+        None => {
+            headers.remove(&X_FORWARDED_HOST);
+        }
     }
 }
 
@@ -340,6 +347,31 @@ mod tests {
         assert!(!wants_upgrade(&map(&[("upgrade", "websocket")])));
     }
 
+    /// A `Connection` line with a byte that is not UTF-8 still has the names
+    /// it lists removed, on requests and responses alike.
+    #[test]
+    fn connection_names_are_read_as_bytes() {
+        let mut h = HeaderMap::new();
+        h.append(header::CONNECTION, HeaderValue::from_bytes(b"x-internal, \x80, Keep-Alive").unwrap());
+        h.append("x-internal", HeaderValue::from_static("secret"));
+        h.append("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false, |_| false);
+        assert_eq!(names(&h), ["x-kept"]);
+    }
+
+    /// The fields removed and set here are the ones config refuses to read
+    /// a key or token from.
+    #[test]
+    fn the_fields_rewritten_here_are_the_ones_config_guards() {
+        let hops: Vec<&str> = hop_by_hop().iter().map(|n| n.as_str()).collect();
+        assert_eq!(hops, crate::config::HOP_BY_HOP);
+        for (at, name) in crate::config::HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(hop_index(&HeaderName::from_static(name)), Some(at));
+        }
+        let forwarded = [&X_FORWARDED_FOR, &X_FORWARDED_PROTO, &X_FORWARDED_HOST].map(HeaderName::as_str);
+        assert_eq!(forwarded, crate::config::FORWARDED);
+    }
+
     #[test]
     fn forwarded_headers_append_to_a_chain() {
         let client: SocketAddr = "10.1.2.3:5555".parse().unwrap();
@@ -350,6 +382,10 @@ mod tests {
         assert_eq!(h["x-forwarded-host"], "store.example");
         add_forwarded(&mut h, &ClientAddr::new(client).over_tls(), None);
         assert_eq!(h["x-forwarded-proto"], "https", "a client over TLS");
+        // No host asked for: the client's own X-Forwarded-Host is not passed on.
+        let mut h = map(&[("x-forwarded-host", "evil.example"), ("x-forwarded-host", "b.example")]);
+        add_forwarded(&mut h, &ClientAddr::new(client), None);
+        assert!(!h.contains_key("x-forwarded-host"));
 
         // Prior values that are not text are no hops anyone can read: the
         // client alone.
