@@ -45,7 +45,7 @@ pub use problems::{ConfigError, ConfigProblem, MAX_DURATION};
 pub(crate) use route::test_route_config;
 pub use route::{
     CertNameError, KeyError, KeyInput, KeyTemplate, PathPattern, PatternError, RouteConfig, TemplateError, UpstreamUrl,
-    UpstreamUrlError,
+    UpstreamUrlError, FORWARDED, HOP_BY_HOP,
 };
 pub use secrets::{load_admin_token, load_signing_key, SecretError, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};
 pub use signing_key::SigningKey;

@@ -23,6 +23,24 @@ pub use pattern::{PathPattern, PatternError};
 pub use upstream::{CertNameError, UpstreamUrl, UpstreamUrlError};
 pub(super) use validate::{route_label, validate_route};
 
+/// Fields that describe one connection, never the message (RFC 9110
+/// §7.6.1): fencegate removes them on the way to the upstream.
+pub const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Fields fencegate sets itself on the way to the upstream, replacing or
+/// extending the client's.
+pub const FORWARDED: [&str; 3] = ["x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"];
+
 use super::signing_key::SigningKey;
 use super::tls::UpstreamTls;
 use crate::canonical::PathOptions;

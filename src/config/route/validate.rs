@@ -83,6 +83,16 @@ pub(in crate::config) fn validate_route(i: usize, s: RouteSection, p: &mut Probl
             None
         }
     };
+    // What the fence reads must reach the upstream as it was read: a key made
+    // from a field fencegate rewrites would fence one resource under keys the
+    // client picks.
+    if let Some(key) = &key {
+        for name in rewritten_fields() {
+            if key.reads_header(&name) {
+                p.add(field("key"), format!("'{key_text}': {{header.{name}}} {REWRITTEN}"));
+            }
+        }
+    }
     if s.fenced_methods.is_some() {
         p.add(
             field("fenced_methods"),
@@ -155,6 +165,10 @@ pub(in crate::config) fn validate_route(i: usize, s: RouteSection, p: &mut Probl
     let settle = p.duration_from(&field("settle"), s.settle.as_deref(), DEFAULT_SETTLE, true);
     let token_header_text = s.token_header.as_deref().unwrap_or(DEFAULT_TOKEN_HEADER);
     let token_header = match HeaderName::from_bytes(token_header_text.as_bytes()) {
+        Ok(h) if rewritten_fields().any(|name| name == h) => {
+            p.add(field("token_header"), format!("'{token_header_text}' {REWRITTEN}"));
+            None
+        }
         Ok(h) => Some(h),
         Err(_) => {
             p.add(field("token_header"), format!("'{token_header_text}' is not a valid header name"));
@@ -253,6 +267,15 @@ fn upstream_tls(
     // `UpstreamUrl::parse` has checked the name of an https upstream.
     let name = upstream.server_name().ok()?;
     Some(UpstreamTls::named(name, files, http2))
+}
+
+/// Why a key or token may not be read from a field fencegate rewrites.
+const REWRITTEN: &str = "is a field fencegate removes or sets on the way to the upstream (a hop-by-hop field or \
+                         X-Forwarded-*): the upstream would not get what the fence read";
+
+/// The fields fencegate removes or sets on the way to the upstream.
+fn rewritten_fields() -> impl Iterator<Item = HeaderName> {
+    super::HOP_BY_HOP.into_iter().chain(super::FORWARDED).map(HeaderName::from_static)
 }
 
 #[cfg(test)]
@@ -380,6 +403,22 @@ mod tests {
         assert_eq!(p.len(), 1, "{p:?}");
         assert_eq!(p[0].field, "route[0] 'objects'.key");
         assert!(p[0].message.contains("separator"), "{}", p[0].message);
+        assert!(Config::from_toml_str(&format!("{MINIMAL}key = \"{{header.x-tenant}}:{{path}}\"\n")).is_ok());
+    }
+
+    /// A key or token read from a field fencegate removes or sets on the way
+    /// to the upstream is refused, naming the field.
+    #[test]
+    fn keys_and_tokens_are_not_read_from_fields_fencegate_rewrites() {
+        for name in super::super::HOP_BY_HOP.iter().chain(&super::super::FORWARDED) {
+            let p = problems(&format!("{MINIMAL}key = \"{{header.{name}}}:{{path}}\"\n"));
+            assert_eq!(p.len(), 1, "{name}: {p:?}");
+            assert_eq!(p[0].field, "route[0] 'objects'.key");
+            assert!(p[0].message.contains("on the way to the upstream"), "{}", p[0].message);
+            let p = problems(&format!("{MINIMAL}token_header = \"{}\"\n", name.to_uppercase()));
+            assert_eq!(p.len(), 1, "{name}: {p:?}");
+            assert_eq!(p[0].field, "route[0] 'objects'.token_header");
+        }
         assert!(Config::from_toml_str(&format!("{MINIMAL}key = \"{{header.x-tenant}}:{{path}}\"\n")).is_ok());
     }
 
