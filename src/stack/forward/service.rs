@@ -258,10 +258,6 @@ mod tests {
         "answered"
     }
 
-    /// The timeout of each request, on the connection's one timer, as
-    /// `tokio::time::timeout` would time it: a deadline kept from an
-    /// earlier request neither cuts a later one short nor lets it run
-    /// long, whichever of the two is longer.
     /// A request whose first poll comes with its task's budget spent still
     /// times out: a timer the budget refused would never wake it (the
     /// upstream's write could then land after a newer one).
@@ -280,6 +276,10 @@ mod tests {
         assert!(ours.await.unwrap());
     }
 
+    /// The timeout of each request, on the connection's one timer, as
+    /// `tokio::time::timeout` would time it: a deadline kept from an
+    /// earlier request neither cuts a later one short nor lets it run
+    /// long, whichever of the two is longer.
     #[tokio::test(start_paused = true)]
     async fn each_request_times_out_at_its_own_deadline_on_the_shared_timer() {
         let timer = Timer::default();
