@@ -148,12 +148,15 @@ fn take(route: &Arc<Slots>, authority: &Authority, workers: Workers) -> Option<(
 ///
 /// A request the upstream did not take is sent again on another connection
 /// (or a new one, if a slot is free now: this request's timeout is running,
-/// so it does not wait; a connection that refused a stream takes no new
-/// one): once if the connection handed it back unsent (it was closing), and
-/// once if the upstream refused it unprocessed and its body can be sent
-/// again (read whole, or empty), then on a new connection first. An upstream that closes
-/// a connection after so many requests (nginx's `keepalive_requests`) refuses
-/// the streams above the last it took; those go out again.
+/// so it does not wait). A connection that hands a request back unsent, or
+/// refuses a stream, takes no new one. A request handed back unsent (its
+/// connection was closing) never left: it goes out again up to
+/// [`UNSENT_TRIES`] times in all, since several connections may be closing at
+/// once. One the upstream refused unprocessed goes out once more if its body
+/// can be sent again (read whole, or empty), on a new connection first. An
+/// upstream that closes a connection after so many requests (nginx's
+/// `keepalive_requests`) refuses the streams above the last it took; those
+/// go out again.
 pub(super) async fn send(
     way: Way,
     authority: &Authority,
@@ -167,7 +170,7 @@ pub(super) async fn send(
         Way::New(slot) => open(authority, tls, slot),
     };
     let overran = req.body_mut().watch_overrun();
-    let (mut unsent_again, mut refused_again) = (true, true);
+    let (mut unsent_tries, mut refused_again) = (1, true);
     // Why the request is being sent again, if the upstream refused it.
     let mut refusal = None;
     loop {
@@ -178,14 +181,14 @@ pub(super) async fn send(
             handover.went_on(mux.teardown.clone());
         }
         let sent = exchange(&mux, stream, req).await;
-        if sent.as_ref().is_err_and(UpstreamError::is_refused) {
+        if matches!(sent, Ok(Exchanged::Unsent(_))) || sent.as_ref().is_err_and(UpstreamError::is_refused) {
             mux.retired.store(true, Ordering::Release);
         }
         req = match sent {
             Ok(Exchanged::Answered(response)) => return Ok(response),
-            Ok(Exchanged::Unsent(unsent)) if unsent_again => {
+            Ok(Exchanged::Unsent(unsent)) if unsent_tries < UNSENT_TRIES => {
                 tracing::debug!("upstream HTTP/2 connection was closing; sending on another");
-                unsent_again = false;
+                unsent_tries += 1;
                 // The twin holds the body's budget share, if it was made.
                 again.unwrap_or(*unsent)
             }
@@ -230,6 +233,11 @@ pub(super) async fn send(
         };
     }
 }
+
+/// Most times one request is handed to a connection that hands it back
+/// unsent because it was closing: each such connection takes no new stream,
+/// so a few tries find one that is open or open a new one.
+const UNSENT_TRIES: u32 = 4;
 
 /// `req` once more, if its body can be sent again.
 fn twin(req: &mut Request<RequestBody>) -> Option<Request<RequestBody>> {
