@@ -76,6 +76,11 @@ pub const DEFAULT_REDIS_KEY_PREFIX: &str = "fencegate:";
 /// Default `[fences] timeout` of the Redis store: a fenced write waits at
 /// most this long for one Redis call before it is refused.
 pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(250);
+/// Put before every etcd key fencegate writes, unless `[fences] key_prefix` says otherwise.
+pub const DEFAULT_ETCD_KEY_PREFIX: &str = "fencegate/";
+/// The longest one etcd call may take: a transaction commits on a quorum
+/// (a disk sync on each member), so more than a Redis call.
+pub const DEFAULT_ETCD_TIMEOUT: Duration = Duration::from_secs(1);
 /// Default `[fences] replica_timeout`.
 pub const DEFAULT_REPLICA_TIMEOUT: Duration = Duration::from_millis(250);
 

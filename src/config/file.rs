@@ -84,6 +84,11 @@ pub struct FencesSection {
     pub min_replicas: Option<u64>,
     pub replica_timeout: Option<String>,
     pub ca_file: Option<String>,
+    pub endpoints: Option<Vec<String>>,
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
+    pub user: Option<String>,
+    pub password: Option<String>,
 }
 
 /// `[log]`: tracing output.

@@ -125,6 +125,45 @@ pub enum StoreKind {
     /// Marks in Redis, shared by every replica that names the same server
     /// and prefix (store/redis/).
     Redis(RedisConfig),
+    /// Marks in etcd, linearizable, shared by every replica that names the
+    /// same cluster and prefix (store/etcd/).
+    Etcd(EtcdConfig),
+}
+
+/// `[fences] store = "etcd"`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// `http://host:port` or `https://host:port`, one scheme for all: the
+    /// client fails over between them by itself.
+    pub endpoints: Vec<String>,
+    /// Put before every etcd key fencegate writes.
+    pub key_prefix: String,
+    /// The longest one etcd call may take before the write it serves is
+    /// refused (503).
+    pub timeout: std::time::Duration,
+    /// Marks this replica remembers (how it notices a store that went back).
+    pub cache_keys: usize,
+    /// PEM roots to verify `https://` members with, instead of the system's.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// A client certificate and its key (PEM), for members that ask for one.
+    pub client_identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// etcd's own authentication: a user and its password.
+    pub credentials: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("key_prefix", &self.key_prefix)
+            .field("timeout", &self.timeout)
+            .field("cache_keys", &self.cache_keys)
+            .field("ca_file", &self.ca_file)
+            .field("client_identity", &self.client_identity)
+            .field("user", &self.credentials.as_ref().map(|(user, _)| user))
+            .field("password", &self.credentials.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 /// `[fences] store = "redis"`.

@@ -66,6 +66,8 @@ impl Account {
                 StoreKind::Memory => 0,
                 // One multiplexed connection, and one more while it reconnects.
                 StoreKind::Redis(_) => 2,
+                // A connection per endpoint (the client balances over them).
+                StoreKind::Etcd(ref etcd) => count(etcd.endpoints.len()).saturating_add(1),
             },
             reserve: FIXED_RESERVE
                 + PER_EVENT_LOOP * (count(config.server.workers) + 2)

@@ -34,7 +34,7 @@ use crate::admin::AdminState;
 use crate::config::TlsError;
 use crate::config::{Config, StoreKind};
 use crate::fence::store::{longest_write_lease, FenceStore, WriteBounds};
-use crate::fence::store::{AnyStore, CacheBounds, FileStore, MemoryStore, OpenError, RedisStore};
+use crate::fence::store::{AnyStore, CacheBounds, EtcdStore, FileStore, MemoryStore, OpenError, RedisStore};
 use crate::fence::KeyGate;
 use crate::http::BufferBudget;
 use crate::metrics::Metrics;
@@ -60,6 +60,8 @@ pub enum StartError {
     Store(#[from] OpenError),
     #[error("[fences] (store = \"redis\"): {0}")]
     Redis(crate::fence::store::StoreError),
+    #[error("[fences] (store = \"etcd\"): {0}")]
+    Etcd(crate::fence::store::StoreError),
     #[error("route '{0}' names a signing key file that was never read: load the config with its secrets")]
     UnreadSigningKey(String),
     #[error("route '{0}' has an https upstream whose TLS files were never read: load the config with its secrets")]
@@ -119,6 +121,7 @@ impl Fencegate {
                 AnyStore::File(FileStore::open_with(path, *require_existing, cache)?)
             }
             StoreKind::Redis(redis) => AnyStore::Redis(RedisStore::open(redis).map_err(StartError::Redis)?),
+            StoreKind::Etcd(etcd) => AnyStore::Etcd(EtcdStore::open(etcd).map_err(StartError::Etcd)?),
         };
         store.set_write_lease(longest_write_lease(config.routes.iter().map(WriteBounds::from)));
         // A restart on fences a previous process left: it may have died with

@@ -1,11 +1,11 @@
-//! The `[fences]` section: the store (`file`, `memory` or `redis`), the
+//! The `[fences]` section: the store (`file`, `memory`, `redis` or `etcd`), the
 //! fields each store takes, and the bound on keys every store shares.
 
 use std::path::PathBuf;
 
 use crate::config::defaults::*;
 use crate::config::file::FencesSection;
-use crate::config::model::{FencesConfig, RedisConfig, StoreKind};
+use crate::config::model::{EtcdConfig, FencesConfig, RedisConfig, StoreKind};
 use crate::config::problems::Problems;
 
 pub(super) fn fences(f: &FencesSection, p: &mut Problems) -> FencesConfig {
@@ -19,16 +19,21 @@ fn store(f: &FencesSection, p: &mut Problems) -> StoreKind {
     for (field, set, applies) in [
         ("path", f.path.is_some(), &["file"][..]),
         ("require_existing", f.require_existing.is_some(), &["file"]),
-        ("cache_keys", f.cache_keys.is_some(), &["file", "redis"]),
+        ("cache_keys", f.cache_keys.is_some(), &["file", "redis", "etcd"]),
         ("cache_bytes", f.cache_bytes.is_some(), &["file"]),
         ("url", f.url.is_some(), &["redis"]),
-        ("key_prefix", f.key_prefix.is_some(), &["redis"]),
-        ("timeout", f.timeout.is_some(), &["redis"]),
+        ("key_prefix", f.key_prefix.is_some(), &["redis", "etcd"]),
+        ("timeout", f.timeout.is_some(), &["redis", "etcd"]),
         ("min_replicas", f.min_replicas.is_some(), &["redis"]),
         ("replica_timeout", f.replica_timeout.is_some(), &["redis"]),
-        ("ca_file", f.ca_file.is_some(), &["redis"]),
+        ("ca_file", f.ca_file.is_some(), &["redis", "etcd"]),
+        ("endpoints", f.endpoints.is_some(), &["etcd"]),
+        ("cert_file", f.cert_file.is_some(), &["etcd"]),
+        ("key_file", f.key_file.is_some(), &["etcd"]),
+        ("user", f.user.is_some(), &["etcd"]),
+        ("password", f.password.is_some(), &["etcd"]),
     ] {
-        if set && ["file", "memory", "redis"].contains(&kind) && !applies.contains(&kind) {
+        if set && STORES.contains(&kind) && !applies.contains(&kind) {
             let stores = applies.iter().map(|s| format!("store = \"{s}\"")).collect::<Vec<_>>().join(" and ");
             p.add(format!("fences.{field}"), format!("applies to {stores} only, not to store = \"{kind}\""));
         }
@@ -50,10 +55,11 @@ fn store(f: &FencesSection, p: &mut Problems) -> StoreKind {
         },
         "memory" => StoreKind::Memory,
         "redis" => StoreKind::Redis(redis(f, cache_keys, p)),
+        "etcd" => StoreKind::Etcd(etcd(f, cache_keys, p)),
         other => {
             p.add(
                 "fences.store",
-                format!("'{other}' is not a store this build has; use \"file\", \"memory\" or \"redis\""),
+                format!("'{other}' is not a store this build has; use \"file\", \"memory\", \"redis\" or \"etcd\""),
             );
             StoreKind::Memory
         }
@@ -64,6 +70,89 @@ fn store(f: &FencesSection, p: &mut Problems) -> StoreKind {
         }
     }
     store
+}
+
+/// The stores `[fences] store` names.
+const STORES: [&str; 4] = ["file", "memory", "redis", "etcd"];
+
+/// `[fences]` of `store = "etcd"`.
+fn etcd(f: &FencesSection, cache_keys: usize, p: &mut Problems) -> EtcdConfig {
+    let endpoints = f.endpoints.clone().unwrap_or_default();
+    if f.endpoints.is_none() {
+        p.add("fences.endpoints", "is required with store = \"etcd\" (e.g. [\"http://127.0.0.1:2379\"])");
+    } else if endpoints.is_empty() {
+        p.add("fences.endpoints", "must name at least one etcd member");
+    }
+    let mut schemes = endpoints.iter().filter_map(|e| check_etcd_endpoint(e).map_err(|why| (e, why)).err());
+    if let Some((endpoint, why)) = schemes.next() {
+        p.add("fences.endpoints", format!("'{endpoint}' {why}"));
+    }
+    let https = endpoints.first().is_some_and(|e| e.starts_with("https://"));
+    if endpoints.iter().any(|e| e.starts_with("https://") != https) {
+        p.add("fences.endpoints", "mixes http:// and https://: every member is reached the same way");
+    }
+    let key_prefix = f.key_prefix.clone().unwrap_or_else(|| DEFAULT_ETCD_KEY_PREFIX.to_owned());
+    if key_prefix.is_empty() {
+        p.add("fences.key_prefix", "must not be empty: fencegate's keys would mix with every other key in etcd");
+    }
+    let timeout = p.duration("fences.timeout", f.timeout.as_deref(), DEFAULT_ETCD_TIMEOUT);
+    if timeout.is_zero() {
+        p.add("fences.timeout", "must be above zero");
+    }
+    let ca_file = f.ca_file.as_deref().map(PathBuf::from);
+    if ca_file.is_some() && !https {
+        p.add("fences.ca_file", "applies to https:// endpoints (etcd over TLS) only");
+    }
+    let client_identity = match (&f.cert_file, &f.key_file) {
+        (Some(cert), Some(key)) => {
+            if !https {
+                p.add("fences.cert_file", "applies to https:// endpoints (etcd over TLS) only");
+            }
+            Some((PathBuf::from(cert), PathBuf::from(key)))
+        }
+        (Some(_), None) => {
+            p.add("fences.key_file", "is required with cert_file: the client certificate's private key");
+            None
+        }
+        (None, Some(_)) => {
+            p.add("fences.cert_file", "is required with key_file: the client certificate the key belongs to");
+            None
+        }
+        (None, None) => None,
+    };
+    let credentials = match (&f.user, &f.password) {
+        (Some(user), Some(password)) if !user.is_empty() => Some((user.clone(), password.clone())),
+        (Some(_), Some(_)) => {
+            p.add("fences.user", "must not be empty");
+            None
+        }
+        (Some(_), None) => {
+            p.add("fences.password", "is required with user");
+            None
+        }
+        (None, Some(_)) => {
+            p.add("fences.user", "is required with password");
+            None
+        }
+        (None, None) => None,
+    };
+    EtcdConfig { endpoints, key_prefix, timeout, cache_keys, ca_file, client_identity, credentials }
+}
+
+/// Why `endpoint` is not an etcd member's client URL: `http://host:port`
+/// or `https://host:port`, nothing after the port.
+fn check_etcd_endpoint(endpoint: &str) -> Result<(), &'static str> {
+    let uri: http::Uri = endpoint.parse().map_err(|_| "is not a URL like \"http://127.0.0.1:2379\"")?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err("is not an http:// or https:// URL");
+    }
+    if uri.host().is_none_or(str::is_empty) || uri.port_u16().is_none() {
+        return Err("names no host and port (etcd's client port is usually 2379)");
+    }
+    if uri.path_and_query().is_some_and(|pq| pq.as_str() != "/") {
+        return Err("has a path; an etcd endpoint is a scheme, a host and a port");
+    }
+    Ok(())
 }
 
 /// `[fences]` of `store = "redis"`.
@@ -156,9 +245,73 @@ mod tests {
 
     #[test]
     fn an_unknown_store_names_the_field() {
-        let text = format!("[fences]\nstore = \"etcd\"\n{MINIMAL}");
+        let text = format!("[fences]\nstore = \"zookeeper\"\n{MINIMAL}");
         let p = problems(&text);
         assert_eq!(p[0].field, "fences.store");
+        assert!(p[0].message.contains("\"etcd\""), "{}", p[0].message);
+    }
+
+    #[test]
+    fn the_etcd_store_takes_its_fields_and_defaults() {
+        let c = Config::from_toml_str(&format!(
+            "[fences]\nstore = \"etcd\"\nendpoints = [\"http://e1:2379\", \"http://e2:2379\"]\n{MINIMAL}"
+        ))
+        .unwrap();
+        let StoreKind::Etcd(e) = &c.fences.store else { panic!("{:?}", c.fences.store) };
+        assert_eq!(e.endpoints, ["http://e1:2379", "http://e2:2379"]);
+        assert_eq!(e.key_prefix, DEFAULT_ETCD_KEY_PREFIX);
+        assert_eq!(e.timeout, DEFAULT_ETCD_TIMEOUT);
+        assert_eq!((&e.ca_file, &e.client_identity, &e.credentials), (&None, &None, &None));
+
+        let c = Config::from_toml_str(&format!(
+            "[fences]\nstore = \"etcd\"\nendpoints = [\"https://e1:2379\"]\nkey_prefix = \"fg/a/\"\n\
+             timeout = \"3s\"\nca_file = \"ca.pem\"\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n\
+             user = \"fg\"\npassword = \"pw\"\ncache_keys = 7\n{MINIMAL}"
+        ))
+        .unwrap();
+        let StoreKind::Etcd(e) = &c.fences.store else { panic!("{:?}", c.fences.store) };
+        assert_eq!((e.key_prefix.as_str(), e.timeout, e.cache_keys), ("fg/a/", std::time::Duration::from_secs(3), 7));
+        assert_eq!(e.ca_file.as_deref(), Some(std::path::Path::new("ca.pem")));
+        assert_eq!(e.client_identity, Some(("c.pem".into(), "k.pem".into())));
+        assert_eq!(e.credentials, Some(("fg".into(), "pw".into())));
+        assert!(!format!("{e:?}").contains("pw"), "the password shows in {e:?}");
+    }
+
+    #[test]
+    fn etcd_fields_name_themselves_when_wrong_or_misplaced() {
+        let fields_of = |fences: &str| fields(&format!("[fences]\n{fences}\n{MINIMAL}"));
+        let etcd = |rest: &str| format!("store = \"etcd\"\nendpoints = [\"http://e:2379\"]\n{rest}");
+        assert_eq!(fields_of("store = \"etcd\""), ["fences.endpoints"]);
+        assert_eq!(fields_of("store = \"etcd\"\nendpoints = []"), ["fences.endpoints"]);
+        for bad in ["\"e:2379\"", "\"ftp://e:2379\"", "\"http://e\"", "\"http://e:2379/v3\"", "\"not a url\""] {
+            assert_eq!(fields_of(&format!("store = \"etcd\"\nendpoints = [{bad}]")), ["fences.endpoints"], "{bad}");
+        }
+        let mixed = "store = \"etcd\"\nendpoints = [\"http://a:2379\", \"https://b:2379\"]";
+        assert_eq!(fields_of(mixed), ["fences.endpoints"]);
+        assert_eq!(fields_of(&etcd("timeout = \"soon\"")), ["fences.timeout"]);
+        assert_eq!(fields_of(&etcd("timeout = \"0s\"")), ["fences.timeout"]);
+        assert_eq!(fields_of(&etcd("key_prefix = \"\"")), ["fences.key_prefix"]);
+        assert_eq!(fields_of(&etcd("ca_file = \"ca.pem\"")), ["fences.ca_file"]);
+        assert_eq!(fields_of(&etcd("cert_file = \"c.pem\"")), ["fences.key_file"]);
+        assert_eq!(fields_of(&etcd("key_file = \"k.pem\"")), ["fences.cert_file"]);
+        assert_eq!(fields_of(&etcd("user = \"u\"")), ["fences.password"]);
+        assert_eq!(fields_of(&etcd("password = \"p\"")), ["fences.user"]);
+        // Another store's fields, and etcd's with another store.
+        for other in ["url = \"redis://r\"", "path = \"d\"", "min_replicas = 1", "replica_timeout = \"1s\""] {
+            let field = format!("fences.{}", other.split(' ').next().unwrap());
+            assert_eq!(fields_of(&etcd(other)), [field], "{other}");
+        }
+        for field in [
+            "endpoints = [\"http://e:2379\"]",
+            "cert_file = \"c\"",
+            "key_file = \"k\"",
+            "user = \"u\"",
+            "password = \"p\"",
+        ] {
+            let name = format!("fences.{}", field.split(' ').next().unwrap());
+            let with_redis = format!("store = \"redis\"\nurl = \"redis://r\"\n{field}");
+            assert!(fields_of(&with_redis).contains(&name), "{field} with redis: {:?}", fields_of(&with_redis));
+        }
     }
 
     #[test]

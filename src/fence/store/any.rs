@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use super::{
-    Advance, AtHand, CommitStats, Confirmed, Deleted, Entered, FenceStore, FileStore, MemoryStore, RedisStore,
-    Selection, StoreError,
+    Advance, AtHand, CommitStats, Confirmed, Deleted, Entered, EtcdStore, FenceStore, FileStore, MemoryStore,
+    RedisStore, Selection, StoreError,
 };
 use crate::fence::gate::Ask;
 
@@ -19,6 +19,7 @@ pub enum AnyStore {
     Memory(MemoryStore),
     File(FileStore),
     Redis(RedisStore),
+    Etcd(EtcdStore),
 }
 
 impl FenceStore for AnyStore {
@@ -27,6 +28,7 @@ impl FenceStore for AnyStore {
             AnyStore::Memory(s) => s.get(key).await,
             AnyStore::File(s) => s.get(key).await,
             AnyStore::Redis(s) => Box::pin(s.get(key)).await,
+            AnyStore::Etcd(s) => Box::pin(s.get(key)).await,
         }
     }
 
@@ -35,6 +37,7 @@ impl FenceStore for AnyStore {
             AnyStore::Memory(s) => s.peek(key),
             AnyStore::File(s) => s.peek(key),
             AnyStore::Redis(s) => s.peek(key),
+            AnyStore::Etcd(s) => s.peek(key),
         }
     }
 
@@ -43,6 +46,7 @@ impl FenceStore for AnyStore {
             AnyStore::Memory(s) => s.at_hand(key),
             AnyStore::File(s) => s.at_hand(key),
             AnyStore::Redis(s) => s.at_hand(key),
+            AnyStore::Etcd(s) => s.at_hand(key),
         }
     }
 
@@ -51,6 +55,7 @@ impl FenceStore for AnyStore {
             AnyStore::Memory(s) => s.advance(key, token).await,
             AnyStore::File(s) => s.advance(key, token).await,
             AnyStore::Redis(s) => Box::pin(s.advance(key, token)).await,
+            AnyStore::Etcd(s) => Box::pin(s.advance(key, token)).await,
         }
     }
 
@@ -66,6 +71,7 @@ impl FenceStore for AnyStore {
             AnyStore::Memory(s) => s.enter(key, token, ask, lease, wait).await,
             AnyStore::File(s) => s.enter(key, token, ask, lease, wait).await,
             AnyStore::Redis(s) => Box::pin(s.enter(key, token, ask, lease, wait)).await,
+            AnyStore::Etcd(s) => Box::pin(s.enter(key, token, ask, lease, wait)).await,
         }
     }
 
@@ -74,6 +80,7 @@ impl FenceStore for AnyStore {
             AnyStore::Memory(s) => s.list(prefix, after, limit).await,
             AnyStore::File(s) => s.list(prefix, after, limit).await,
             AnyStore::Redis(s) => Box::pin(s.list(prefix, after, limit)).await,
+            AnyStore::Etcd(s) => Box::pin(s.list(prefix, after, limit)).await,
         }
     }
 
@@ -82,6 +89,7 @@ impl FenceStore for AnyStore {
             AnyStore::Memory(s) => s.delete(which).await,
             AnyStore::File(s) => s.delete(which).await,
             AnyStore::Redis(s) => Box::pin(s.delete(which)).await,
+            AnyStore::Etcd(s) => Box::pin(s.delete(which)).await,
         }
     }
 
@@ -90,6 +98,7 @@ impl FenceStore for AnyStore {
             AnyStore::Memory(s) => s.confirm().await,
             AnyStore::File(s) => s.confirm().await,
             AnyStore::Redis(s) => Box::pin(s.confirm()).await,
+            AnyStore::Etcd(s) => Box::pin(s.confirm()).await,
         }
     }
 
@@ -98,6 +107,7 @@ impl FenceStore for AnyStore {
             AnyStore::Memory(s) => s.set_write_lease(longest),
             AnyStore::File(s) => s.set_write_lease(longest),
             AnyStore::Redis(s) => s.set_write_lease(longest),
+            AnyStore::Etcd(s) => s.set_write_lease(longest),
         }
     }
 
@@ -106,6 +116,7 @@ impl FenceStore for AnyStore {
             AnyStore::Memory(s) => s.unready(),
             AnyStore::File(s) => s.unready(),
             AnyStore::Redis(s) => s.unready(),
+            AnyStore::Etcd(s) => s.unready(),
         }
     }
 
@@ -114,6 +125,7 @@ impl FenceStore for AnyStore {
             AnyStore::Memory(s) => s.disk_bytes(),
             AnyStore::File(s) => s.disk_bytes(),
             AnyStore::Redis(s) => s.disk_bytes(),
+            AnyStore::Etcd(s) => s.disk_bytes(),
         }
     }
 
@@ -122,6 +134,7 @@ impl FenceStore for AnyStore {
             AnyStore::Memory(s) => s.tracked_keys(),
             AnyStore::File(s) => s.tracked_keys(),
             AnyStore::Redis(s) => s.tracked_keys(),
+            AnyStore::Etcd(s) => s.tracked_keys(),
         }
     }
 
@@ -130,6 +143,7 @@ impl FenceStore for AnyStore {
             AnyStore::Memory(s) => s.cached_keys(),
             AnyStore::File(s) => s.cached_keys(),
             AnyStore::Redis(s) => s.cached_keys(),
+            AnyStore::Etcd(s) => s.cached_keys(),
         }
     }
 
@@ -138,6 +152,7 @@ impl FenceStore for AnyStore {
             AnyStore::Memory(s) => s.stats(),
             AnyStore::File(s) => s.stats(),
             AnyStore::Redis(s) => s.stats(),
+            AnyStore::Etcd(s) => s.stats(),
         }
     }
 
@@ -146,6 +161,7 @@ impl FenceStore for AnyStore {
             AnyStore::Memory(s) => s.close().await,
             AnyStore::File(s) => FenceStore::close(s).await,
             AnyStore::Redis(s) => s.close().await,
+            AnyStore::Etcd(s) => s.close().await,
         }
     }
 }

@@ -127,6 +127,12 @@ pub enum Doubt {
     NoIdentity,
     /// An identity written at first contact was gone when read back.
     IdentityVanished,
+    /// etcd answered from another cluster than the one this replica
+    /// adopted (ids in hex): the store was replaced.
+    ClusterChanged { was: String, now: String },
+    /// etcd answered at a revision below one this replica saw: it was
+    /// restored from an older snapshot.
+    RevisionWentBack { seen: i64, found: i64 },
 }
 
 impl std::fmt::Display for Distrust {
@@ -157,6 +163,16 @@ impl std::fmt::Display for Distrust {
                  (identity {identity})"
             ),
             Doubt::IdentityUnsettled => write!(f, "the {store} fence store's identity keeps changing"),
+            Doubt::ClusterChanged { was, now } => write!(
+                f,
+                "the {store} fence store answers from cluster {now}, not from cluster {was} this replica used: \
+                 it was replaced, and its marks may have gone back"
+            ),
+            Doubt::RevisionWentBack { seen, found } => write!(
+                f,
+                "the {store} fence store answered at revision {found}, below revision {seen} this replica saw: \
+                 it was restored from an older snapshot, and its marks may have gone back"
+            ),
             Doubt::NoIdentity => write!(f, "the {store} fence store has no identity yet"),
             Doubt::IdentityVanished => write!(f, "the {store} fence store's identity vanished as it was written"),
         }

@@ -1,8 +1,8 @@
 //! Fence stores: where the highest accepted token of each key ("the mark") lives.
 //!
 //! One trait, [`FenceStore`], serves every store: the memory store (one
-//! process, volatile), the file store (one process, durable) and the Redis
-//! store (replicas share it). Its types name no store: a store of one
+//! process, volatile), the file store (one process, durable), the Redis
+//! store and the etcd store (replicas share them). Its types name no store: a store of one
 //! process leaves the parts meant for shared stores at their defaults.
 //!
 //! [`FenceStore::advance`] is the one primitive the fence needs: an atomic
@@ -15,8 +15,10 @@
 
 mod any;
 mod error;
+mod etcd;
 mod file;
 mod in_flight;
+mod knowledge;
 mod memory;
 pub mod redis;
 mod stats;
@@ -26,6 +28,7 @@ use std::time::Duration;
 
 pub use any::AnyStore;
 pub use error::{Distrust, Doubt, Found, StoreError, Unexpected};
+pub use etcd::EtcdStore;
 pub use file::{journal, CacheBounds, FileStore, OpenError};
 pub use in_flight::{longest_write_lease, InFlight, WriteBounds, WriteRecord};
 pub use memory::MemoryStore;

@@ -10,9 +10,9 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use super::flight::LEASE_MARGIN;
-use super::identity::{new_identity, Known};
 use super::scripts::{millis, Reply, Verdict};
 use super::{Inner, STORE};
+use crate::fence::store::knowledge::{new_identity, Known};
 use crate::fence::store::{Confirmed, Distrust, Doubt, StoreError};
 
 /// How often a replica reads the store's identity and size when nothing

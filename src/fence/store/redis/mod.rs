@@ -46,9 +46,9 @@ use super::{
 };
 use crate::config::RedisConfig;
 use crate::fence::gate::Ask;
+use crate::fence::store::knowledge::{new_identity, Knowledge};
 use flight::{end_records, Flight, Flights, Record};
 use health::{health, Reachability};
-use identity::{new_identity, Knowledge};
 use names::{lex_inclusive, upper_bound, Names};
 use scripts::{millis, parse_count, parse_mark, Scripts, Verdict};
 
