@@ -129,8 +129,8 @@ pub struct Confirmed {
 /// remembers what it saw ([`at_hand`](Self::at_hand)), and says when it
 /// cannot be trusted ([`unready`](Self::unready), [`confirm`](Self::confirm)).
 ///
-/// How a store on etcd fits this trait as it is: docs/architecture.md
-/// ("A store on etcd, on the seam as it is").
+/// How the etcd store fits this trait as it is: docs/architecture.md
+/// ("The etcd store, on the seam as it is").
 pub trait FenceStore: Send + Sync + 'static {
     /// The mark of `key`, or `None` when no token was ever accepted for it.
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;

@@ -9,7 +9,7 @@
 //! one adopted or none, a cluster id other than the one adopted, a revision
 //! below one seen, or a mark below one seen. Any of these is a `Distrust`:
 //! fenced writes are refused until an operator confirms the store as it is
-//! (`POST /fences/store/confirm`, `fencegate fences confirm`). The
+//! (`POST /fences/store/confirm`, `fencegate fence confirm-store`). The
 //! confirmation writes a new identity naming the one it replaces, raises
 //! this replica's remembered marks back, and holds fenced writes for the
 //! longest write lease (`P held`, under a lease as long): writes admitted
@@ -121,7 +121,7 @@ impl Inner {
             error!(
                 error = %distrust,
                 "fenced writes are refused until an operator confirms the etcd fence store \
-                 (POST /fences/store/confirm on the admin listener, or `fencegate fences confirm`)"
+                 (POST /fences/store/confirm on the admin listener, or `fencegate fence confirm-store`)"
             );
         }
     }
