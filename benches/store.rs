@@ -1,18 +1,23 @@
-//! Raising-token write throughput, end to end through fencegate: the durable file
-//! store and the Redis store against the memory store, side by side in one run.
+//! Fenced write throughput, end to end through fencegate: the durable file store,
+//! the Redis store and the etcd store against the memory store, side by side in
+//! one run.
 //!
 //! `cargo bench --bench store`. One process, one tokio multi-thread runtime with
 //! 2 workers, holding a minimal upstream (hyper http1, 200 to everything), one
 //! in-process fencegate per store (store = "memory"; store = "file" in a fresh
 //! temp dir; store = "redis" on a `redis-server` this bench starts as a child
 //! process on a free loopback port, its dir in the same temp dir, killed at the
-//! end) and the load generator. Every `PUT /objects/k{i}` carries a token one
-//! higher than the previous one for its key, so every request raises a mark and,
-//! with the file store, needs a commit, and with the Redis store runs the
-//! `enter` script (and a `ZREM` when its turn ends). Rounds are interleaved
-//! (memory, file, redis, memory, file, redis, ...) so drift of a noisy machine
-//! hits all alike. Redis shares the two cores: its own CPU per request (from
-//! `/proc/<pid>/stat`) is reported beside the bench process's.
+//! end; store = "etcd" on a one-member `etcd` started the same way) and the load
+//! generator. With `BENCH_TOKENS=raise` (the default) every `PUT /objects/k{i}`
+//! carries a token one higher than the previous one for its key, so every
+//! request raises a mark and, with the file store, needs a commit, with the
+//! Redis store runs the `enter` script (and a `ZREM` when its turn ends), and
+//! with etcd commits a transaction. With `BENCH_TOKENS=equal` every request
+//! carries token 1, the mark after the first: the lock holder's own writes,
+//! which share their key. Rounds are interleaved (memory, file, redis, etcd,
+//! memory, ...) so drift of a noisy machine hits all alike. Redis and etcd
+//! share the two cores: their own CPU per request (from `/proc/<pid>/stat`) is
+//! reported beside the bench process's.
 //!
 //! Environment:
 //! - `BENCH_SECONDS` (3): length of one round.
@@ -24,14 +29,16 @@
 //!   time, and time bare fsyncs, to explain the end-to-end numbers. 0 skips.
 //! - `BENCH_DIRECT_TASKS` (64,1024): concurrent tasks for the direct file store
 //!   runs; more tasks make bigger commit batches.
-//! - `BENCH_STORES` (memory,file,redis; memory,file when `redis-server` is not
-//!   on the PATH): which stores, in round order, any of the three in any order;
-//!   one alone is handy under a profiler.
+//! - `BENCH_STORES` (memory,file,redis,etcd; redis and etcd only when
+//!   `redis-server` and `etcd` are on the PATH): which stores, in round order,
+//!   any of the four in any order; one alone is handy under a profiler.
+//! - `BENCH_TOKENS` (raise): `raise` (every write raises its key's mark) or
+//!   `equal` (every write carries the mark: the holder's writes).
 //! - `BENCH_REDIS_AOF` (off): `always`, `everysec` or `no` runs Redis with
 //!   `appendonly yes` and that `appendfsync` policy (production's advice is an
 //!   AOF); `off` is `--appendonly no`. RDB snapshots are off either way.
-//! - `BENCH_DIR`: where the file store and Redis's dir go (default: the system
-//!   temp dir).
+//! - `BENCH_DIR`: where the file store's, Redis's and etcd's dirs go (default:
+//!   the system temp dir).
 //!
 //! See benches/README.md for results and how to read them.
 
@@ -73,18 +80,28 @@ struct Settings {
     direct: bool,
     /// Concurrent tasks for the direct runs of the file store.
     direct_tasks: Vec<usize>,
-    /// Which fencegates to run, in round order: "memory", "file", "redis".
+    /// Which fencegates to run, in round order: "memory", "file", "redis", "etcd".
     stores: Vec<&'static str>,
+    /// Every write carries its key's mark instead of raising it.
+    equal: bool,
     /// `appendfsync` policy of Redis's AOF; `None`: no AOF.
     redis_aof: Option<&'static str>,
 }
 
-const STORES: [&str; 3] = ["memory", "file", "redis"];
+const STORES: [&str; 4] = ["memory", "file", "redis", "etcd"];
 
-/// Whether `redis-server` is a file on the PATH.
-fn redis_installed() -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("redis-server").is_file()))
+/// The program a store's server runs as, for the stores that have one.
+fn server_program(store: &str) -> Option<&'static str> {
+    match store {
+        "redis" => Some("redis-server"),
+        "etcd" => Some("etcd"),
+        _ => None,
+    }
+}
+
+/// Whether `program` is a file on the PATH.
+fn installed(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -108,26 +125,38 @@ fn main() {
             .map(|n| n.trim().parse().expect("BENCH_DIRECT_TASKS: a list of numbers"))
             .collect(),
         stores: match std::env::var("BENCH_STORES") {
-            Err(_) if redis_installed() => STORES.to_vec(),
-            Err(_) => {
-                println!("redis store skipped: no redis-server on the PATH (BENCH_STORES defaults to memory,file)");
-                STORES[..2].to_vec()
-            }
+            Err(_) => STORES
+                .into_iter()
+                .filter(|store| match server_program(store) {
+                    Some(program) if !installed(program) => {
+                        println!("{store} store skipped: no {program} on the PATH");
+                        false
+                    }
+                    _ => true,
+                })
+                .collect(),
             Ok(list) => {
                 let mut stores = Vec::new();
                 for name in list.split(',').map(str::trim) {
                     let Some(&known) = STORES.iter().find(|s| **s == name) else {
-                        panic!("BENCH_STORES={list:?}: {name:?} is not memory, file or redis")
+                        panic!("BENCH_STORES={list:?}: {name:?} is not memory, file, redis or etcd")
                     };
                     assert!(!stores.contains(&known), "BENCH_STORES={list:?} names {name} twice");
+                    if let Some(program) = server_program(known) {
+                        assert!(
+                            installed(program),
+                            "BENCH_STORES={list:?} asks for {name}, and no {program} is on the PATH"
+                        );
+                    }
                     stores.push(known);
                 }
-                assert!(
-                    !stores.contains(&"redis") || redis_installed(),
-                    "BENCH_STORES={list:?} asks for redis, and no redis-server is on the PATH"
-                );
                 stores
             }
+        },
+        equal: match std::env::var("BENCH_TOKENS").as_deref() {
+            Err(_) | Ok("raise") => false,
+            Ok("equal") => true,
+            Ok(other) => panic!("BENCH_TOKENS={other:?}: expected raise (default) or equal"),
         },
         redis_aof: match std::env::var("BENCH_REDIS_AOF").as_deref() {
             Err(_) | Ok("off") => None,
@@ -168,8 +197,8 @@ struct RoundResult {
     p99_us: u64,
     cpu_us_per_req: f64,
     committer_cpu_us_per_req: f64,
-    /// CPU of the `redis-server` process per request (Redis store rounds).
-    redis_cpu_us_per_req: Option<f64>,
+    /// CPU of the store's server process (`redis-server`, `etcd`) per request.
+    server_cpu_us_per_req: Option<f64>,
     commits: Option<u64>,
     raises: Option<u64>,
     commit_seconds: Option<f64>,
@@ -177,25 +206,31 @@ struct RoundResult {
 
 async fn run(s: Settings, dir: &Path) -> u64 {
     let redis = s.stores.contains(&"redis").then(|| RedisServer::start(&dir.join("redis"), s.redis_aof));
+    let etcd = s.stores.contains(&"etcd").then(|| EtcdServer::start(&dir.join("etcd")));
     println!(
         "fencegate store bench: {} round(s) x {}s per store (+{}s warm-up), {} connections, {} keys, every PUT \
-         raises its key's token; tokio multi-thread runtime, 2 workers, {} CPUs",
+         {}; tokio multi-thread runtime, 2 workers, {} CPUs",
         s.rounds,
         s.seconds,
         s.warmup,
         s.conns,
         s.keys,
+        if s.equal { "carries its key's mark (BENCH_TOKENS=equal)" } else { "raises its key's token" },
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
     let upstream = start_upstream().await;
     let file_dir = dir.join("fences");
     let mut targets = Vec::new();
     for kind in s.stores.iter().copied() {
-        targets.push(match (kind, &redis) {
-            ("memory", _) => start_fencegate("memory", "store = \"memory\"", upstream, s.keys).await,
-            ("redis", Some(redis)) => {
+        targets.push(match (kind, &redis, &etcd) {
+            ("memory", _, _) => start_fencegate("memory", "store = \"memory\"", upstream, s.keys).await,
+            ("redis", Some(redis), _) => {
                 let fences = format!("store = \"redis\"\nurl = \"{}\"", redis.url());
                 start_fencegate("redis", &fences, upstream, s.keys).await
+            }
+            ("etcd", _, Some(etcd)) => {
+                let fences = format!("store = \"etcd\"\nendpoints = [\"{}\"]", etcd.url());
+                start_fencegate("etcd", &fences, upstream, s.keys).await
             }
             _ => {
                 let fences =
@@ -208,6 +243,9 @@ async fn run(s: Settings, dir: &Path) -> u64 {
     if let Some(redis) = &redis {
         println!("{redis}");
     }
+    if let Some(etcd) = &etcd {
+        println!("{etcd}");
+    }
     let client: HttpClient = {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -217,7 +255,7 @@ async fn run(s: Settings, dir: &Path) -> u64 {
     let mut failed = 0;
     if s.warmup > 0.0 {
         for t in &targets {
-            let r = drive(&client, t, s.conns, Duration::from_secs_f64(s.warmup)).await;
+            let r = drive(&client, t, s.conns, Duration::from_secs_f64(s.warmup), s.equal).await;
             failed += r.failed;
             println!("warm-up  {:<6} {:>8.0} req/s", t.name, r.done as f64 / r.elapsed.as_secs_f64());
         }
@@ -225,12 +263,16 @@ async fn run(s: Settings, dir: &Path) -> u64 {
     for round in 1..=s.rounds {
         for t in targets.iter_mut() {
             let before = scrape(&client, t.admin).await;
-            let redis_cpu = redis.as_ref().filter(|_| t.name == "redis");
-            let redis0 = redis_cpu.map(RedisServer::cpu_ns);
+            let server = match t.name {
+                "redis" => redis.as_ref().map(|r| r.child.id()),
+                "etcd" => etcd.as_ref().map(|e| e.child.id()),
+                _ => None,
+            };
+            let server0 = server.map(cpu_ns_of);
             let cpu0 = process_cpu_ns();
-            let r = drive(&client, t, s.conns, Duration::from_secs_f64(s.seconds)).await;
+            let r = drive(&client, t, s.conns, Duration::from_secs_f64(s.seconds), s.equal).await;
             let cpu1 = process_cpu_ns();
-            let redis1 = redis_cpu.map(RedisServer::cpu_ns);
+            let server1 = server.map(cpu_ns_of);
             let (cpu, committer_cpu) = (cpu1.0.saturating_sub(cpu0.0), cpu1.1.saturating_sub(cpu0.1));
             let after = scrape(&client, t.admin).await;
             failed += r.failed;
@@ -243,8 +285,8 @@ async fn run(s: Settings, dir: &Path) -> u64 {
                 p99_us: percentile(&lat, 0.99),
                 cpu_us_per_req: cpu as f64 / 1e3 / r.done.max(1) as f64,
                 committer_cpu_us_per_req: committer_cpu as f64 / 1e3 / r.done.max(1) as f64,
-                redis_cpu_us_per_req: redis0
-                    .zip(redis1)
+                server_cpu_us_per_req: server0
+                    .zip(server1)
                     .map(|(a, b)| b.saturating_sub(a) as f64 / 1e3 / r.done.max(1) as f64),
                 commits: delta("fencegate_store_commits_total").map(|v| v as u64),
                 raises: delta("fencegate_store_raises_total").map(|v| v as u64),
@@ -262,8 +304,8 @@ async fn run(s: Settings, dir: &Path) -> u64 {
                 } else {
                     String::new()
                 },
-                match rr.redis_cpu_us_per_req {
-                    Some(c) => format!(" + redis-server {c:.1} = {:.1}", rr.cpu_us_per_req + c),
+                match rr.server_cpu_us_per_req {
+                    Some(c) => format!(" + {} {c:.1} = {:.1}", t.name, rr.cpu_us_per_req + c),
                     None => String::new(),
                 },
                 match (rr.commits, rr.raises) {
@@ -289,6 +331,7 @@ async fn run(s: Settings, dir: &Path) -> u64 {
         fsync_probe(dir);
     }
     drop(redis);
+    drop(etcd);
     failed
 }
 
@@ -300,7 +343,7 @@ fn report(targets: &[Target], s: &Settings) {
         p50: u64,
         p99: u64,
         cpu: f64,
-        redis_cpu: Option<f64>,
+        server_cpu: Option<f64>,
     }
     let summary = |t: &Target| {
         let mut rps: Vec<f64> = t.rounds.iter().map(|r| r.rps).collect();
@@ -312,19 +355,19 @@ fn report(targets: &[Target], s: &Settings) {
             p50: b.p50_us,
             p99: b.p99_us,
             cpu: b.cpu_us_per_req,
-            redis_cpu: b.redis_cpu_us_per_req,
+            server_cpu: b.server_cpu_us_per_req,
         }
     };
-    let with_redis = targets.iter().any(|t| t.name == "redis");
+    let with_redis = targets.iter().any(|t| server_program(t.name).is_some());
     println!();
     println!(
         "| store | best req/s | median req/s | p50 (best round) | p99 (best round) | CPU/req (best round){} |",
-        if with_redis { " | redis-server CPU/req (best round)" } else { "" }
+        if with_redis { " | store server CPU/req (best round)" } else { "" }
     );
     println!("|---|---:|---:|---:|---:|---:|{}", if with_redis { "---:|" } else { "" });
     for t in targets {
         let x = summary(t);
-        let redis_cell = match (with_redis, x.redis_cpu) {
+        let redis_cell = match (with_redis, x.server_cpu) {
             (false, _) => String::new(),
             (true, None) => " – |".into(),
             (true, Some(c)) => format!(" {c:.1} µs (total {:.1} µs) |", x.cpu + c),
@@ -339,10 +382,13 @@ fn report(targets: &[Target], s: &Settings) {
     let m = summary(mt);
     let mut verdicts = Vec::new();
     // The targets the project set for each store against the memory store.
-    for (name, target) in [("file", 0.8), ("redis", 0.5)] {
+    // etcd: ×0.5 for the holder's writes (they need not pay a consensus round
+    // each), ×0.2 for raises (each is one).
+    let etcd_target = if s.equal { 0.5 } else { 0.2 };
+    for (name, target) in [("file", 0.8), ("redis", 0.5), ("etcd", etcd_target)] {
         let Some(xt) = by_name(name) else { continue };
         let x = summary(xt);
-        let redis_cell = match (with_redis, x.redis_cpu) {
+        let redis_cell = match (with_redis, x.server_cpu) {
             (false, _) => String::new(),
             (true, None) => " – |".into(),
             (true, Some(c)) => format!(" total ×{:.2} |", (x.cpu + c) / m.cpu),
@@ -376,8 +422,9 @@ fn report(targets: &[Target], s: &Settings) {
     for v in verdicts {
         println!("{v}");
     }
-    if let Some(rt) = by_name("redis") {
-        let mut cpu: Vec<f64> = rt.rounds.iter().filter_map(|r| r.redis_cpu_us_per_req).collect();
+    for rt in ["redis", "etcd"].into_iter().filter_map(by_name) {
+        let program = server_program(rt.name).unwrap_or(rt.name);
+        let mut cpu: Vec<f64> = rt.rounds.iter().filter_map(|r| r.server_cpu_us_per_req).collect();
         cpu.sort_by(f64::total_cmp);
         let mut own: Vec<f64> = rt.rounds.iter().map(|r| r.cpu_us_per_req).collect();
         own.sort_by(f64::total_cmp);
@@ -387,7 +434,7 @@ fn report(targets: &[Target], s: &Settings) {
             (cpu.get(cpu.len() / 2), own.get(own.len() / 2), mem.get(mem.len() / 2))
         {
             println!(
-                "redis-server CPU per request (median round): {c:.1} µs ({}); this process {o:.1} µs, together \
+                "{program} CPU per request (median round): {c:.1} µs ({}); this process {o:.1} µs, together \
                  {:.1} µs against the memory store's {mm:.1} µs (×{:.2})",
                 cpu.iter().map(|c| format!("{c:.1}")).collect::<Vec<_>>().join(", "),
                 c + o,
@@ -421,7 +468,7 @@ struct DriveResult {
 }
 
 /// `conns` tasks, each sending PUTs to its own keys in turn until `length` is up.
-async fn drive(client: &HttpClient, t: &Target, conns: usize, length: Duration) -> DriveResult {
+async fn drive(client: &HttpClient, t: &Target, conns: usize, length: Duration, equal: bool) -> DriveResult {
     let started = Instant::now();
     let deadline = started + length;
     let tasks: Vec<_> = (0..conns)
@@ -432,7 +479,8 @@ async fn drive(client: &HttpClient, t: &Target, conns: usize, length: Duration) 
                 let (mut done, mut failed) = (0u64, 0u64);
                 let mut key = task;
                 while Instant::now() < deadline {
-                    let token = tokens[key].fetch_add(1, Ordering::Relaxed) + 1;
+                    // The holder's writes carry the mark its first write set.
+                    let token = if equal { 1 } else { tokens[key].fetch_add(1, Ordering::Relaxed) + 1 };
                     let req = Request::put(uris[key].clone())
                         .header("x-fencing-token", HeaderValue::from(token))
                         .body(Full::new(Bytes::from_static(b"x")))
@@ -596,17 +644,93 @@ impl RedisServer {
         let text = String::from_utf8_lossy(&buf[..n]).into_owned();
         (n > 0 && !text.starts_with('-')).then_some(text)
     }
+}
 
-    /// CPU time so far of the whole `redis-server` process (all its threads),
-    /// user + system from `/proc/<pid>/stat`, in ns (clock-tick resolution).
-    fn cpu_ns(&self) -> u64 {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())) else { return 0 };
-        // After "pid (comm) ": state is field 3, utime 14, stime 15.
-        let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
-        let ticks: u64 = fields.get(11..13).map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
-        // SAFETY: sysconf reads a constant of the system, touching no memory of ours.
-        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-        ticks * 1_000_000_000 / per_second
+/// CPU time so far of the whole process `pid` (all its threads), user +
+/// system from `/proc/<pid>/stat`, in ns (clock-tick resolution).
+fn cpu_ns_of(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0 };
+    // After "pid (comm) ": state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let ticks: u64 = fields.get(11..13).map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
+    // SAFETY: sysconf reads a constant of the system, touching no memory of ours.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    ticks * 1_000_000_000 / per_second
+}
+
+/// A one-member etcd cluster on free loopback ports, its data in `dir`:
+/// every transaction is synced to its disk before it is answered, as on a
+/// cluster's members.
+struct EtcdServer {
+    child: std::process::Child,
+    port: u16,
+    version: String,
+}
+
+impl EtcdServer {
+    fn start(dir: &Path) -> EtcdServer {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        let free =
+            || std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+        let (port, peer) = (free(), free());
+        let (client_url, peer_url) = (format!("http://127.0.0.1:{port}"), format!("http://127.0.0.1:{peer}"));
+        let log = dir.join("etcd.log");
+        let out = std::fs::File::create(&log).expect("etcd's log file");
+        let child = std::process::Command::new("etcd")
+            .args(["--name", "bench", "--data-dir"])
+            .arg(dir.join("data"))
+            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("bench={peer_url}")])
+            .stdin(std::process::Stdio::null())
+            .stdout(out.try_clone().expect("etcd's log file"))
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
+        let mut server = EtcdServer { child, port, version: String::new() };
+        let started = Instant::now();
+        loop {
+            if let Some(health) = server.get("/health").filter(|h| h.contains("\"health\":\"true\"")) {
+                drop(health);
+                server.version = server.get("/version").unwrap_or_default();
+                return server;
+            }
+            let exited = server.child.try_wait().ok().flatten();
+            if exited.is_some() || started.elapsed() > Duration::from_secs(20) {
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("etcd did not answer on port {port} ({exited:?}); its log:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The body of `GET path` on the client port, if it answered 200.
+    fn get(&self, path: &str) -> Option<String> {
+        use std::io::{Read, Write};
+        let mut con = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        con.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        con.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).ok()?;
+        let mut text = String::new();
+        con.read_to_string(&mut text).ok()?;
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        head.split(' ').nth(1).is_some_and(|status| status == "200").then(|| body.trim().to_owned())
+    }
+}
+
+impl std::fmt::Display for EtcdServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "etcd {} (pid {}) on 127.0.0.1:{}, one member", self.version, self.child.id(), self.port)
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -731,9 +855,9 @@ async fn direct(s: &Settings, dir: &Path, redis: Option<&RedisServer>) {
     // First raise of every key (inserts: the index too), unmeasured.
     advance_for(&store, &keys, s.conns, Duration::from_secs_f64(s.warmup.max(0.5)), Op::Advance).await;
     for op in [Op::Advance, Op::Enter] {
-        let (cpu0, redis0) = (process_cpu_ns(), redis.cpu_ns());
+        let (cpu0, redis0) = (process_cpu_ns(), cpu_ns_of(redis.child.id()));
         let (n, secs) = advance_for(&store, &keys, s.conns, length, op).await;
-        let (cpu1, redis1) = (process_cpu_ns(), redis.cpu_ns());
+        let (cpu1, redis1) = (process_cpu_ns(), cpu_ns_of(redis.child.id()));
         let per = |ns: u64| ns as f64 / 1e3 / n.max(1) as f64;
         let (own, theirs) = (per(cpu1.0 - cpu0.0), per(redis1.saturating_sub(redis0)));
         println!(

@@ -24,6 +24,7 @@ mod contract;
 mod demo;
 mod deployments;
 mod durability;
+mod etcd_shared;
 mod faults;
 mod fence_api;
 mod fuzz_regressions;

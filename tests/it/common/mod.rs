@@ -567,6 +567,7 @@ where
 }
 
 pub mod certs;
+pub mod etcd;
 pub mod h2;
 pub mod hold;
 pub mod process;

@@ -18,6 +18,7 @@
 use std::sync::{Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use etcd_client::{Txn, TxnOp};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -76,7 +77,7 @@ impl Lease {
 
     /// The id of the lease a write whose lease is `lease` may be recorded
     /// under, if one is good long enough now.
-    fn good_for(&self, lease: Duration) -> Option<i64> {
+    pub(super) fn good_for(&self, lease: Duration) -> Option<i64> {
         let state = self.state();
         let current = state.current?;
         let fits = current.ttl >= state.wanted && current.ttl >= lease + LEASE_MARGIN / 2;
@@ -119,6 +120,17 @@ impl Lease {
         }
     }
 
+    /// Forgets the current lease once it may have ended (not kept alive
+    /// in time, or gone: a store replaced): the next write is granted a new
+    /// one. The writes entered under it have ended: each was entered only
+    /// while the lease outlived it.
+    fn forget_lapsed(&self) {
+        let mut state = self.state();
+        if state.current.is_some_and(|g| g.until < Instant::now()) {
+            state.current = None;
+        }
+    }
+
     /// The ids of every lease this replica holds, for its close.
     pub fn all(&self) -> Vec<i64> {
         self.alive()
@@ -140,9 +152,10 @@ impl Inner {
         // one is then the surest way to know etcd's count).
         let ttl = self.lease.state().wanted.max(ttl_for(lease));
         let sent = Instant::now();
-        let mut client = self.client().await?;
-        let granted =
-            self.call("granting this replica's etcd lease", client.lease_grant(ttl.as_secs() as i64, None)).await?;
+        let seconds = ttl.as_secs() as i64;
+        let granted = self
+            .call("granting this replica's etcd lease", |mut c| async move { c.lease_grant(seconds, None).await })
+            .await?;
         let granted = Granted { id: granted.id(), ttl, until: sent + Duration::from_secs(granted.ttl().max(0) as u64) };
         {
             let mut state = self.lease.state();
@@ -168,19 +181,20 @@ impl Inner {
     async fn keep_alive(&self) {
         for id in self.lease.alive() {
             let sent = Instant::now();
-            let Ok(mut client) = self.client().await else { return };
-            let kept = async {
-                let (mut keeper, mut stream) = client.lease_keep_alive(id).await?;
+            let kept = self.call("keeping this replica's etcd lease alive", |mut c| async move {
+                let (mut keeper, mut stream) = c.lease_keep_alive(id).await?;
                 keeper.keep_alive().await?;
                 stream.message().await
-            };
-            match tokio::time::timeout(self.timeout, kept).await {
-                Ok(Ok(Some(answer))) => self.lease.kept(id, sent, answer.ttl()),
-                Ok(Ok(None)) => {}
-                Ok(Err(e)) => tracing::debug!(error = %e, lease = id, "keeping this replica's etcd lease alive"),
-                Err(_) => tracing::debug!(lease = id, "keeping this replica's etcd lease alive: no answer in time"),
+            });
+            match kept.await {
+                Ok(Some(answer)) => self.lease.kept(id, sent, answer.ttl()),
+                Ok(None) => {}
+                // etcd does not know it: a store replaced, or the lease ended.
+                Err(e) if e.to_string().contains("lease not found") => self.lease.kept(id, sent, 0),
+                Err(e) => tracing::debug!(error = %e, lease = id, "keeping this replica's etcd lease alive"),
             }
         }
+        self.lease.forget_lapsed();
     }
 }
 
@@ -217,24 +231,33 @@ pub(super) fn recorded(ended: &mpsc::UnboundedSender<String>, key: String) -> In
     InFlight::recorded(Flight { ended: ended.clone(), key })
 }
 
-/// Deletes the records of writes that ended, retrying until etcd takes
-/// each (or the replica's lease ends and takes them with it).
+/// Most records one transaction deletes (etcd's default `--max-txn-ops`
+/// is 128).
+const END_BATCH: usize = 128;
+
+/// Deletes the records of writes that ended, those queued together in one
+/// transaction, retrying until etcd takes them (or the replica's lease ends
+/// and takes them with it).
 pub(super) async fn end_records(inner: Weak<Inner>, mut ended: mpsc::UnboundedReceiver<String>) {
-    while let Some(key) = ended.recv().await {
+    let mut batch = Vec::with_capacity(END_BATCH);
+    while ended.recv_many(&mut batch, END_BATCH).await > 0 {
         let mut pause = Duration::from_millis(10);
         loop {
             let Some(store) = inner.upgrade() else { return };
-            let deleted = async {
-                let mut client = store.client().await?;
-                store.call("ending a write's record", client.delete(key.as_bytes(), None)).await
-            };
+            let deletes: Vec<TxnOp> = batch.iter().map(|key| TxnOp::delete(key.as_bytes(), None)).collect();
+            let txn = Txn::new().and_then(deletes);
+            let deleted = store.call("ending writes' records", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            });
             match deleted.await {
                 Ok(_) => {
-                    store.ending.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                    store.ending.fetch_sub(batch.len(), std::sync::atomic::Ordering::AcqRel);
+                    batch.clear();
                     break;
                 }
                 Err(e) => {
-                    tracing::debug!(error = %e, record = %key, "ending a write's record in etcd; trying again");
+                    tracing::debug!(error = %e, records = batch.len(), "ending writes' records in etcd; trying again");
                     drop(store);
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(1));

@@ -22,6 +22,7 @@
 
 mod lease;
 mod names;
+mod share;
 mod trust;
 
 use std::future::Future;
@@ -40,8 +41,9 @@ use super::knowledge::Knowledge;
 use super::{Advance, AtHand, Confirmed, Deleted, Entered, FenceStore, Found, Selection, StoreError, Unexpected};
 use crate::config::EtcdConfig;
 use crate::fence::gate::Ask;
-use lease::{end_records, keep_alive, recorded, Lease};
+use lease::{end_records, keep_alive, Lease};
 use names::{mark_value, parse_mark, prefix_end, Names, Record};
+use share::{keep_shares, Shares};
 use trust::{health, Reachability};
 
 /// How this store names itself in what it reports.
@@ -68,10 +70,12 @@ impl std::fmt::Debug for EtcdStore {
 }
 
 struct Inner {
-    /// Connected at first use, and again after a connection that failed:
-    /// fencegate starts (unready) while etcd is down.
-    client: tokio::sync::Mutex<Option<Client>>,
-    endpoints: Vec<String>,
+    /// One client per member, each connected at first use: fencegate starts
+    /// (unready) while etcd is down. Calls go to the member that answered
+    /// last, and move on to the next when one cannot take them.
+    members: Vec<Member>,
+    /// The member calls go to first.
+    current: AtomicUsize,
     options: ConnectOptions,
     names: Names,
     timeout: Duration,
@@ -91,6 +95,8 @@ struct Inner {
     ended: mpsc::UnboundedSender<String>,
     /// Records ended and not yet deleted.
     ending: AtomicUsize,
+    /// This replica's shares of keys its writes hold (share.rs).
+    shares: Shares,
     /// Numbers this replica's records.
     next_record: AtomicI64,
     replica: String,
@@ -133,8 +139,12 @@ impl EtcdStore {
         }
         let (ended, ended_rx) = mpsc::unbounded_channel();
         let inner = Arc::new(Inner {
-            client: tokio::sync::Mutex::new(None),
-            endpoints: config.endpoints.clone(),
+            members: config
+                .endpoints
+                .iter()
+                .map(|url| Member { url: url.clone(), client: Default::default() })
+                .collect(),
+            current: AtomicUsize::new(0),
             options,
             names: Names::new(&config.key_prefix),
             timeout: config.timeout,
@@ -146,6 +156,7 @@ impl EtcdStore {
             lease: Lease::default(),
             ended,
             ending: AtomicUsize::new(0),
+            shares: Shares::default(),
             next_record: AtomicI64::new(0),
             replica: super::knowledge::new_identity()?,
             held_until: std::sync::Mutex::new(None),
@@ -154,6 +165,7 @@ impl EtcdStore {
         tokio::spawn(health(Arc::downgrade(&inner)));
         tokio::spawn(keep_alive(Arc::downgrade(&inner)));
         tokio::spawn(end_records(Arc::downgrade(&inner), ended_rx));
+        tokio::spawn(keep_shares(Arc::downgrade(&inner)));
         Ok(EtcdStore { inner })
     }
 }
@@ -191,27 +203,36 @@ fn unchanged(key: &str, kv: Option<&KeyValue>) -> Compare {
 }
 
 impl Inner {
-    /// The client, connected if need be.
-    async fn client(&self) -> Result<Client, StoreError> {
-        let mut client = self.client.lock().await;
+    /// The client of member `i`, connected if need be.
+    async fn member(&self, i: usize) -> Result<Client, etcd_client::Error> {
+        let member = &self.members[i];
+        let mut client = member.client.lock().await;
         if let Some(client) = &*client {
             return Ok(client.clone());
         }
-        let connected =
-            tokio::time::timeout(self.timeout, Client::connect(self.endpoints.clone(), Some(self.options.clone())))
-                .await;
-        let connected = match connected {
-            Ok(Ok(connected)) => connected,
-            Ok(Err(e)) => return Err(self.failed("connecting to etcd", &e)),
-            Err(_) => return Err(self.no_answer("connecting to etcd")),
-        };
+        let connected = Client::connect([member.url.as_str()], Some(self.options.clone())).await?;
         *client = Some(connected.clone());
         Ok(connected)
     }
 
+    /// The client of the member calls go to now (the watch's).
+    async fn client(&self) -> Result<Client, StoreError> {
+        let i = self.current.load(Ordering::Relaxed) % self.members.len();
+        match tokio::time::timeout(self.timeout, self.member(i)).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(e)) => {
+                self.current.store(i + 1, Ordering::Relaxed);
+                Err(self.failed("connecting to etcd", &e))
+            }
+            Err(_) => Err(self.no_answer("connecting to etcd")),
+        }
+    }
+
+    /// A call that failed with `e`: etcd is unreachable, unless it answered
+    /// with an error of its own.
     fn failed(&self, context: &'static str, e: &etcd_client::Error) -> StoreError {
         let error = StoreError::Failed { store: STORE, context, message: e.to_string() };
-        self.note_answer(Err(&error));
+        self.note_answer(if answered(e) { Ok(()) } else { Err(&error) });
         error
     }
 
@@ -221,27 +242,56 @@ impl Inner {
         error
     }
 
-    /// One etcd call, within `timeout`.
-    async fn call<T>(
-        &self,
-        context: &'static str,
-        call: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(answer)) => {
-                self.note_answer(Ok(()));
-                Ok(answer)
+    /// One etcd call, `call` made with a member's client, within `timeout`.
+    /// A member that could not have taken it (it refused the connection, or
+    /// has no leader) has it made again with the next member; one that took
+    /// it and failed, or did not answer, sends the next calls to the next
+    /// member, and this one fails (it may have been applied).
+    async fn call<T, F, Fut>(&self, context: &'static str, mut call: F) -> Result<T, StoreError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + self.timeout;
+        let count = self.members.len();
+        let first = self.current.load(Ordering::Relaxed) % count;
+        let mut unsent = None;
+        for i in (first..first + count).map(|i| i % count) {
+            let answer = tokio::time::timeout_at(deadline, async {
+                let client = self.member(i).await?;
+                call(client).await
+            });
+            match answer.await {
+                Ok(Ok(answer)) => {
+                    self.current.store(i, Ordering::Relaxed);
+                    self.note_answer(Ok(()));
+                    return Ok(answer);
+                }
+                Ok(Err(e)) if not_taken(&e) => {
+                    tracing::debug!(error = %e, member = %self.members[i].url, "an etcd member cannot take calls; trying the next");
+                    self.current.store(i + 1, Ordering::Relaxed);
+                    unsent = Some(e);
+                }
+                Ok(Err(e)) => {
+                    self.current.store(i + 1, Ordering::Relaxed);
+                    return Err(self.failed(context, &e));
+                }
+                Err(_) => {
+                    self.current.store(i + 1, Ordering::Relaxed);
+                    return Err(self.no_answer(context));
+                }
             }
-            Ok(Err(e)) => Err(self.failed(context, &e)),
-            Err(_) => Err(self.no_answer(context)),
         }
+        Err(match unsent {
+            Some(e) => self.failed(context, &e),
+            None => self.no_answer(context),
+        })
     }
 
     /// One transaction, its header checked against the cluster this replica trusts.
     async fn txn(&self, context: &'static str, txn: Txn) -> Result<(bool, Vec<TxnOpResponse>, i64), StoreError> {
-        let mut client = self.client().await?;
         let floor = self.revision_floor();
-        let mut answer = self.call(context, client.txn(txn)).await?;
+        let mut answer = self.call(context, |mut c| c_txn(&mut c, &txn)).await?;
         let revision = self.observe_header(answer.take_header(), floor)?;
         Ok((answer.succeeded(), answer.op_responses(), revision))
     }
@@ -273,8 +323,9 @@ impl Inner {
 
     /// How long writes are held still, when a hold was found.
     async fn held_left(&self, held: &KeyValue) -> Result<Duration, StoreError> {
-        let mut client = self.client().await?;
-        let left = self.call("reading the hold after a confirmation", client.lease_time_to_live(held.lease(), None));
+        let id = held.lease();
+        let left = self
+            .call("reading the hold after a confirmation", |mut c| async move { c.lease_time_to_live(id, None).await });
         let left = Duration::from_secs(left.await?.ttl().max(1) as u64);
         *self.held_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now() + left);
         Ok(left)
@@ -346,8 +397,13 @@ impl FenceStore for EtcdStore {
         let inner = &self.inner;
         let deadline = Instant::now() + wait;
         inner.trusted().await?;
-        let lease_id = inner.lease_for(lease).await?;
         let alone = ask == Ask::Alone;
+        if !alone {
+            if let Some(in_flight) = self.inner.join_share(key, token, lease) {
+                return Ok(Entered::Accepted { previous: Some(token), in_flight });
+            }
+        }
+        let lease_id = inner.lease_for(lease).await?;
         let (mark_key, wait_key) = (inner.names.mark(key), inner.names.wait(key));
         let mut pause = Duration::from_millis(1);
         let mut waiting = false;
@@ -397,17 +453,23 @@ impl FenceStore for EtcdStore {
                             .with_prefix(),
                     ])
                     .and_then(then);
-                inner.ending.fetch_add(1, Ordering::AcqRel);
                 // Whatever happens from here, the record (if the
                 // transaction wrote it before its answer was lost) ends.
-                let in_flight = recorded(&inner.ended, record);
+                let pending = Pending(Some(record), &self.inner);
                 let (entered, _, _) = inner.txn("raising a mark and recording the write", txn).await?;
+                let record = pending.take();
                 if entered {
                     inner.knowledge.remember(key, token, state.deletions);
+                    let in_flight = if alone {
+                        inner.ending.fetch_add(1, Ordering::AcqRel);
+                        lease::recorded(&inner.ended, record)
+                    } else {
+                        self.inner.share(key, token, record)
+                    };
                     return Ok(Entered::Accepted { previous: mark, in_flight });
                 }
-                // Something moved since the read: decide again.
-                drop(in_flight);
+                // Something moved since the read (nothing was written):
+                // decide again.
                 continue;
             }
             // Other writes are in flight: wait for them, the token under
@@ -444,9 +506,8 @@ impl FenceStore for EtcdStore {
         let end = prefix_end(format!("{marks}{prefix}").as_bytes());
         let options =
             GetOptions::new().with_range(end).with_limit(limit as i64).with_sort(SortTarget::Key, SortOrder::Ascend);
-        let mut client = inner.client().await?;
         let floor = inner.revision_floor();
-        let mut answer = inner.call("listing marks", client.get(from.as_bytes(), Some(options))).await?;
+        let mut answer = inner.call("listing marks", |mut c| c_get(&mut c, &from, &options)).await?;
         inner.observe_header(answer.take_header(), floor)?;
         let mut out = Vec::with_capacity(answer.kvs().len());
         for kv in answer.kvs() {
@@ -478,12 +539,11 @@ impl FenceStore for EtcdStore {
             let batch = match which {
                 Selection::Key(_) => None,
                 Selection::Prefix(_) => {
-                    let mut client = inner.client().await?;
                     let options = GetOptions::new()
                         .with_range(prefix_end(from.as_bytes()))
                         .with_limit(DELETE_BATCH)
                         .with_keys_only();
-                    let page = inner.call("listing marks to delete", client.get(from.as_bytes(), Some(options)));
+                    let page = inner.call("listing marks to delete", |mut c| c_get(&mut c, &from, &options));
                     let page = page.await?.take_kvs();
                     let Some(last) = page.last() else { return Ok(deleted) };
                     Some(DeleteOptions::new().with_range(prefix_end(last.key())).with_prev_key())
@@ -545,9 +605,80 @@ impl FenceStore for EtcdStore {
             return;
         }
         for id in inner.lease.all() {
-            if let Ok(mut client) = inner.client().await {
-                let _ = inner.call("revoking this replica's etcd lease", client.lease_revoke(id)).await;
-            }
+            let _ =
+                inner.call("revoking this replica's etcd lease", |mut c| async move { c.lease_revoke(id).await }).await;
+        }
+    }
+}
+
+/// One member of the cluster, and its client once connected.
+struct Member {
+    url: String,
+    client: tokio::sync::Mutex<Option<Client>>,
+}
+
+/// Whether a call that failed with `e` never reached etcd's log: the member
+/// refused the connection, or has no leader (`require_leader`). Such a call
+/// may be made again with another member.
+fn not_taken(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(status) => {
+            let message = status.message();
+            // gRPC UNAVAILABLE.
+            status.code() as i32 == 14
+                && (message.contains("connect")
+                    || message.contains("no leader")
+                    || message.contains("Connection refused"))
+        }
+        _ => false,
+    }
+}
+
+/// Whether etcd itself answered a call with the error `e` (a lease it does
+/// not know, a request it refuses): it is reachable.
+fn answered(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            // UNKNOWN (a transport error), CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE.
+            !matches!(status.code() as i32, 1 | 2 | 4 | 14)
+        }
+        etcd_client::Error::LeaseKeepAliveError(_) => true,
+        _ => false,
+    }
+}
+
+/// `txn` on `client`, for [`Inner::call`].
+fn c_txn(client: &mut Client, txn: &Txn) -> impl Future<Output = Result<etcd_client::TxnResponse, etcd_client::Error>> {
+    let (mut client, txn) = (client.clone(), txn.clone());
+    async move { client.txn(txn).await }
+}
+
+/// A range read on `client`, for [`Inner::call`].
+fn c_get(
+    client: &mut Client,
+    from: &str,
+    options: &GetOptions,
+) -> impl Future<Output = Result<etcd_client::GetResponse, etcd_client::Error>> {
+    let (mut client, from, options) = (client.clone(), from.to_owned(), options.clone());
+    async move { client.get(from, Some(options)).await }
+}
+
+/// A record a transaction in flight may write: ended if the transaction's
+/// answer is lost or the future is dropped before it comes.
+struct Pending<'a>(Option<String>, &'a Inner);
+
+impl Pending<'_> {
+    fn take(mut self) -> String {
+        self.0.take().unwrap_or_default()
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some(record) = self.0.take() {
+            self.1.ending.fetch_add(1, Ordering::AcqRel);
+            let _ = self.1.ended.send(record);
         }
     }
 }

@@ -44,6 +44,11 @@ impl Names {
         format!("{}flight/{}:{key}/", self.prefix, key.len())
     }
 
+    /// Where the waits begin: a wait's key is this and the fence key.
+    pub fn waits(&self) -> String {
+        format!("{}wait/", self.prefix)
+    }
+
     pub fn wait(&self, key: &str) -> String {
         format!("{}wait/{key}", self.prefix)
     }

@@ -117,6 +117,8 @@ impl Inner {
 
     fn distrust(&self, doubt: Doubt, loud: bool) {
         let distrust = Distrust { store: STORE, doubt };
+        // The records the shares stand on may have gone with the store.
+        self.stop_shares();
         if self.knowledge.distrust(distrust.clone()) && loud {
             error!(
                 error = %distrust,
@@ -134,8 +136,12 @@ impl Inner {
             TxnOp::get(self.names.deletions(), None),
             TxnOp::get(self.names.held(), None),
         ]);
-        let mut client = self.client().await?;
-        let mut answer = self.call("reading the fence store's identity", client.txn(txn)).await?;
+        let mut answer = self
+            .call("reading the fence store's identity", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
         let header = answer.take_header().ok_or_else(|| super::unexpected(crate::fence::store::Found::Empty))?;
         let mut kvs = answer.op_responses().into_iter().map(|r| match r {
             TxnOpResponse::Get(mut get) => get.take_kvs().pop(),
@@ -200,8 +206,11 @@ impl Inner {
 
     /// A transaction whose header is not judged (the judge's own writes).
     async fn txn_unchecked(&self, context: &'static str, txn: Txn) -> Result<bool, StoreError> {
-        let mut client = self.client().await?;
-        Ok(self.call(context, client.txn(txn)).await?.succeeded())
+        let answer = self.call(context, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        });
+        Ok(answer.await?.succeeded())
     }
 
     /// Raises every mark this replica remembers back into the store.
@@ -228,9 +237,10 @@ impl Inner {
         self.distrust(Doubt::Restoring { identity: identity.clone() }, false);
         let restored = self.restore().await?;
         let held = self.hold_for();
-        let mut client = self.client().await?;
         let ttl = held.as_secs() as i64 + i64::from(held.subsec_nanos() > 0);
-        let hold = self.call("holding fenced writes after the confirmation", client.lease_grant(ttl, None)).await?;
+        let hold = self
+            .call("holding fenced writes after the confirmation", |mut c| async move { c.lease_grant(ttl, None).await })
+            .await?;
         let previous_word = if previous.is_empty() { "-" } else { previous.as_str() };
         let txn = Txn::new().and_then([
             TxnOp::put(self.names.held(), "", Some(PutOptions::new().with_lease(hold.id()))),
@@ -286,11 +296,13 @@ impl Inner {
             tracing::debug!(error = %e, "checking the etcd fence store's identity");
             return;
         }
-        let Ok(mut client) = self.client().await else { return };
         let options = GetOptions::new().with_prefix().with_count_only();
-        if let Ok(answer) =
-            self.call("counting the fence store's keys", client.get(self.names.marks(), Some(options))).await
-        {
+        let marks = self.names.marks();
+        let counted = self.call("counting the fence store's keys", |mut c| {
+            let (marks, options) = (marks.clone(), options.clone());
+            async move { c.get(marks, Some(options)).await }
+        });
+        if let Ok(answer) = counted.await {
             self.tracked.store(answer.count().max(0) as usize, Ordering::Relaxed);
         }
     }

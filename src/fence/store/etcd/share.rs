@@ -1,0 +1,261 @@
+//! The holder's writes without a consensus round each: one record per key
+//! and token, shared by this replica's writes.
+//!
+//! A write that shares its key (its token is the mark, and it does not hold
+//! the key alone) and is entered through etcd leaves its record standing as
+//! this replica's share of the key. While the share stands, this replica's
+//! next writes of that key and token join it with no call to etcd: the
+//! record, under the replica's lease, keeps every other write of the key
+//! that would not join it waiting, on every replica, so the mark is still
+//! their token. Each joining write still needs the lease to outlive it.
+//!
+//! A share ends (its record is deleted) when its last write has ended and
+//! either a raise waits for the key or it has been idle [`LINGER`]: this
+//! replica watches `wait/` in etcd, and a raise waiting for a key, on any
+//! replica, stops its share from taking writes, so writes of the old token
+//! that come meanwhile go to etcd and are refused there (409), as on the
+//! other replicas. Until the watch is up, and whenever it fails, no share
+//! takes writes. A share made while a higher token waits is not kept.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use etcd_client::{EventType, WatchOptions};
+use tokio::time::Instant;
+
+use super::names::parse_mark;
+use super::Inner;
+use crate::fence::store::{InFlight, WriteRecord};
+
+/// How long a share stands with no write before its record goes: the next
+/// write of the holder within it needs no etcd call.
+pub(super) const LINGER: Duration = Duration::from_millis(200);
+
+/// This replica's share of one key.
+#[derive(Debug)]
+struct Share {
+    token: u64,
+    /// Its record in etcd.
+    record: String,
+    /// Writes in flight under it.
+    holders: usize,
+    /// When its last write ended, if none is in flight.
+    idle_since: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    shares: HashMap<String, Share>,
+    /// The token waiting to raise each key, as the watch last saw it.
+    waiting: HashMap<String, u64>,
+    /// Whether the watch of `wait/` is up: shares take writes only then.
+    watching: bool,
+}
+
+/// This replica's shares.
+#[derive(Debug, Default)]
+pub(super) struct Shares(Mutex<State>);
+
+impl Shares {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records that may go now: `key`'s share, ended for a waiting raise.
+    fn end_for_raise(state: &mut State, key: &str) -> Option<String> {
+        let share = state.shares.get(key)?;
+        let waits = state.waiting.get(key).is_some_and(|w| *w > share.token);
+        (waits && share.holders == 0).then(|| state.shares.remove(key).map(|s| s.record)).flatten()
+    }
+
+    /// Every share stops taking writes, and the idle ones end: the watch
+    /// went down, or the store is not trusted.
+    fn stop(state: &mut State) -> Vec<String> {
+        state.watching = false;
+        state.waiting.clear();
+        let idle: Vec<String> = state.shares.iter().filter(|(_, s)| s.holders == 0).map(|(k, _)| k.clone()).collect();
+        idle.into_iter().filter_map(|key| state.shares.remove(&key)).map(|s| s.record).collect()
+    }
+}
+
+/// One write under a share: its end may end the share.
+struct Holder {
+    inner: Weak<Inner>,
+    key: String,
+}
+
+impl std::fmt::Debug for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Holder").field("key", &self.key).finish()
+    }
+}
+
+impl WriteRecord for Holder {
+    fn end(self: Box<Self>) {
+        let Some(inner) = self.inner.upgrade() else { return };
+        let ended = {
+            let mut state = inner.shares.state();
+            let watching = state.watching;
+            let Some(share) = state.shares.get_mut(&self.key) else { return };
+            share.holders -= 1;
+            if share.holders > 0 {
+                return;
+            }
+            share.idle_since = Some(Instant::now());
+            if watching {
+                Shares::end_for_raise(&mut state, &self.key)
+            } else {
+                state.shares.remove(&self.key).map(|s| s.record)
+            }
+        };
+        if let Some(record) = ended {
+            inner.end_record(record);
+        }
+    }
+}
+
+impl Inner {
+    /// A write of `key` with `token` joining this replica's share, if it has
+    /// one for that token that takes writes, and the lease outlives `lease`.
+    pub(super) fn join_share(self: &Arc<Self>, key: &str, token: u64, lease: Duration) -> Option<InFlight> {
+        let mut state = self.shares.state();
+        if !state.watching || state.waiting.get(key).is_some_and(|w| *w > token) {
+            return None;
+        }
+        let share = state.shares.get_mut(key).filter(|s| s.token == token)?;
+        self.lease.good_for(lease)?;
+        share.holders += 1;
+        share.idle_since = None;
+        Some(InFlight::recorded(Holder { inner: Arc::downgrade(self), key: key.to_owned() }))
+    }
+
+    /// The write of `key` with `token` just entered through etcd with
+    /// `record`: it becomes this replica's share of the key when it has
+    /// none, the watch is up, and no higher token waits; else it stands alone.
+    pub(super) fn share(self: &Arc<Self>, key: &str, token: u64, record: String) -> InFlight {
+        {
+            let mut state = self.shares.state();
+            let free =
+                state.watching && !state.shares.contains_key(key) && state.waiting.get(key).is_none_or(|w| *w <= token);
+            if free {
+                let share = Share { token, record, holders: 1, idle_since: None };
+                state.shares.insert(key.to_owned(), share);
+                return InFlight::recorded(Holder { inner: Arc::downgrade(self), key: key.to_owned() });
+            }
+        }
+        self.ending.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        super::lease::recorded(&self.ended, record)
+    }
+
+    /// Queues `record` to be deleted.
+    fn end_record(&self, record: String) {
+        self.ending.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let _ = self.ended.send(record);
+    }
+
+    /// Every share stops taking writes (the store is not trusted).
+    pub(super) fn stop_shares(&self) {
+        let ended = Shares::stop(&mut self.shares.state());
+        ended.into_iter().for_each(|record| self.end_record(record));
+    }
+
+    /// Ends the shares idle for [`LINGER`].
+    fn sweep_shares(&self) {
+        let now = Instant::now();
+        let ended: Vec<String> = {
+            let mut state = self.shares.state();
+            let idle: Vec<String> = state
+                .shares
+                .iter()
+                .filter(|(_, s)| s.idle_since.is_some_and(|t| now.duration_since(t) >= LINGER))
+                .map(|(k, _)| k.clone())
+                .collect();
+            idle.into_iter().filter_map(|key| state.shares.remove(&key)).map(|s| s.record).collect()
+        };
+        ended.into_iter().for_each(|record| self.end_record(record));
+    }
+
+    /// Notes the waits etcd has, or a change of them: a raise that waits
+    /// ends the share of its key once its writes have ended.
+    fn note_waits(&self, waits: impl IntoIterator<Item = (String, Option<u64>)>, up: bool) {
+        let mut ended = Vec::new();
+        {
+            let mut state = self.shares.state();
+            for (key, token) in waits {
+                match token {
+                    Some(token) => {
+                        state.waiting.insert(key.clone(), token);
+                        ended.extend(Shares::end_for_raise(&mut state, &key));
+                    }
+                    None => {
+                        state.waiting.remove(&key);
+                    }
+                }
+            }
+            state.watching |= up;
+        }
+        ended.into_iter().for_each(|record| self.end_record(record));
+    }
+}
+
+/// Watches `wait/` until the watch fails: each raise that waits stops the
+/// share of its key. Holds the store only while it notes what it saw.
+async fn watch_waits(inner: &Weak<Inner>) -> Result<(), String> {
+    let (mut client, prefix) = {
+        let store = inner.upgrade().ok_or("the store is gone")?;
+        (store.client().await.map_err(|e| e.to_string())?, store.names.waits())
+    };
+    let key_of = |key: &[u8]| String::from_utf8_lossy(key.get(prefix.len()..).unwrap_or_default()).into_owned();
+    let mut stream = client.watch(prefix.as_bytes(), Some(WatchOptions::new().with_prefix())).await;
+    let stream = stream.as_mut().map_err(|e| e.to_string())?;
+    // The waits there now, then the watch's events after them.
+    let options = etcd_client::GetOptions::new().with_prefix();
+    let now = client.get(prefix.as_bytes(), Some(options)).await.map_err(|e| e.to_string())?;
+    let waits: Vec<_> = now.kvs().iter().map(|kv| (key_of(kv.key()), parse_mark(kv.value()))).collect();
+    inner.upgrade().ok_or("the store is gone")?.note_waits(waits.into_iter().filter(|(_, t)| t.is_some()), true);
+    while let Some(answer) = stream.message().await.map_err(|e| e.to_string())? {
+        if answer.canceled() {
+            return Err("the watch was canceled".into());
+        }
+        let changes: Vec<_> = answer
+            .events()
+            .iter()
+            .filter_map(|event| {
+                let kv = event.kv()?;
+                Some(match event.event_type() {
+                    EventType::Put => (key_of(kv.key()), Some(parse_mark(kv.value())?)),
+                    EventType::Delete => (key_of(kv.key()), None),
+                })
+            })
+            .collect();
+        inner.upgrade().ok_or("the store is gone")?.note_waits(changes, false);
+    }
+    Err("the watch ended".into())
+}
+
+/// Keeps the watch of `wait/` up, and ends idle shares, while the store lives.
+pub(super) async fn keep_shares(inner: Weak<Inner>) {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let sweep = async {
+            loop {
+                tokio::time::sleep(LINGER / 2).await;
+                let Some(store) = inner.upgrade() else { return };
+                store.sweep_shares();
+            }
+        };
+        let watched = tokio::select! {
+            watched = watch_waits(&inner) => watched,
+            () = sweep => return,
+        };
+        let Some(store) = inner.upgrade() else { return };
+        if let Err(e) = watched {
+            tracing::debug!(error = %e, "watching the etcd store's waits; the holder's writes go to etcd meanwhile");
+        }
+        store.stop_shares();
+        drop(store);
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}

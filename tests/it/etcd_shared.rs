@@ -1,0 +1,1170 @@
+//! Shared fences on etcd (`[fences] store = "etcd"`): real 3-member `etcd`
+//! clusters, real fencegate processes as replicas in front of one recording
+//! upstream, which is the witness of what was really written.
+//!
+//! Each test has its own cluster, its own replicas and its own upstream. The
+//! tests look inside etcd with `etcd_client`: under the prefix P
+//! (`fencegate/` by default), `P mark/<key>` is the mark as 20 zero-padded
+//! digits, `P flight/<len>:<key>/<replica>/<n>` a write in flight (on its
+//! replica's lease; the key's length keeps the records of `/a/b` out of the
+//! range of `/a`'s), `P wait/<key>` the highest token waiting to raise, and
+//! `P identity` the store's identity. docs/etcd.md has the layout.
+
+use crate::common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use common::etcd::*;
+use common::process::*;
+use common::*;
+
+const SECRET: &str = "etcd-admin-secret";
+const KEY: &str = "/objects/a";
+const PREFIX: &str = "fencegate/";
+
+fn admin() -> String {
+    format!("auth_token = {}", toml_string(SECRET))
+}
+
+fn bearer() -> String {
+    format!("Bearer {SECRET}")
+}
+
+fn objects(up: &RecordingUpstream, extra: &str) -> String {
+    route("objects", "/objects/", up, extra)
+}
+
+/// A replica of fencegate on `cluster` in front of `up`.
+async fn replica(cluster: &EtcdCluster, fences_extra: &str, up: &RecordingUpstream, route_extra: &str) -> Running {
+    Running::start(&config_text(&admin(), &etcd_store(cluster, fences_extra), &objects(up, route_extra))).await
+}
+
+/// A replica whose `endpoints` are `endpoints`, in that order.
+async fn replica_at(endpoints: &[String], up: &RecordingUpstream, route_extra: &str) -> Running {
+    Running::start(&config_text(&admin(), &etcd_store_at(endpoints, ""), &objects(up, route_extra))).await
+}
+
+/// Two replicas with the same config.
+async fn replicas(
+    cluster: &EtcdCluster,
+    fences_extra: &str,
+    up: &RecordingUpstream,
+    route_extra: &str,
+) -> (Running, Running) {
+    let a = replica(cluster, fences_extra, up, route_extra).await;
+    let b = replica(cluster, fences_extra, up, route_extra).await;
+    (a, b)
+}
+
+/// The etcd key of `key`'s mark under the default prefix.
+fn mark_key(key: &str) -> String {
+    format!("{PREFIX}mark/{key}")
+}
+
+/// The etcd keys of `key`'s records of writes in flight, under the default
+/// prefix: `P flight/<len>:<key>/<replica>/<n>`.
+async fn flight_records(cluster: &EtcdCluster, key: &str) -> Vec<String> {
+    let records = format!("{PREFIX}flight/{}:{key}/", key.len());
+    let found = cluster.keys_with_prefix(&records).await;
+    found.into_iter().filter(|r| r[records.len()..].split('/').count() == 2).collect()
+}
+
+/// How many records of writes in flight `key` has in etcd.
+async fn in_flight(cluster: &EtcdCluster, key: &str) -> usize {
+    flight_records(cluster, key).await.len()
+}
+
+/// Waits until `fg`'s `fencegate_store_writable` is `writable`; fails after
+/// `within` with what its `/readyz?verbose` says.
+async fn wait_writable(fg: &Running, writable: bool, within: Duration) {
+    let want = format!("\nfencegate_store_writable {}\n", u8::from(writable));
+    let start = Instant::now();
+    while !get(&fg.admin_url("/metrics")).await.text().contains(&want) {
+        if start.elapsed() > within {
+            panic!(
+                "fencegate_store_writable of {} not turning {writable} within {within:?}; /readyz?verbose: {:?}",
+                fg.pid(),
+                refusing(fg).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A mark as etcd holds it: 20 zero-padded decimal digits.
+fn padded(token: u64) -> String {
+    format!("{token:020}")
+}
+
+/// The tokens the upstream applied to `key`, in order.
+fn tokens(up: &RecordingUpstream, key: &str) -> Vec<String> {
+    up.applied_for(key).into_iter().map(|a| a.token.unwrap_or_default()).collect()
+}
+
+/// The tokens the upstream applied to `key`, in order, as numbers.
+fn numeric_tokens(up: &RecordingUpstream, key: &str) -> Vec<u64> {
+    tokens(up, key).iter().map(|t| t.parse().unwrap_or_else(|_| panic!("token {t:?} applied to {key}"))).collect()
+}
+
+/// Asserts that the tokens applied to `key` never went down.
+fn assert_never_down(up: &RecordingUpstream, key: &str) {
+    let applied = numeric_tokens(up, key);
+    for pair in applied.windows(2) {
+        assert!(
+            pair[1] >= pair[0],
+            "a stale write reached the upstream on {key}: {} after {}: {applied:?}",
+            pair[1],
+            pair[0]
+        );
+    }
+}
+
+/// Writes to `key` the upstream ever saw (applied or not).
+fn seen_writes(up: &RecordingUpstream, key: &str) -> usize {
+    up.seen().iter().filter(|(m, p, _)| *m != http::Method::GET && p == key).count()
+}
+
+/// Asserts a 409 stale-token refusal naming the current mark `current`.
+fn assert_stale(r: &Reply, current: u64) {
+    let p = r.problem(409);
+    assert_eq!(p["type"], "urn:fencegate:problem:stale-token", "{p}");
+    assert_eq!(r.header("x-fencing-token-current"), Some(current.to_string().as_str()), "{p}");
+    assert_eq!(p["current"], current, "{p}");
+}
+
+/// Asserts a 503 store-unavailable refusal with `Retry-After`; returns the problem.
+fn assert_store_unavailable(r: &Reply) -> Value {
+    let p = r.problem(503);
+    assert!(p["type"].as_str().unwrap().ends_with("store-unavailable"), "{p}");
+    assert!(r.header("retry-after").is_some(), "a 503 without Retry-After: {:?}", r.headers);
+    p
+}
+
+/// `put` on a task of its own.
+fn spawn_put(url: String, token: u64, body: &'static str) -> tokio::task::JoinHandle<Reply> {
+    tokio::spawn(async move { put(&url, token, body).await })
+}
+
+/// `put` on a task of its own, to a replica that may die meanwhile: the
+/// status, or `None` when the connection broke.
+fn spawn_put_may_break(url: String, token: u64) -> tokio::task::JoinHandle<Option<http::StatusCode>> {
+    tokio::spawn(async move {
+        let req = http::Request::put(url)
+            .header("x-fencing-token", token.to_string())
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"write")))
+            .unwrap();
+        client().request(req).await.ok().map(|r| r.status())
+    })
+}
+
+/// Why `fg`'s `/readyz?verbose` says its fence store refuses fenced writes,
+/// if it does; `/readyz` stays 200 meanwhile (reads are served).
+async fn refusing(fg: &Running) -> Option<String> {
+    let r = get(&fg.admin_url("/readyz?verbose")).await;
+    assert_eq!(r.status, 200, "a store refusing writes took the replica out of service: {}", r.text());
+    r.text().lines().find_map(|l| l.strip_prefix("[-]store-writable failed: ").map(str::to_string))
+}
+
+fn fences_url(fg: &Running, key: &str) -> String {
+    fg.admin_url(&format!("/fences?key={}", enc(key)))
+}
+
+async fn confirm(fg: &Running, auth: Option<&str>) -> Reply {
+    let headers: Vec<(&str, &str)> = auth.map(|a| vec![("authorization", a)]).unwrap_or_default();
+    send("POST", &fg.admin_url("/fences/store/confirm"), &headers, "").await
+}
+
+/// `put`, failing the test if fencegate does not answer within 30 s (a
+/// fenced write waits at most its route's `queue_timeout` and the store's
+/// `timeout` per call: never that long).
+async fn put_answered(url: &str, token: u64, body: &'static str) -> Reply {
+    tokio::time::timeout(Duration::from_secs(30), put(url, token, body))
+        .await
+        .unwrap_or_else(|_| panic!("PUT {url} with token {token} was not answered within 30 s"))
+}
+
+/// What a fenced write was answered during a fault: 200, 409 stale-token,
+/// or 503 (store-unavailable or queue-timeout); anything else fails.
+fn outcome(r: &Reply) -> &'static str {
+    match r.status.as_u16() {
+        200 => "ok",
+        409 => {
+            assert_eq!(r.problem(409)["type"], "urn:fencegate:problem:stale-token", "{}", r.text());
+            "stale"
+        }
+        503 => {
+            let p = r.problem(503);
+            let kind = p["type"].as_str().unwrap();
+            assert!(r.header("retry-after").is_some(), "a 503 without Retry-After: {p}");
+            if kind.ends_with("store-unavailable") {
+                "store-unavailable"
+            } else if kind == "urn:fencegate:problem:queue-timeout" {
+                "queue-timeout"
+            } else {
+                panic!("a 503 of an unexpected kind during an etcd fault: {p}")
+            }
+        }
+        other => panic!("a fenced write answered {other} during an etcd fault: {}", r.text()),
+    }
+}
+
+/// Route limits that keep a write's lease short (2 × 1s + 2 × 2s + 0s = 6 s;
+/// the replica's etcd lease 7 s): a record left by a write refused after its
+/// raise committed ends soon.
+const FAULT_ROUTE: &str = "timeout = \"2s\"\nqueue_timeout = \"1s\"\nsettle = \"0s\"";
+
+// ---------------------------------------------------------------- the harness
+
+/// The harness itself: three members start; a put through one endpoint is
+/// read through another; the leader killed, another is elected within 10 s;
+/// the killed member restarted rejoins (it serves the write it missed and
+/// follows the new leader).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_harness_runs_a_three_member_cluster() {
+    let mut cluster = EtcdCluster::start(3).await;
+    assert_eq!(cluster.endpoints().len(), 3);
+    assert_eq!(
+        cluster.toml_endpoints(),
+        format!("[\"{}\", \"{}\", \"{}\"]", cluster.endpoint(0), cluster.endpoint(1), cluster.endpoint(2))
+    );
+    let connect = |endpoint: String| async move { etcd_client::Client::connect([endpoint], None).await.unwrap() };
+    let mut c0 = connect(cluster.endpoint(0)).await;
+    c0.put("harness/a", "one", None).await.unwrap();
+    let mut c2 = connect(cluster.endpoint(2)).await;
+    let r = c2.get("harness/a", None).await.unwrap();
+    assert_eq!(r.kvs().first().map(|kv| kv.value()), Some(&b"one"[..]));
+    assert_eq!(cluster.get("harness/a").await.as_deref(), Some("one"));
+    assert_eq!(cluster.count_prefix("harness/").await, 1);
+    assert_eq!(cluster.keys_with_prefix("harness/").await, ["harness/a"]);
+    let id = cluster.cluster_id().await;
+
+    let old = cluster.leader().await;
+    let killed = Instant::now();
+    cluster.kill(old);
+    let new = cluster.wait_leader(Some(old), Duration::from_secs(10)).await;
+    assert_ne!(new, old);
+    eprintln!("member {new} leads {:?} after member {old}, the leader, was killed", killed.elapsed());
+    // The two left take writes.
+    cluster.put("harness/b", "two").await;
+
+    cluster.restart(old).await;
+    cluster.wait_rejoined(old).await;
+    let mut back = connect(cluster.endpoint(old)).await;
+    let r = back.get("harness/b", None).await.unwrap();
+    assert_eq!(r.kvs().first().map(|kv| kv.value()), Some(&b"two"[..]), "the restarted member misses a write");
+    let leader_id = cluster.status(new).await.unwrap().header().unwrap().member_id();
+    eventually("the restarted member following the leader", Duration::from_secs(10), || async {
+        cluster.status(old).await.is_ok_and(|s| s.leader() == leader_id)
+    })
+    .await;
+    assert_eq!(cluster.cluster_id().await, id);
+
+    // Freezing and thawing a member; a snapshot; a new cluster on the same URLs.
+    cluster.stop(old);
+    assert!(!cluster.is_live(old));
+    cluster.put("harness/c", "three").await;
+    cluster.cont(old);
+    cluster.wait_rejoined(old).await;
+    let dir = TempDir::new();
+    let snapshot = dir.path().join("snapshot.db");
+    cluster.snapshot_save(&snapshot).await;
+    assert!(std::fs::metadata(&snapshot).unwrap().len() > 0);
+    cluster.replace_with_new_cluster().await;
+    assert_ne!(cluster.cluster_id().await, id, "the new cluster has the old one's id");
+    assert_eq!(cluster.get("harness/a").await, None, "the new cluster is not empty");
+}
+
+// ---------------------------------------------------------------- config
+
+/// `--check` names the field that is wrong for the etcd store (exit 2), and
+/// takes a right one.
+#[test]
+fn config_checks_name_the_fields_of_the_etcd_store() {
+    let dir = TempDir::new();
+    let ca = certs::Ca::new("etcd test CA");
+    let id = ca.issue("fencegate");
+    let ca_file = toml_string(&dir.write("ca.pem", &ca.pem()).display().to_string());
+    let cert_file = toml_string(&dir.write("client.pem", &id.cert).display().to_string());
+    let key_file = toml_string(&dir.write("client.key", &id.key).display().to_string());
+    let route = "[[route]]\nname = \"o\"\nprefix = \"/\"\nupstream = \"http://127.0.0.1:9\"\n";
+    let etcd = "[fences]\nstore = \"etcd\"\nendpoints = [\"http://127.0.0.1:2379\"]\n";
+    let tls = "[fences]\nstore = \"etcd\"\nendpoints = [\"https://127.0.0.1:2379\", \"https://127.0.0.2:2379\"]\n";
+    let cases: Vec<(String, Option<&[&str]>)> = vec![
+        (etcd.to_string(), None),
+        (
+            "[fences]\nstore = \"etcd\"\n\
+             endpoints = [\"http://127.0.0.1:2379\", \"http://127.0.0.1:22379\", \"http://localhost:32379\"]\n\
+             key_prefix = \"x/\"\ntimeout = \"2s\"\ncache_keys = 10\nuser = \"fencegate\"\npassword = \"secret\"\n"
+                .to_string(),
+            None,
+        ),
+        (format!("{tls}ca_file = {ca_file}\n"), None),
+        (format!("{tls}ca_file = {ca_file}\ncert_file = {cert_file}\nkey_file = {key_file}\n"), None),
+        ("[fences]\nstore = \"etcd\"\n".to_string(), Some(&["fences.endpoints"])),
+        ("[fences]\nstore = \"etcd\"\nendpoints = []\n".to_string(), Some(&["fences.endpoints"])),
+        ("[fences]\nstore = \"etcd\"\nendpoints = [\"127.0.0.1:2379\"]\n".to_string(), Some(&["fences.endpoints"])),
+        ("[fences]\nstore = \"etcd\"\nendpoints = [\"redis://127.0.0.1:2379\"]\n".to_string(), Some(&["fences.endpoints"])),
+        (
+            "[fences]\nstore = \"etcd\"\nendpoints = [\"http://127.0.0.1:2379\", \"https://127.0.0.1:2380\"]\n".to_string(),
+            Some(&["fences.endpoints"]),
+        ),
+        // A type error is the TOML parser's, which shows the line rather than the field's path.
+        ("[fences]\nstore = \"etcd\"\nendpoints = \"http://127.0.0.1:2379\"\n".to_string(), Some(&["endpoints ="])),
+        (format!("{etcd}timeout = \"soon\"\n"), Some(&["fences.timeout"])),
+        (format!("{etcd}ca_file = {ca_file}\n"), Some(&["fences.ca_file"])),
+        (format!("{etcd}cert_file = {cert_file}\nkey_file = {key_file}\n"), Some(&["fences.cert_file", "fences.key_file"])),
+        (format!("{tls}cert_file = {cert_file}\n"), Some(&["fences.cert_file", "fences.key_file"])),
+        (format!("{tls}key_file = {key_file}\n"), Some(&["fences.cert_file", "fences.key_file"])),
+        (format!("{etcd}user = \"fencegate\"\n"), Some(&["fences.user", "fences.password"])),
+        (format!("{etcd}password = \"secret\"\n"), Some(&["fences.user", "fences.password"])),
+        (format!("{etcd}url = \"redis://127.0.0.1:6379/0\"\n"), Some(&["fences.url"])),
+        (format!("{etcd}path = \"f\"\n"), Some(&["fences.path"])),
+        (format!("{etcd}min_replicas = 1\n"), Some(&["fences.min_replicas"])),
+        (format!("{etcd}replica_timeout = \"1s\"\n"), Some(&["fences.replica_timeout"])),
+        (
+            "[fences]\nstore = \"redis\"\nurl = \"redis://127.0.0.1:6379/0\"\nendpoints = [\"http://127.0.0.1:2379\"]\n"
+                .to_string(),
+            Some(&["fences.endpoints"]),
+        ),
+        ("[fences]\nstore = \"redis\"\nurl = \"redis://127.0.0.1:6379/0\"\nuser = \"u\"\n".to_string(), Some(&["fences.user"])),
+        ("[fences]\nstore = \"memory\"\nendpoints = [\"http://127.0.0.1:2379\"]\n".to_string(), Some(&["fences.endpoints"])),
+        (
+            "[fences]\nstore = \"file\"\npath = \"f\"\nendpoints = [\"http://127.0.0.1:2379\"]\n".to_string(),
+            Some(&["fences.endpoints"]),
+        ),
+    ];
+    for (i, (fences, fields)) in cases.iter().enumerate() {
+        let path = dir.write(&format!("c{i}.toml"), &config_text("", fences, route));
+        let out = run_to_exit(fencegate(dir.path()).arg("--config").arg(&path).arg("--check"));
+        let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        match fields {
+            None => assert!(out.status.success(), "{fences}\nfailed --check: {said}"),
+            Some(fields) => {
+                assert_eq!(out.status.code(), Some(2), "{fences}\n--check did not exit 2: {said}");
+                let stderr = text(&out.stderr);
+                assert!(
+                    fields.iter().any(|f| stderr.contains(f)),
+                    "{fences}\n--check's stderr names none of {fields:?}: {said}"
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- sharing
+
+/// A token seen through replica A fences replicas B and C; the mark lives
+/// in etcd under the default prefix, padded; no write is left in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_seen_through_one_replica_fences_the_others() {
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, "").await;
+    let c = replica(&cluster, "", &up, "").await;
+
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+    assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
+    assert_stale(&put(&c.url(KEY), 4, "four").await, 5);
+    assert_eq!(tokens(&up, KEY), ["5"], "a stale write through B or C reached the upstream");
+    assert_eq!(seen_writes(&up, KEY), 1);
+    assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(5)));
+
+    // The equal token shares the key; a higher one raises it, through any.
+    assert_eq!(put(&b.url(KEY), 5, "five again").await.status, 200);
+    assert_eq!(put(&c.url(KEY), 6, "six").await.status, 200);
+    assert_stale(&put(&a.url(KEY), 5, "five late").await, 6);
+    assert_stale(&put(&b.url(KEY), 5, "five late").await, 6);
+    assert_eq!(tokens(&up, KEY), ["5", "5", "6"]);
+
+    assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(6)));
+    assert!(cluster.get(&format!("{PREFIX}identity")).await.is_some(), "no store identity in etcd");
+    eventually("the write records to end", Duration::from_secs(10), || async { in_flight(&cluster, KEY).await == 0 })
+        .await;
+    assert_eq!(cluster.keys_with_prefix(&format!("{PREFIX}mark/")).await, [mark_key(KEY)]);
+}
+
+/// Invariant 2 across replicas: a raise through B waits for A's write in
+/// flight (its token under `wait/`); meanwhile the old mark is refused
+/// through either replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_through_one_replica_waits_for_the_others_write_in_flight() {
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, "").await;
+
+    let gate = up.hold(KEY);
+    let five = spawn_put(a.url(KEY), 5, "five");
+    gate.wait_arrived().await;
+    // A's write is recorded in flight, on A's lease.
+    let records = flight_records(&cluster, KEY).await;
+    assert_eq!(records.len(), 1, "records of the write in flight: {records:?}");
+    assert_ne!(cluster.lease_of(&records[0]).await, Some(0), "the record {} is on no lease", records[0]);
+
+    let six = spawn_put(b.url(KEY), 6, "six");
+    let wait_key = format!("{PREFIX}wait/{KEY}");
+    eventually("token 6 waiting in etcd", Duration::from_secs(10), || async {
+        cluster.get(&wait_key).await.and_then(|v| v.trim().parse::<u64>().ok()) == Some(6)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!six.is_finished(), "token 6 was answered while 5 was in flight: {:?}", six.await);
+    assert_eq!(seen_writes(&up, KEY), 1, "token 6 reached the upstream while 5 was held there");
+
+    for (via, url) in [("A", a.url(KEY)), ("B", b.url(KEY))] {
+        let r = tokio::time::timeout(Duration::from_secs(5), put(&url, 5, "five again"))
+            .await
+            .unwrap_or_else(|_| panic!("token 5 through {via} was not answered while 6 waited"));
+        let p = r.problem(409);
+        assert_eq!(p["type"], "urn:fencegate:problem:stale-token", "via {via}: {p}");
+        assert_eq!(p["waiting"], 6, "via {via}: {p}");
+    }
+    assert_eq!(seen_writes(&up, KEY), 1, "a superseded write reached the upstream");
+
+    gate.release();
+    assert_eq!(five.await.unwrap().status, 200);
+    assert_eq!(six.await.unwrap().status, 200);
+    assert_eq!(tokens(&up, KEY), ["5", "6"]);
+    let applied = up.applied_for(KEY);
+    assert!(applied[1].started >= applied[0].ended, "6 started before 5 ended: {applied:?}");
+    assert!(up.overlaps().is_empty(), "writes of different tokens overlapped: {:?}", up.overlaps());
+    assert_stale(&put(&a.url(KEY), 5, "late").await, 6);
+    assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(6)));
+}
+
+/// Pre-fencing through the fence API while the old holder's write is in
+/// flight on another replica: the new holder's first write waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefenced_token_waits_for_the_old_holders_write_on_another_replica() {
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, "").await;
+    let auth = bearer();
+    let auth = [("authorization", auth.as_str())];
+
+    let gate = up.hold(KEY);
+    let twelve = spawn_put(b.url(KEY), 12, "twelve");
+    gate.wait_arrived().await;
+    let r = send("PUT", &fences_url(&a, KEY), &auth, json!({ "token": 13 }).to_string()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let thirteen = spawn_put(a.url(KEY), 13, "thirteen");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(seen_writes(&up, KEY), 1, "token 13 reached the upstream while 12 was in flight there");
+    assert!(!thirteen.is_finished(), "token 13 was answered while 12 was in flight: {:?}", thirteen.await);
+
+    gate.release();
+    assert_eq!(twelve.await.unwrap().status, 200);
+    assert_eq!(thirteen.await.unwrap().status, 200);
+    assert_eq!(tokens(&up, KEY), ["12", "13"]);
+    assert!(up.overlaps().is_empty(), "writes of different tokens overlapped: {:?}", up.overlaps());
+}
+
+/// Requests carrying the key's mark share it across replicas: both in flight at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holders_writes_share_the_key_across_replicas() {
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, "").await;
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+
+    let gate = up.hold_next(KEY, 2);
+    let via_a = spawn_put(a.url(KEY), 5, "five a");
+    let via_b = spawn_put(b.url(KEY), 5, "five b");
+    gate.wait_arrivals(2).await;
+    assert_eq!(up.in_flight(KEY), 2);
+    assert_eq!(in_flight(&cluster, KEY).await, 2, "one record per write in flight");
+    gate.release();
+    assert_eq!(via_a.await.unwrap().status, 200);
+    assert_eq!(via_b.await.unwrap().status, 200);
+    assert_eq!(tokens(&up, KEY), ["5", "5", "5"]);
+    assert!(up.overlaps().is_empty());
+}
+
+/// A raise through B that waits longer than `queue_timeout` for A's write in
+/// flight gets 503 queue-timeout, and nothing is forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_waiting_past_queue_timeout_gets_503() {
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, "queue_timeout = \"1s\"").await;
+
+    let gate = up.hold(KEY);
+    let five = spawn_put(a.url(KEY), 5, "five");
+    gate.wait_arrived().await;
+    let start = Instant::now();
+    let r = put(&b.url(KEY), 6, "six").await;
+    let waited = start.elapsed();
+    let p = r.problem(503);
+    assert_eq!(p["type"], "urn:fencegate:problem:queue-timeout", "{p}");
+    assert!(r.header("retry-after").is_some());
+    assert!(waited >= Duration::from_millis(900), "gave up after {waited:?}, before queue_timeout");
+    assert_eq!(seen_writes(&up, KEY), 1, "token 6 reached the upstream");
+
+    gate.release();
+    assert_eq!(five.await.unwrap().status, 200);
+    // Once 5 is done, 6 goes.
+    let r = put(&b.url(KEY), 6, "six").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(tokens(&up, KEY), ["5", "6"]);
+    assert!(up.overlaps().is_empty());
+}
+
+/// A strict route on etcd: one write per token, across replicas; and a
+/// `key_prefix` of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_route_takes_one_write_per_token_across_replicas() {
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "key_prefix = \"strict-test/\"", &up, "strict = true").await;
+
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+    // B never saw 5: the store refuses the equal token.
+    assert_stale(&put(&b.url(KEY), 5, "five via B").await, 5);
+    assert_stale(&put(&a.url(KEY), 5, "five again").await, 5);
+    assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
+    assert_eq!(put(&b.url(KEY), 6, "six").await.status, 200);
+    assert_stale(&put(&a.url(KEY), 6, "six via A").await, 6);
+    assert_eq!(tokens(&up, KEY), ["5", "6"]);
+    assert_eq!(cluster.get(&format!("strict-test/mark/{KEY}")).await, Some(padded(6)));
+    assert_eq!(cluster.count_prefix(PREFIX).await, 0, "keys under the default prefix");
+}
+
+/// A request that writes two keys (a COPY with a `Destination`) holds both
+/// alone on every replica: a write of the same token to its destination
+/// through another replica waits for it instead of joining it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_holds_its_destination_alone_across_replicas() {
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, "").await;
+    assert_eq!(put(&a.url(KEY), 10, "ten").await.status, 200);
+
+    let gate = up.hold("/objects/src");
+    let copy_url = a.url("/objects/src");
+    let copy =
+        tokio::spawn(
+            async move { send("COPY", &copy_url, &[("x-fencing-token", "10"), ("destination", KEY)], "").await },
+        );
+    gate.wait_arrived().await;
+    let ten = spawn_put(b.url(KEY), 10, "ten again");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(seen_writes(&up, KEY), 1, "a write joined the COPY that holds its destination alone");
+    assert!(!ten.is_finished(), "the write was answered while the COPY was in flight: {:?}", ten.await);
+    gate.release();
+    let copied = copy.await.unwrap();
+    assert!(copied.status.is_success(), "{} {}", copied.status, copied.text());
+    assert_eq!(ten.await.unwrap().status, 200);
+    assert_eq!(seen_writes(&up, KEY), 2);
+}
+
+// ---------------------------------------------------------------- etcd faults
+
+/// What a burst of writers saw: per request, when it was sent, its key, its
+/// token and its outcome.
+/// The problem's `detail` of a refusal (empty for a success) is kept too.
+type Journal = Arc<Mutex<Vec<(Instant, usize, u64, &'static str, String)>>>;
+
+/// Writers with increasing tokens per key through each of `urls` (one per
+/// replica and key), until `stop`.
+fn writers(
+    bases: Vec<String>,
+    keys: &'static [&'static str],
+    stop: Arc<AtomicBool>,
+    journal: Journal,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let counters: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(1)).collect());
+    let mut tasks = Vec::new();
+    for base in bases {
+        for (k, key) in keys.iter().enumerate() {
+            let (url, stop, journal, counters) =
+                (format!("{base}{key}"), stop.clone(), journal.clone(), counters.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let token = counters[k].fetch_add(1, Ordering::SeqCst);
+                    let sent = Instant::now();
+                    let r = put_answered(&url, token, "burst").await;
+                    let what = outcome(&r);
+                    let detail = if what == "ok" {
+                        String::new()
+                    } else {
+                        r.json()["detail"].as_str().unwrap_or("").to_string()
+                    };
+                    journal.lock().unwrap().push((sent, k, token, what, detail));
+                    if what != "ok" {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }));
+        }
+    }
+    tasks
+}
+
+/// Counts of outcomes in `journal` among requests sent from `since` to before `until`.
+fn tally(journal: &Journal, since: Instant, until: Instant) -> HashMap<&'static str, usize> {
+    let mut counts = HashMap::new();
+    for (sent, _, _, what, _) in journal.lock().unwrap().iter() {
+        if *sent >= since && *sent < until {
+            *counts.entry(*what).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// Waits until `journal` has `n` successes among requests sent after `since`;
+/// fails after `within`.
+async fn wait_successes(journal: &Journal, since: Instant, n: usize, within: Duration, what: &str) {
+    let start = Instant::now();
+    loop {
+        let counts = tally(journal, since, Instant::now() + Duration::from_secs(3600));
+        if counts.get("ok").copied().unwrap_or_default() >= n {
+            return;
+        }
+        assert!(start.elapsed() < within, "{what}: fewer than {n} writes succeeded within {within:?}: {counts:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The etcd leader killed with -9 while writers with increasing tokens write
+/// through two replicas: no stale write applied (the tokens applied per key
+/// never go down, no two tokens overlap), every write answered 200, 409 or
+/// 503, and writes succeed again once another member leads; from 5 s after
+/// the election on, no write is refused for a call to the dead member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_etcd_leader_killed_mid_burst_lets_no_stale_write_through() {
+    const KEYS: &[&str] = &["/objects/k0", "/objects/k1"];
+    let mut cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, FAULT_ROUTE).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let journal: Journal = Arc::default();
+    let tasks = writers(vec![a.url(""), b.url("")], KEYS, stop.clone(), journal.clone());
+
+    let began = Instant::now();
+    wait_successes(&journal, began, 20, Duration::from_secs(30), "before the kill").await;
+    let leader = cluster.leader().await;
+    let killed = Instant::now();
+    cluster.kill(leader);
+    let new = cluster.wait_leader(Some(leader), Duration::from_secs(10)).await;
+    let elected = Instant::now();
+    eprintln!("member {new} leads {:?} after member {leader}, the leader, was killed", elected - killed);
+    wait_successes(&journal, elected, 10, Duration::from_secs(30), "after the election").await;
+    // Writes go on for 8 s after the election: the last 3 s tell whether the
+    // store still calls the dead member.
+    tokio::time::sleep((elected + Duration::from_secs(8)).saturating_duration_since(Instant::now())).await;
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        task.await.unwrap();
+    }
+
+    let settled = elected + Duration::from_secs(5);
+    eprintln!("before the kill: {:?}", tally(&journal, began, killed));
+    eprintln!("from the kill to the election: {:?}", tally(&journal, killed, elected));
+    eprintln!("the first 5 s after the election: {:?}", tally(&journal, elected, settled));
+    eprintln!("later: {:?}", tally(&journal, settled, Instant::now()));
+    let phase = |sent: Instant| match sent {
+        s if s < killed => "before the kill",
+        s if s < elected => "before the election",
+        s if s < settled => "in the 5 s after the election",
+        _ => "later",
+    };
+    let mut refusals: HashMap<(&'static str, &'static str, String), usize> = HashMap::new();
+    for (sent, _, _, what, detail) in journal.lock().unwrap().iter() {
+        if *what != "ok" {
+            *refusals.entry((phase(*sent), *what, detail.clone())).or_default() += 1;
+        }
+    }
+    for ((when, what, detail), n) in &refusals {
+        eprintln!("{n} × {what} {when}: {detail}");
+    }
+    for (k, key) in KEYS.iter().enumerate() {
+        assert_never_down(&up, key);
+        // What was forwarded is exactly what was answered 200.
+        let mut ok: Vec<u64> = journal
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, key, _, what, _)| *key == k && *what == "ok")
+            .map(|(_, _, token, _, _)| *token)
+            .collect();
+        ok.sort_unstable();
+        let mut applied = numeric_tokens(&up, key);
+        applied.sort_unstable();
+        assert_eq!(applied, ok, "on {key}, the writes applied are not the writes answered 200");
+    }
+    assert!(up.overlaps().is_empty(), "writes of different tokens overlapped: {:?}", up.overlaps());
+    // 5 s after the election, the two members left answer every call: no
+    // write is refused for a call sent to the dead one.
+    let dead = cluster.endpoint(leader).trim_start_matches("http://").to_string();
+    let late: Vec<_> =
+        refusals.iter().filter(|((when, _, detail), _)| *when == "later" && detail.contains(&dead)).collect();
+    assert!(
+        late.is_empty(),
+        "more than 5 s after the election, writes were still refused for calls to the dead member {dead}: {late:?}"
+    );
+}
+
+/// One writer with ever higher tokens through `fg` while member `frozen` is
+/// frozen: every write is 200 or 503 (never stale: each token is above every
+/// one before), a write succeeds within 20 s while the member is frozen (the
+/// store's client fails over), then at least 8 of the next 10 (the member
+/// still frozen), and one within 20 s after it is thawed.
+async fn writes_go_on_while_a_member_is_frozen(
+    cluster: &mut EtcdCluster,
+    frozen: usize,
+    fg: &Running,
+    up: &RecordingUpstream,
+) {
+    let url = fg.url(KEY);
+    let mut token = 1;
+    let mut outcomes: Vec<(Duration, u64, &'static str)> = Vec::new();
+    let write = |token: u64| {
+        let url = url.clone();
+        async move { outcome(&put_answered(&url, token, "write").await) }
+    };
+    assert_eq!(write(token).await, "ok");
+
+    cluster.stop(frozen);
+    let froze = Instant::now();
+    // Writes while frozen: at least one succeeds within 20 s; then more for 2 s.
+    let mut first_ok = None;
+    while first_ok.is_none_or(|t: Duration| froze.elapsed() < t + Duration::from_secs(2)) {
+        token += 1;
+        let what = write(token).await;
+        outcomes.push((froze.elapsed(), token, what));
+        assert_ne!(what, "stale", "token {token}, above every token before, was refused as stale: {outcomes:?}");
+        if what == "ok" && first_ok.is_none() {
+            first_ok = Some(froze.elapsed());
+        }
+        assert!(
+            first_ok.is_some() || froze.elapsed() < Duration::from_secs(20),
+            "no write succeeded within 20 s of member {frozen} freezing: {outcomes:?}\n{}",
+            fg.output()
+        );
+        if what != "ok" {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    eprintln!("member {frozen} frozen: the first write succeeded after {first_ok:?}; {outcomes:?}");
+    // Failed over: the next 10 writes, the member still frozen, nearly all
+    // succeed (2 refusals allowed for a loaded machine). A client that still
+    // sends a share of its calls to the frozen member fails about half.
+    let mut failed_over = Vec::new();
+    for _ in 0..10 {
+        token += 1;
+        let what = write(token).await;
+        assert_ne!(what, "stale", "token {token}, above every token before, was refused as stale");
+        failed_over.push((froze.elapsed(), token, what));
+    }
+    let ok = failed_over.iter().filter(|(_, _, what)| *what == "ok").count();
+    eprintln!("member {frozen} frozen, after the fail-over: {failed_over:?}");
+
+    cluster.cont(frozen);
+    let thawed = Instant::now();
+    outcomes.clear();
+    loop {
+        token += 1;
+        let what = write(token).await;
+        outcomes.push((thawed.elapsed(), token, what));
+        assert_ne!(what, "stale", "token {token} was refused as stale after the thaw: {outcomes:?}");
+        if what == "ok" {
+            break;
+        }
+        assert!(
+            thawed.elapsed() < Duration::from_secs(20),
+            "no write succeeded within 20 s of member {frozen} thawing: {outcomes:?}\n{}",
+            fg.output()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_never_down(up, KEY);
+    assert!(up.overlaps().is_empty(), "writes of different tokens overlapped: {:?}", up.overlaps());
+    assert!(
+        ok >= 8,
+        "member {frozen} frozen: only {ok} of 10 writes succeeded after the store's first success \
+         {first_ok:?} after the freeze: {failed_over:?}\n{}",
+        fg.output()
+    );
+}
+
+/// The leader frozen with SIGSTOP (a pause, not a crash: its sockets stay
+/// open): writes go on once another member leads, never stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_etcd_leader_lets_writes_go_on_after_the_election() {
+    let mut cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let a = replica(&cluster, "", &up, FAULT_ROUTE).await;
+    let leader = cluster.leader().await;
+    writes_go_on_while_a_member_is_frozen(&mut cluster, leader, &a, &up).await;
+}
+
+/// A follower frozen that is the replica's first endpoint: the replica's
+/// client fails over to the others, never stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_follower_first_in_the_endpoints_is_failed_over() {
+    let mut cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let leader = cluster.leader().await;
+    let follower = (leader + 1) % 3;
+    let mut endpoints = vec![cluster.endpoint(follower)];
+    endpoints.extend((0..3).filter(|&i| i != follower).map(|i| cluster.endpoint(i)));
+    let a = replica_at(&endpoints, &up, FAULT_ROUTE).await;
+    writes_go_on_while_a_member_is_frozen(&mut cluster, follower, &a, &up).await;
+}
+
+/// Two of three members killed (the leader among them): fenced writes 503
+/// store-unavailable at once, nothing forwarded; a token below a mark the
+/// replica saw is still 409; reads flow; `/readyz` 200 and its verbose body
+/// names the store refusing writes. The members restarted: writes resume
+/// without restarting fencegate, the mark intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_lost_fails_closed_and_quorum_back_resumes() {
+    quorum_lost_for(Duration::ZERO).await;
+}
+
+/// The same with the quorum lost for longer than the replicas' etcd lease
+/// TTL (7 s with these routes): the cluster keeps its leases through the
+/// outage (a new leader renews them), and the replicas take writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_lost_longer_than_the_lease_ttl_resumes() {
+    quorum_lost_for(Duration::from_secs(10)).await;
+}
+
+/// Two members of three killed; `outage` later (at least the checks' time)
+/// restarted.
+async fn quorum_lost_for(outage: Duration) {
+    let mut cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, FAULT_ROUTE).await;
+    wait_writable(&a, true, Duration::from_secs(10)).await;
+    wait_writable(&b, true, Duration::from_secs(10)).await;
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+    eventually("the write's record to end", Duration::from_secs(10), || async { in_flight(&cluster, KEY).await == 0 })
+        .await;
+
+    let leader = cluster.leader().await;
+    let follower = (leader + 1) % 3;
+    cluster.kill(leader);
+    cluster.kill(follower);
+    let lost = Instant::now();
+
+    for fg in [&a, &b] {
+        let start = Instant::now();
+        let r = put_answered(&fg.url(KEY), 6, "six").await;
+        let took = start.elapsed();
+        assert_store_unavailable(&r);
+        assert!(took < Duration::from_secs(10), "the refusal took {took:?} (the store's timeout is 1s)");
+    }
+    wait_writable(&a, false, Duration::from_secs(10)).await;
+    wait_writable(&b, false, Duration::from_secs(10)).await;
+    eprintln!("fencegate_store_writable 0 on both {:?} after the quorum was lost", lost.elapsed());
+    assert_eq!(get(&a.admin_url("/readyz")).await.status, 200, "no quorum took the replica out of service");
+    let why = refusing(&a).await.expect("/readyz?verbose names the store refusing writes");
+    eprintln!("A refuses writes: {why}");
+    assert!(refusing(&b).await.is_some(), "B's /readyz?verbose does not name the store refusing writes");
+
+    // B never saw the mark: it cannot tell, so it fails closed.
+    assert_store_unavailable(&put_answered(&b.url(KEY), 4, "four").await);
+    // A saw 5: below it is stale without asking etcd.
+    assert_stale(&put_answered(&a.url(KEY), 4, "four").await, 5);
+    assert_store_unavailable(&put_answered(&a.url("/objects/other"), 1, "other").await);
+    assert_eq!(seen_writes(&up, KEY), 1, "a write reached the upstream without a quorum");
+    assert_eq!(seen_writes(&up, "/objects/other"), 0, "a write reached the upstream without a quorum");
+    // Safe methods pass.
+    let r = get(&b.url(KEY)).await;
+    assert_eq!((r.status.as_u16(), r.text()), (200, "five".to_string()));
+
+    tokio::time::sleep(outage.saturating_sub(lost.elapsed())).await;
+    cluster.restart(leader).await;
+    cluster.restart(follower).await;
+    cluster.wait_quorum().await;
+    wait_writable(&a, true, Duration::from_secs(30)).await;
+    wait_writable(&b, true, Duration::from_secs(30)).await;
+    // The mark is intact: B, which never saw it, refuses below it. (A refused
+    // 6 may have raised it, nothing forwarded.)
+    let r = put_answered(&b.url(KEY), 4, "four").await;
+    r.problem(409);
+    let current: u64 = r.header("x-fencing-token-current").unwrap().parse().unwrap();
+    assert!(current >= 5, "mark {current} after the quorum came back, A saw 5");
+    let start = Instant::now();
+    let r = loop {
+        let r = put_answered(&b.url(KEY), 7, "seven").await;
+        if r.status != 503 || start.elapsed() > Duration::from_secs(30) {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_stale(&put_answered(&a.url(KEY), 6, "six").await, 7);
+    assert_eq!(tokens(&up, KEY), ["5", "7"]);
+}
+
+// ---------------------------------------------------------------- a replica that dies
+
+/// A replica killed with -9 mid-write leaves its record in etcd, on its
+/// lease; other replicas' raises of the key wait for it (503 past their
+/// queue_timeout) at least the write's lease (2 × 1s + 2 × 1s + 500ms =
+/// 4.5 s after it was sent), and at most about the replica's lease TTL
+/// (4.5 s rounded up, + 1 s = 6 s) + 2 s after the replica died.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replicas_write_holds_the_key_until_its_lease_ends() {
+    const TTL: Duration = Duration::from_secs(6);
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let limits = "timeout = \"1s\"\nsettle = \"500ms\"\nqueue_timeout = \"1s\"";
+    let mut a = replica(&cluster, "", &up, limits).await;
+    let b = replica(&cluster, "", &up, limits).await;
+
+    let gate = up.hold(KEY);
+    let sent = Instant::now();
+    let five = spawn_put_may_break(a.url(KEY), 5);
+    gate.wait_arrived().await;
+    a.kill();
+    let died = Instant::now();
+    let _ = five.await;
+    // The write A forwarded lands after A died.
+    gate.release();
+    eventually("5 applied", Duration::from_secs(5), || async { tokens(&up, KEY) == ["5"] }).await;
+    let records = flight_records(&cluster, KEY).await;
+    assert_eq!(records.len(), 1, "A's record is not in etcd: {records:?}");
+    let lease = cluster.lease_of(&records[0]).await.unwrap_or_default();
+    assert_ne!(lease, 0, "A's record {} is on no lease", records[0]);
+    assert_eq!(cluster.lease_granted_ttl(lease).await, TTL.as_secs() as i64, "the TTL of A's lease {lease:x}");
+
+    // B's queue_timeout (1s) is shorter than what is left of the lease.
+    let r = put(&b.url(KEY), 6, "six").await;
+    assert!(sent.elapsed() < Duration::from_millis(4400), "too slow a machine to tell: {:?}", sent.elapsed());
+    assert_eq!(r.problem(503)["type"], "urn:fencegate:problem:queue-timeout");
+    assert_eq!(seen_writes(&up, KEY), 1, "token 6 went while A's record stood");
+
+    let mut refused = 1;
+    loop {
+        let r = put_answered(&b.url(KEY), 6, "six").await;
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(r.problem(503)["type"], "urn:fencegate:problem:queue-timeout");
+        refused += 1;
+        assert!(refused < 20, "token 6 never went after A's lease (the record: {records:?})");
+    }
+    let six = &up.applied_for(KEY)[1];
+    let after_sent = six.started.duration_since(sent);
+    let after_death = six.started.duration_since(died);
+    eprintln!("token 6 reached the upstream {after_sent:?} after A's write was sent, {after_death:?} after A died");
+    assert!(
+        after_sent >= Duration::from_millis(4400),
+        "token 6 reached the upstream {after_sent:?} after A's write, before its lease (4.5 s) ended"
+    );
+    assert!(
+        after_death < TTL + Duration::from_secs(3),
+        "token 6 went only {after_death:?} after A died (A's lease TTL is {TTL:?}, + 2 s, + 1 s for B's wait)"
+    );
+    // B's own write of 6 may still stand as its share of the key; A's record is gone.
+    let left = flight_records(&cluster, KEY).await;
+    assert!(!left.contains(&records[0]), "A's record outlived its lease: {left:?}");
+    assert_eq!(put(&b.url(KEY), 7, "seven").await.status, 200);
+    assert_eq!(tokens(&up, KEY), ["5", "6", "7"]);
+    assert!(up.overlaps().is_empty());
+}
+
+// ---------------------------------------------------------------- a cluster replaced
+
+/// Route limits that keep a write's lease short: a confirm holds fenced
+/// writes for the longest lease (2 × 500ms + 2 × 2s + 2s of settle).
+const SHORT_LEASE: &str = "timeout = \"2s\"\nqueue_timeout = \"500ms\"";
+
+/// The cluster replaced by a brand-new one on the same URLs (another cluster
+/// id, revisions starting over, no marks): every replica distrusts it (no
+/// write forwarded, a token below a mark seen included; `/readyz?verbose`
+/// naming it) until an operator confirms; then the marks the replicas
+/// remember are back in etcd and writes flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_cluster_is_refused_until_an_operator_confirms_it() {
+    let mut cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, SHORT_LEASE).await;
+    // A remembers /objects/a at 5, B remembers /objects/b at 3.
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+    assert_eq!(put(&b.url("/objects/b"), 3, "three").await.status, 200);
+    let old_id = cluster.cluster_id().await;
+
+    cluster.replace_with_new_cluster().await;
+    assert_ne!(cluster.cluster_id().await, old_id);
+    // At once: B never saw /objects/a's mark, and the new cluster has none:
+    // a stale token must not go through B.
+    let r = put_answered(&b.url(KEY), 4, "stale via B").await;
+    assert!(
+        !tokens(&up, KEY).contains(&"4".to_string()),
+        "token 4 reached the upstream through B after A applied 5 ({} {}); B refusing: {:?}",
+        r.status,
+        r.text(),
+        refusing(&b).await
+    );
+    let r = put_answered(&a.url(KEY), 4, "stale via A").await;
+    assert!([409, 503].contains(&r.status.as_u16()), "{}", r.text());
+
+    for fg in [&a, &b] {
+        wait_writable(fg, false, Duration::from_secs(10)).await;
+        let why = refusing(fg).await.unwrap_or_default();
+        eprintln!("{} refuses writes: {why}", fg.pid());
+        assert!(
+            ["cluster", "identity", "revision"].iter().any(|w| why.contains(w)),
+            "/readyz?verbose does not name the replaced cluster: {why:?}"
+        );
+    }
+    for fg in [&a, &b] {
+        assert_store_unavailable(&put_answered(&fg.url(KEY), 6, "six").await);
+        assert_store_unavailable(&put_answered(&fg.url("/objects/b"), 4, "four").await);
+        assert_store_unavailable(&put_answered(&fg.url("/objects/c"), 1, "new key").await);
+    }
+    assert_eq!(seen_writes(&up, KEY), 1, "a write reached the upstream through a replaced cluster");
+    assert_eq!(seen_writes(&up, "/objects/b"), 1);
+    assert_eq!(seen_writes(&up, "/objects/c"), 0);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(refusing(&a).await.is_some(), "A trusted the replaced cluster again on its own");
+    // Reads flow.
+    assert_eq!(get(&b.url(KEY)).await.status, 200);
+
+    // Confirming needs the admin token.
+    assert_eq!(confirm(&a, None).await.status, 401);
+    assert_eq!(confirm(&a, Some("Bearer wrong")).await.status, 401);
+    assert_store_unavailable(&put_answered(&a.url(KEY), 6, "six").await);
+
+    let r = confirm(&a, Some(&bearer())).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    eprintln!("confirmed: {}", r.text());
+    wait_writable(&a, true, Duration::from_secs(30)).await;
+    // B adopts the confirmed store after raising its own remembered marks.
+    wait_writable(&b, true, Duration::from_secs(30)).await;
+    assert!(cluster.get(&format!("{PREFIX}identity")).await.is_some(), "no identity in the confirmed cluster");
+    assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(5)), "A did not restore its mark");
+    assert_eq!(cluster.get(&mark_key("/objects/b")).await, Some(padded(3)), "B did not restore its mark");
+
+    // The old marks are back: B never saw /objects/a, A never saw /objects/b.
+    assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
+    assert_stale(&put(&a.url("/objects/b"), 2, "two").await, 3);
+    assert_eq!(put(&a.url(KEY), 6, "six").await.status, 200);
+    assert_eq!(put(&b.url(KEY), 7, "seven").await.status, 200);
+    assert_eq!(put(&b.url("/objects/c"), 1, "one").await.status, 200);
+    assert_eq!(tokens(&up, KEY), ["5", "6", "7"]);
+    assert_eq!(tokens(&up, "/objects/b"), ["3"]);
+}
+
+/// The same on a one-member cluster, confirmed with the CLI
+/// (`fencegate fence confirm-store`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_cluster_is_confirmed_with_the_cli() {
+    let mut cluster = EtcdCluster::start(1).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, SHORT_LEASE).await;
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+    assert_eq!(put(&b.url("/objects/b"), 1, "one").await.status, 200);
+
+    cluster.replace_with_new_cluster().await;
+    // B's next write tells it, if its check has not yet.
+    let _ = put_answered(&b.url("/objects/b"), 2, "two").await;
+    wait_writable(&a, false, Duration::from_secs(10)).await;
+    wait_writable(&b, false, Duration::from_secs(10)).await;
+    assert_store_unavailable(&put_answered(&b.url(KEY), 6, "six").await);
+    assert_store_unavailable(&put_answered(&b.url(KEY), 4, "four").await);
+    assert_eq!(seen_writes(&up, KEY), 1);
+
+    let dir = TempDir::new();
+    let cli_config = dir.write(
+        "cli.toml",
+        &format!(
+            "[admin]\nlisten = \"{}\"\n{}\n{}[[route]]\nname = \"o\"\nprefix = \"/\"\nupstream = \"http://127.0.0.1:9\"\n",
+            a.admin,
+            admin(),
+            etcd_store(&cluster, "")
+        ),
+    );
+    let out = run_to_exit(fencegate(dir.path()).arg("--config").arg(&cli_config).args(["fence", "confirm-store"]));
+    assert!(out.status.success(), "confirm-store failed: {}{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stdout).contains("confirmed"), "{}", text(&out.stdout));
+
+    wait_writable(&a, true, Duration::from_secs(30)).await;
+    wait_writable(&b, true, Duration::from_secs(30)).await;
+    assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
+    assert_eq!(put(&b.url(KEY), 6, "six").await.status, 200);
+    assert_eq!(tokens(&up, KEY), ["5", "6"]);
+}
+
+/// The cluster answering a mark below one this replica saw (an operator's
+/// put, as a bad restore would): the replica distrusts it until confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mark_below_one_seen_makes_the_replica_distrust_the_cluster() {
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, SHORT_LEASE).await;
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+
+    cluster.put(&mark_key(KEY), &padded(1)).await;
+    assert_store_unavailable(&put_answered(&a.url(KEY), 6, "six").await);
+    assert!(refusing(&a).await.is_some(), "A trusts a store that lost a mark");
+    assert_store_unavailable(&put_answered(&a.url("/objects/other"), 1, "other").await);
+    assert_eq!(seen_writes(&up, KEY), 1, "a write went through a store that lost marks");
+
+    let r = confirm(&a, Some(&bearer())).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_writable(&a, true, Duration::from_secs(30)).await;
+    wait_writable(&b, true, Duration::from_secs(30)).await;
+    let r = put(&b.url(KEY), 4, "four").await;
+    r.problem(409);
+    let current: u64 = r.header("x-fencing-token-current").unwrap().parse().unwrap();
+    assert!(current >= 5, "mark {current} after the confirm, A saw 5");
+    assert_eq!(put(&a.url(KEY), 6, "six").await.status, 200);
+    assert_eq!(tokens(&up, KEY), ["5", "6"]);
+}
+
+// ---------------------------------------------------------------- fence API
+
+/// The fence API reads and changes the shared marks, through any replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_api_works_on_the_etcd_store() {
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, "").await;
+    let auth = bearer();
+    let auth = [("authorization", auth.as_str())];
+
+    let r = send("PUT", &fences_url(&a, KEY), &auth, json!({ "token": 7 }).to_string()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(7)));
+    let r = get(&fences_url(&b, KEY)).await;
+    assert_eq!(r.json(), json!({ "key": KEY, "token": 7 }));
+    assert_stale(&put(&b.url(KEY), 6, "six").await, 7);
+    assert_eq!(seen_writes(&up, KEY), 0);
+    // A lower raise changes nothing.
+    let r = send("PUT", &fences_url(&b, KEY), &auth, json!({ "token": 3 }).to_string()).await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(7)));
+    assert_eq!(put(&b.url(KEY), 8, "eight").await.status, 200);
+    assert_eq!(put(&b.url("/objects/z"), 2, "two").await.status, 200);
+
+    let r = get(&a.admin_url("/fences?prefix=/")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["fences"], json!([{ "key": KEY, "token": 8 }, { "key": "/objects/z", "token": 2 }]));
+
+    // Deleting needs the token; then the key takes any token, on both replicas.
+    assert_eq!(send("DELETE", &fences_url(&a, KEY), &[], "").await.status, 401);
+    let r = send("DELETE", &fences_url(&a, KEY), &auth, "").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json(), json!({ "key": KEY, "deleted": 1, "token": 8 }));
+    assert_eq!(cluster.get(&mark_key(KEY)).await, None, "the mark is still in etcd");
+    assert_eq!(get(&fences_url(&b, KEY)).await.json()["token"], Value::Null);
+    assert_eq!(put(&a.url(KEY), 1, "one").await.status, 200);
+    // B remembered 8: it forgets once it sees the deletion.
+    eventually("B to accept token 1 after the delete", Duration::from_secs(5), || async {
+        let r = put(&b.url(KEY), 1, "one via B").await;
+        assert!([200, 409].contains(&r.status.as_u16()), "{}", r.text());
+        r.status == 200
+    })
+    .await;
+    assert_eq!(tokens(&up, KEY), ["8", "1", "1"]);
+    assert_eq!(get(&fences_url(&a, "/objects/z")).await.json()["token"], 2);
+}
