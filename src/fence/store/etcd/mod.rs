@@ -665,8 +665,14 @@ fn c_get(
 }
 
 /// A record a transaction in flight may write: ended if the transaction's
-/// answer is lost or the future is dropped before it comes.
-struct Pending<'a>(Option<String>, &'a Inner);
+/// answer is lost or the future is dropped before it comes. etcd may still
+/// apply such a transaction after the delete (a member that took it was
+/// frozen, and resumes): the delete is made again [`AGAIN_AFTER`] later,
+/// so a record written late does not stand for the replica's whole life.
+struct Pending<'a>(Option<String>, &'a Arc<Inner>);
+
+/// When an uncertain record is deleted again.
+const AGAIN_AFTER: [Duration; 2] = [Duration::from_secs(10), Duration::from_secs(120)];
 
 impl Pending<'_> {
     fn take(mut self) -> String {
@@ -676,9 +682,17 @@ impl Pending<'_> {
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        if let Some(record) = self.0.take() {
-            self.1.ending.fetch_add(1, Ordering::AcqRel);
-            let _ = self.1.ended.send(record);
+        let Some(record) = self.0.take() else { return };
+        self.1.end_record(record.clone());
+        let inner = Arc::downgrade(self.1);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                for after in AGAIN_AFTER {
+                    tokio::time::sleep(after).await;
+                    let Some(inner) = inner.upgrade() else { return };
+                    inner.end_record(record.clone());
+                }
+            });
         }
     }
 }

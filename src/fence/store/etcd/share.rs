@@ -30,7 +30,7 @@ use crate::fence::store::{InFlight, WriteRecord};
 
 /// How long a share stands with no write before its record goes: the next
 /// write of the holder within it needs no etcd call.
-pub(super) const LINGER: Duration = Duration::from_millis(200);
+pub(super) const LINGER: Duration = Duration::from_secs(1);
 
 /// This replica's share of one key.
 #[derive(Debug)]
@@ -149,7 +149,7 @@ impl Inner {
     }
 
     /// Queues `record` to be deleted.
-    fn end_record(&self, record: String) {
+    pub(super) fn end_record(&self, record: String) {
         self.ending.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let _ = self.ended.send(record);
     }
