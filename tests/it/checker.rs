@@ -48,15 +48,32 @@
 //! 503 store-unavailable where a 409 or a mark is due (Redis never goes away
 //! in this run) is a violation of its own, "store unavailable".
 //!
+//! Two replicas on etcd (`two_replicas_on_etcd`): the same two replicas and
+//! every check above, on a 3-member etcd cluster the test starts, whose
+//! leader is killed with SIGKILL once too (between the two replicas'
+//! restarts) and started again a few seconds later. The two members left
+//! keep the quorum: after the election the run must go on (writes answered
+//! 200 while the member is down); a write answered 503 meanwhile (no leader
+//! yet) is a refusal, and must not reach the upstream. Once the member has
+//! rejoined, every key is probed through each replica as after a restart
+//! (nothing acknowledged lost with the leader). The probes wait until both
+//! replicas report their store writable: a 503 store-unavailable there, or
+//! at the end, is a violation as on Redis.
+//!
 //! The runs take turns (each wants the machine to itself). Each default run
-//! makes at least 10,000 answered requests and restarts twice. A longer soak
+//! makes at least 10,000 answered requests and restarts twice (on etcd,
+//! the leader's kill comes between the two restarts). A longer soak
 //! runs for a given time, restarting every 10 to 30 seconds:
 //!
 //! ```text
-//! cargo test --profile ci --test it checker:: -- --nocapture        # both runs
-//! cargo test --profile ci --test it checker::two_replicas -- --nocapture
+//! cargo test --profile ci --test it checker:: -- --nocapture        # every run
+//! cargo test --profile ci --test it checker::two_replicas_on_redis -- --nocapture
+//! cargo test --profile ci --test it checker::two_replicas_on_etcd -- --nocapture
 //! FENCEGATE_SOAK_SECS=600 cargo test --profile ci --test it checker::two_replicas -- --nocapture
 //! ```
+//!
+//! In a soak on etcd, every third fault is the etcd leader's instead of a
+//! replica's.
 //!
 //! Each run logs its seed; `FENCEGATE_TEST_SEED=<seed>` replays the same
 //! random choices (what the interleaving of tasks does with them still
@@ -82,6 +99,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use tokio::net::TcpListener;
 
+use common::etcd::{etcd_store, EtcdCluster};
 use common::process::*;
 use common::redis::{redis_store, Redis};
 use common::*;
@@ -669,32 +687,83 @@ async fn together(
 struct Mode {
     /// fencegate processes in front of the one upstream, sharing their fences.
     replicas: usize,
-    /// The fences on a durable Redis the test starts (`false`: on the file store).
-    redis: bool,
+    /// Where the fences are kept.
+    store: Store,
     /// The route's `queue_timeout`.
     queue_timeout: &'static str,
 }
 
+/// Where a run's replicas keep their fences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Store {
+    /// The durable file store (one replica).
+    File,
+    /// A durable Redis the test starts (`appendfsync always`).
+    Redis,
+    /// A 3-member etcd cluster the test starts.
+    Etcd,
+}
+
+/// What the checker does to the run besides the writers' own trouble.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// A replica (each in turn) killed with SIGKILL and started again.
+    Replica,
+    /// The etcd leader killed with SIGKILL, and started again a while later.
+    EtcdLeader,
+}
+
+impl Mode {
+    /// The default run's faults, in order: the `k`th of `n` comes once the
+    /// answered requests reach `k / (n + 1)` of [`TARGET_OPS`].
+    fn faults(self) -> Vec<Fault> {
+        let mut faults = vec![Fault::Replica; KILLS];
+        if self.store == Store::Etcd {
+            // Between the replicas' restarts.
+            faults.insert(KILLS / 2, Fault::EtcdLeader);
+        }
+        faults
+    }
+
+    /// The soak's `n`th fault (from 0): on etcd every third is the leader's.
+    fn soak_fault(self, n: usize) -> Fault {
+        match self.store {
+            Store::Etcd if n % 3 == 1 => Fault::EtcdLeader,
+            _ => Fault::Replica,
+        }
+    }
+}
+
 /// One fencegate on the durable file store.
-const ONE_ON_FILE: Mode = Mode { replicas: 1, redis: false, queue_timeout: "10s" };
+const ONE_ON_FILE: Mode = Mode { replicas: 1, store: Store::File, queue_timeout: "10s" };
 
 /// Two fencegates sharing their fences on one durable Redis. A replica
 /// killed mid-write leaves records of its writes in flight that every raise
 /// of their keys waits for, until they expire (the route's timeout and settle
 /// period plus a second: 1.6 s); a queue timeout shorter than that turns some
 /// of those waits into 503s, which the checks count as refusals.
-const TWO_ON_REDIS: Mode = Mode { replicas: 2, redis: true, queue_timeout: "1s" };
+const TWO_ON_REDIS: Mode = Mode { replicas: 2, store: Store::Redis, queue_timeout: "1s" };
 
-/// The replicas' one config, and their store: the file store in `dir`, or a
-/// Redis of the run's own (with an append-only file fsynced on every write).
+/// Two fencegates sharing their fences on a 3-member etcd cluster. A killed
+/// replica's records stand until its etcd lease ends: the TTL covers a
+/// write's lease (twice the queue timeout, the route's timeout and settle
+/// period: 2.6 s) rounded up, plus a second, so 4 s, and a new leader
+/// renews every lease in full. As on Redis, raises that wait for them past
+/// the short queue timeout get 503, counted as refusals.
+const TWO_ON_ETCD: Mode = Mode { replicas: 2, store: Store::Etcd, queue_timeout: "1s" };
+
+/// The replicas' one config, and their store: the file store in `dir`, a
+/// Redis of the run's own (with an append-only file fsynced on every write),
+/// or an etcd cluster of its own (3 members).
 struct Site {
     dir: TempDir,
     config: PathBuf,
     _redis: Option<Redis>,
+    etcd: Option<EtcdCluster>,
 }
 
 impl Site {
-    fn new(mode: Mode, upstream: SocketAddr) -> Site {
+    async fn new(mode: Mode, upstream: SocketAddr) -> Site {
         let dir = TempDir::new();
         let routes = format!(
             "[[route]]\nname = \"k\"\nprefix = \"/k/\"\nupstream = \"http://{upstream}\"\n\
@@ -702,16 +771,17 @@ impl Site {
             ROUTE_TIMEOUT.as_millis(),
             mode.queue_timeout
         );
-        let redis = mode.redis.then(Redis::start_durable);
-        let store = match &redis {
-            Some(redis) => redis_store(redis, "key_prefix = \"checker:\""),
-            None => file_store(&dir.path().join("store"), ""),
+        let (mut redis, mut etcd) = (None, None);
+        let store = match mode.store {
+            Store::File => file_store(&dir.path().join("store"), ""),
+            Store::Redis => redis_store(redis.insert(Redis::start_durable()), "key_prefix = \"checker:\""),
+            Store::Etcd => etcd_store(etcd.insert(EtcdCluster::start(3).await), "key_prefix = \"checker/\""),
         };
         // One line per request would pile up in the test's memory: access and audit logs off.
         let fences = format!("{store}[log]\nlevel = \"info,fencegate::access=warn,fencegate::audit=warn\"\n");
         let config =
             dir.write("fencegate.toml", &config_text(&format!("auth_token = \"{ADMIN_TOKEN}\""), &fences, &routes));
-        Site { dir, config, _redis: redis }
+        Site { dir, config, _redis: redis, etcd }
     }
 
     /// One replica; started again after a kill, on the same store.
@@ -751,10 +821,21 @@ struct Run {
     rng: StdRng,
     probes: Vec<Op>,
     violations: Vec<String>,
+    /// Replicas killed and started again.
     kills: usize,
+    /// The etcd leader's outages: from the election of another leader to
+    /// the killed member's restart (the cluster ran on two members).
+    outages: Vec<(Instant, Instant)>,
 }
 
 impl Run {
+    async fn fault(&mut self, fault: Fault) {
+        match fault {
+            Fault::Replica => self.crash_and_restart().await,
+            Fault::EtcdLeader => self.kill_the_etcd_leader().await,
+        }
+    }
+
     /// SIGKILL of a replica (each in turn), then a start on the same store;
     /// checks through every replica that every token the upstream applied is
     /// still fenced.
@@ -784,7 +865,49 @@ impl Run {
         }
         self.fg[victim] = self.site.start().await;
         self.shared.targets.write().unwrap()[victim] = Target::of(&self.fg[victim]);
+        self.probe_every_key("after a restart").await;
+    }
 
+    /// SIGKILL of the etcd leader while the writers go on: the two members
+    /// left elect another and keep the quorum. A few seconds (and at least
+    /// a few hundred answers) later the member is started again on its data;
+    /// once it has rejoined, every token the upstream applied must still be
+    /// fenced, through every replica.
+    async fn kill_the_etcd_leader(&mut self) {
+        let down = Duration::from_millis(self.rng.random_range(2000..5000));
+        let cluster = self.site.etcd.as_mut().expect("the etcd leader is killed in a run on etcd");
+        let leader = cluster.leader().await;
+        cluster.kill(leader);
+        let killed = Instant::now();
+        let answered = self.shared.answered.load(Ordering::Relaxed);
+        let new = cluster.wait_leader(Some(leader), PATIENCE).await;
+        let elected = Instant::now();
+        eprintln!(
+            "checker: etcd member {new} leads {:?} after member {leader}, the leader, was killed",
+            elected - killed
+        );
+        while killed.elapsed() < down || self.shared.answered.load(Ordering::Relaxed) < answered + TARGET_OPS / 20 {
+            assert!(
+                killed.elapsed() < PATIENCE,
+                "with etcd member {leader} down, the run made only {} answers in {PATIENCE:?}",
+                self.shared.answered.load(Ordering::Relaxed) - answered
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        cluster.restart(leader).await;
+        self.outages.push((elected, Instant::now()));
+        cluster.wait_rejoined(leader).await;
+        eprintln!("checker: etcd member {leader} rejoined {:?} after it was killed", killed.elapsed());
+        for fg in &self.fg {
+            fg.wait_writable(true, PATIENCE).await;
+        }
+        self.probe_every_key("after the etcd leader was killed and started again").await;
+    }
+
+    /// Probes every key the upstream applied a write to through every
+    /// replica, `after` a fault: the highest token applied minus one must be
+    /// refused (409), and the fence API must report at least that token.
+    async fn probe_every_key(&mut self, after: &str) {
         let client = client();
         let applied = highest_applied(&self.up);
         for (via, fg) in self.fg.iter().enumerate() {
@@ -801,23 +924,22 @@ impl Run {
                     // is not trusted), so the probe says nothing of the fence.
                     _ if probe.problem() == Some("urn:fencegate:problem:store-unavailable") => {
                         self.violations.push(format!(
-                            "store unavailable: after a restart, replica {via} answered the probe of key {key} \
+                            "store unavailable: {after}, replica {via} answered the probe of key {key} \
                              (the upstream applied {applied}) with 503 store-unavailable: {probe:?}"
                         ))
                     }
                     _ => self.violations.push(format!(
-                        "lost fence: after a restart, key {key} (the upstream applied {applied}) answered {probe:?}"
+                        "lost fence: {after}, key {key} (the upstream applied {applied}) answered {probe:?}"
                     )),
                 }
                 self.probes.push(probe);
                 match fence_of(fg, key).await {
                     Ok(mark) if mark < Some(applied) => self.violations.push(format!(
-                        "lost fence: after a restart, the API of replica {via} says key {key} is at {mark:?}, \
-                         below {applied}"
+                        "lost fence: {after}, the API of replica {via} says key {key} is at {mark:?}, below {applied}"
                     )),
                     Ok(_) => {}
                     Err(answer) => self.violations.push(format!(
-                        "store unavailable: after a restart, the API of replica {via} answered {answer} for key {key}"
+                        "store unavailable: {after}, the API of replica {via} answered {answer} for key {key}"
                     )),
                 }
             }
@@ -853,6 +975,11 @@ async fn two_replicas_on_redis() {
     check_a_run(TWO_ON_REDIS).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_etcd() {
+    check_a_run(TWO_ON_ETCD).await;
+}
+
 async fn check_a_run(mode: Mode) {
     let _alone = ONE_RUN_AT_A_TIME.lock().await;
     let soak = std::env::var("FENCEGATE_SOAK_SECS").ok().map(|s| {
@@ -863,7 +990,7 @@ async fn check_a_run(mode: Mode) {
     let mut rng = StdRng::seed_from_u64(seed);
     let began = Instant::now();
     let up = HistoryUpstream::start(rng.random()).await;
-    let site = Site::new(mode, up.addr);
+    let site = Site::new(mode, up.addr).await;
     let mut fg = Vec::with_capacity(mode.replicas);
     for _ in 0..mode.replicas {
         fg.push(site.start().await);
@@ -877,32 +1004,37 @@ async fn check_a_run(mode: Mode) {
     });
     let writers: Vec<_> =
         (0..WRITERS).map(|_| tokio::spawn(writer(shared.clone(), StdRng::seed_from_u64(rng.random())))).collect();
-    let mut run = Run { site, up, fg, shared, rng, probes: Vec::new(), violations: Vec::new(), kills: 0 };
+    let mut run =
+        Run { site, up, fg, shared, rng, probes: Vec::new(), violations: Vec::new(), kills: 0, outages: Vec::new() };
 
     match soak {
         None => {
-            for k in 1..=KILLS {
-                wait_for_ops(&run.shared, &writers, TARGET_OPS * k / (KILLS + 1)).await;
-                run.crash_and_restart().await;
+            let faults = mode.faults();
+            for (k, fault) in faults.iter().enumerate() {
+                wait_for_ops(&run.shared, &writers, TARGET_OPS * (k + 1) / (faults.len() + 1)).await;
+                run.fault(*fault).await;
             }
             wait_for_ops(&run.shared, &writers, TARGET_OPS).await;
         }
-        Some(soak) => loop {
-            let next = Duration::from_millis(run.rng.random_range(10_000..30_000));
-            if began.elapsed() + next >= soak {
-                tokio::time::sleep(soak.saturating_sub(began.elapsed())).await;
-                break;
+        Some(soak) => {
+            for n in 0.. {
+                let next = Duration::from_millis(run.rng.random_range(10_000..30_000));
+                if began.elapsed() + next >= soak {
+                    tokio::time::sleep(soak.saturating_sub(began.elapsed())).await;
+                    break;
+                }
+                tokio::time::sleep(next).await;
+                assert!(writers.iter().all(|w| !w.is_finished()), "a writer stopped early");
+                run.fault(mode.soak_fault(n)).await;
+                eprintln!(
+                    "checker: {:?}: {} answered requests, {} restarts, {} etcd leaders killed",
+                    began.elapsed(),
+                    run.shared.answered.load(Ordering::Relaxed),
+                    run.kills,
+                    run.outages.len()
+                );
             }
-            tokio::time::sleep(next).await;
-            assert!(writers.iter().all(|w| !w.is_finished()), "a writer stopped early");
-            run.crash_and_restart().await;
-            eprintln!(
-                "checker: {:?}: {} answered requests, {} restarts",
-                began.elapsed(),
-                run.shared.answered.load(Ordering::Relaxed),
-                run.kills
-            );
-        },
+        }
     }
     run.shared.stop.store(true, Ordering::Relaxed);
     let mut ops = std::mem::take(&mut run.probes);
@@ -943,7 +1075,7 @@ async fn check_a_run(mode: Mode) {
 
     let mut violations = std::mem::take(&mut run.violations);
     violations.extend(check(&ops, &history, &marks));
-    let report = summary(&ops, &history, mode, run.kills, began.elapsed());
+    let report = summary(&ops, &history, mode, (run.kills, run.outages.len()), began.elapsed());
     eprintln!("{report}");
     assert!(violations.is_empty(), "{}\n{report}", by_kind(&violations));
 
@@ -952,6 +1084,16 @@ async fn check_a_run(mode: Mode) {
     if soak.is_none() {
         assert!(run.shared.answered.load(Ordering::Relaxed) >= TARGET_OPS);
         assert_eq!(run.kills, KILLS);
+        assert_eq!(run.outages.len(), mode.faults().iter().filter(|f| **f == Fault::EtcdLeader).count());
+    }
+    // With one etcd member of three down, the quorum stays: writes go on.
+    for (from, to) in &run.outages {
+        let ok = count(&|o| o.kind == Kind::Write && o.code() == Some(200) && o.sent >= *from && o.sent < *to);
+        assert!(
+            ok > 0,
+            "no write succeeded in the {:?} an etcd member was down after the election: {report}",
+            *to - *from
+        );
     }
     assert!(count(&|o| o.code() == Some(200)) > 0, "{report}");
     assert!(count(&|o| o.code() == Some(409) && o.kind == Kind::Write) > 0, "no stale writer: {report}");
@@ -1103,9 +1245,18 @@ fn check(ops: &[Op], history: &History, marks: &[Option<Option<u64>>; KEYS]) -> 
             Some(sent) if *sent < op.done => {}
             Some(_) => violations
                 .push(format!("unexplained 409: mark {current} was sent only after the 409 came back: {op:?}")),
-            None => violations.push(format!(
-                "unexplained 409: no request that may have passed the fence carried mark {current}: {op:?}"
-            )),
+            None => {
+                // What became of the requests that carried it, if any did.
+                let carried: Vec<String> = ops
+                    .iter()
+                    .filter(|o| o.key == op.key && o.token == current)
+                    .map(|o| format!("op {} {:?} via replica {}: {:?}", o.id, o.kind, o.via, o.answer))
+                    .collect();
+                violations.push(format!(
+                    "unexplained 409: no request that may have passed the fence carried mark {current}: {op:?}; \
+                     the requests with token {current}: {carried:?}"
+                ))
+            }
         }
     }
 
@@ -1113,13 +1264,13 @@ fn check(ops: &[Op], history: &History, marks: &[Option<Option<u64>>; KEYS]) -> 
     // at least as high as every mark known to be set before it was sent.
     let passed: HashSet<u64> = history.received.iter().map(|w| w.op).collect();
     for (key, final_mark) in marks.iter().copied().enumerate() {
-        // (when it became known, the mark it proves)
-        let mut known: Vec<(Instant, u64)> = ops
+        // (when it became known, the mark it proves, the request that proved it)
+        let mut known: Vec<(Instant, u64, &Op)> = ops
             .iter()
             .filter(|o| o.key == key)
             .filter_map(|o| match o.answer {
-                Answer::Status { code: 409, current: Some(current), .. } => Some((o.done, current)),
-                _ if o.raised() => Some((o.done, o.token)),
+                Answer::Status { code: 409, current: Some(current), .. } => Some((o.done, current, o)),
+                _ if o.raised() => Some((o.done, o.token, o)),
                 _ => None,
             })
             .collect();
@@ -1129,14 +1280,22 @@ fn check(ops: &[Op], history: &History, marks: &[Option<Option<u64>>; KEYS]) -> 
             .filter(|o| o.key == key && o.kind != Kind::Fence && (passed.contains(&o.id) || o.raised()))
             .collect();
         passing.sort_by_key(|o| o.sent);
-        let (mut i, mut mark) = (0, 0);
+        let (mut i, mut mark, mut proof) = (0, 0, None);
         for op in passing {
             while i < known.len() && known[i].0 < op.sent {
-                mark = mark.max(known[i].1);
+                if known[i].1 > mark {
+                    (mark, proof) = (known[i].1, Some(known[i].2));
+                }
                 i += 1;
             }
             if op.token < mark {
-                violations.push(format!("fence went back: {op:?} passed the fence after mark {mark} was known"));
+                let proof = proof.map(|p| format!("{p:?}, answered {:?} before", op.sent - p.done));
+                violations.push(format!(
+                    "fence went back: {op:?} (at the upstream: {:?}) passed the fence after mark {mark} was known \
+                     from {}",
+                    history.fates.get(&op.id),
+                    proof.unwrap_or_default()
+                ));
             }
         }
 
@@ -1192,7 +1351,7 @@ fn handoffs(ops: &[Op], history: &History) -> usize {
     count
 }
 
-fn summary(ops: &[Op], history: &History, mode: Mode, kills: usize, elapsed: Duration) -> String {
+fn summary(ops: &[Op], history: &History, mode: Mode, (kills, leaders): (usize, usize), elapsed: Duration) -> String {
     let mut statuses: HashMap<String, usize> = HashMap::new();
     for op in ops {
         let mut what = match (&op.answer, op.kind) {
@@ -1221,7 +1380,8 @@ fn summary(ops: &[Op], history: &History, mode: Mode, kills: usize, elapsed: Dur
     let per_replica: Vec<usize> =
         (0..mode.replicas).map(|r| ops.iter().filter(|o| o.via == r && o.code().is_some()).count()).collect();
     format!(
-        "checker: {mode:?}: {} requests ({} answered, per replica {per_replica:?}) in {elapsed:.1?}, {kills} restarts; \
+        "checker: {mode:?}: {} requests ({} answered, per replica {per_replica:?}) in {elapsed:.1?}, {kills} restarts, \
+         {leaders} etcd leaders killed; \
          statuses {statuses:?}; upstream received {}, applied {}, {} while the holder's others were in flight, \
          {} tokens handed over across replicas; fates {fates:?}; a request without answer: {failure:?}",
         ops.len(),

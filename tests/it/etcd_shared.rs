@@ -561,6 +561,320 @@ async fn a_copy_holds_its_destination_alone_across_replicas() {
     assert_eq!(seen_writes(&up, KEY), 2);
 }
 
+// ---------------------------------------------------------------- the holder's share
+
+/// The holder's sequential writes of one token through one replica share
+/// one record: the first write's transaction enters it through etcd, and
+/// leaves it standing as the replica's share of the key; the next 19, each
+/// within the share's linger (200 ms) of the one before, join it with no
+/// call to etcd. The cluster's revision (one per transaction that writes)
+/// moves by the first write's transaction and the record's end, not by 20.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holders_sequential_writes_through_one_replica_make_no_new_record() {
+    const WRITES: usize = 20;
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let a = replica(&cluster, "", &up, "").await;
+    // The store adopted (its identity written): nothing else moves the revision.
+    wait_writable(&a, true, Duration::from_secs(10)).await;
+
+    let before = cluster.revision().await;
+    let mut gaps = Vec::new();
+    let mut last_answer: Option<Instant> = None;
+    for i in 0..WRITES {
+        if let Some(last) = last_answer {
+            gaps.push(last.elapsed());
+        }
+        let r = put_answered(&a.url(KEY), 5, "five").await;
+        assert_eq!(r.status, 200, "write {i} of token 5: {}", r.text());
+        last_answer = Some(Instant::now());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let records = flight_records(&cluster, KEY).await;
+    assert!(records.len() <= 1, "the holder's sequential writes left more than one record: {records:?}");
+    // The share ends LINGER after its last write: its record goes.
+    eventually("the share's record to end", Duration::from_secs(10), || async { in_flight(&cluster, KEY).await == 0 })
+        .await;
+    let after = cluster.revision().await;
+    eprintln!("{WRITES} writes of token 5 through one replica: the revision went {before} -> {after}; gaps {gaps:?}");
+    assert!(
+        gaps.iter().all(|g| *g < Duration::from_millis(100)),
+        "too slow a machine to tell: a gap between writes reached 100 ms: {gaps:?}"
+    );
+    assert!(
+        after - before < 5,
+        "{WRITES} sequential writes of one token through one replica moved etcd's revision by {} (from {before} \
+         to {after}): they did not share one record",
+        after - before
+    );
+    assert_eq!(tokens(&up, KEY), vec!["5"; WRITES]);
+    assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(5)));
+}
+
+/// One of the holder's writes of a stream, as its client saw it.
+#[derive(Debug)]
+struct Streamed {
+    sent: Instant,
+    done: Instant,
+    status: u16,
+    /// `X-Fencing-Token-Current`.
+    current: Option<u64>,
+    /// The problem's `waiting`.
+    waiting: Option<u64>,
+}
+
+/// The holder streaming writes of `token` through `url` back to back, one
+/// at a time, until `stop`: each write's answer, in `journal`.
+fn stream_writes(
+    url: String,
+    token: u64,
+    stop: Arc<AtomicBool>,
+    journal: Arc<Mutex<Vec<Streamed>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while !stop.load(Ordering::SeqCst) {
+            let sent = Instant::now();
+            let r = put_answered(&url, token, "streamed").await;
+            let done = Instant::now();
+            let status = r.status.as_u16();
+            let (current, waiting) = if status == 200 {
+                (None, None)
+            } else {
+                let p: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+                (r.header("x-fencing-token-current").and_then(|c| c.parse().ok()), p["waiting"].as_u64())
+            };
+            journal.lock().unwrap().push(Streamed { sent, done, status, current, waiting });
+        }
+    })
+}
+
+/// Replica A's holder streams token 5 back to back while a raise to 6 comes
+/// through `raise_via_a` (A, the replica holding the share) or B: the raise
+/// waits under `wait/`, every replica's watch sees it, A's share takes no
+/// more writes and ends once its write in flight has ended, and the raise
+/// goes well within its route's `queue_timeout` (5 s). The 5s sent after it
+/// are refused (409, current 6); the upstream applied every 5 before the 6.
+async fn a_raise_is_not_starved_by_a_streaming_holder(raise_via_a: bool) {
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, "queue_timeout = \"5s\"").await;
+    wait_writable(&a, true, Duration::from_secs(10)).await;
+    wait_writable(&b, true, Duration::from_secs(10)).await;
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let journal: Arc<Mutex<Vec<Streamed>>> = Arc::default();
+    let streamer = stream_writes(a.url(KEY), 5, stop.clone(), journal.clone());
+    let ok = |journal: &Arc<Mutex<Vec<Streamed>>>| journal.lock().unwrap().iter().filter(|s| s.status == 200).count();
+    eventually("the holder's stream to have 10 writes answered 200", Duration::from_secs(30), || async {
+        ok(&journal) >= 10
+    })
+    .await;
+    let streamed_before = ok(&journal);
+
+    let (via, raiser) = if raise_via_a { ("A", &a) } else { ("B", &b) };
+    let sent = Instant::now();
+    let r = put_answered(&raiser.url(KEY), 6, "six").await;
+    let six_done = Instant::now();
+    let took = six_done - sent;
+    eprintln!(
+        "the raise to 6 through {via} was answered {} after {took:?}, the holder streaming 5 through A \
+         ({streamed_before} writes of 5 answered 200 before it)",
+        r.status
+    );
+    assert_eq!(
+        r.status,
+        200,
+        "the raise to 6 through {via} was not let through after {took:?} while A's holder streamed 5: {}",
+        r.text()
+    );
+    // The stream goes on a little: its next writes must be refused.
+    let answered_at_six = journal.lock().unwrap().len();
+    eventually("the holder's stream to have 5 writes answered after the raise", Duration::from_secs(30), || async {
+        journal.lock().unwrap().iter().filter(|s| s.sent > six_done).count() >= 5
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    streamer.await.unwrap();
+
+    let journal = std::mem::take(&mut *journal.lock().unwrap());
+    for s in &journal {
+        match (s.status, s.current, s.waiting) {
+            // The holder's share, or etcd, let it through.
+            (200, ..) => assert!(s.sent < six_done, "a write of 5 sent after 6 was answered got 200: {s:?}"),
+            // Refused while 6 waited, or after it raised the mark.
+            (409, None, Some(6)) | (409, Some(6), None) => {}
+            _ => panic!("a write of 5 in the stream was answered otherwise than 200 or 409 for 6: {s:?}"),
+        }
+        if s.sent > six_done {
+            assert_eq!((s.status, s.current), (409, Some(6)), "a write of 5 sent after the raise to 6: {s:?}");
+        }
+    }
+    let refused = journal.iter().filter(|s| s.status == 409).count();
+    eprintln!(
+        "the stream: {} writes, {} answered 200, {refused} refused; {answered_at_six} answered when 6 was",
+        journal.len(),
+        journal.len() - refused
+    );
+    assert_stale(&put(&a.url(KEY), 5, "five late").await, 6);
+
+    // The upstream: every 5 (the first write, then the stream's 200s) before the 6.
+    let applied = numeric_tokens(&up, KEY);
+    let fives = 1 + journal.iter().filter(|s| s.status == 200).count();
+    let mut expected = vec![5; fives];
+    expected.push(6);
+    assert_eq!(applied, expected, "the upstream applied other than every 5 answered 200, then the 6");
+    assert_never_down(&up, KEY);
+    assert!(up.overlaps().is_empty(), "writes of different tokens overlapped: {:?}", up.overlaps());
+    let last_five = journal.iter().filter(|s| s.status == 200).map(|s| s.done).max();
+    eprintln!("the last 5 was answered {:?} before 6 was", last_five.map(|t| six_done.saturating_duration_since(t)));
+    eventually("the records to end", Duration::from_secs(10), || async { in_flight(&cluster, KEY).await == 0 }).await;
+    assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(6)));
+}
+
+/// A raise through replica B is not starved by replica A's holder streaming
+/// the old token back to back (each write joining A's share of the key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_through_another_replica_is_not_starved_by_the_holders_share() {
+    a_raise_is_not_starved_by_a_streaming_holder(false).await;
+}
+
+/// The same with the raise through A itself, the replica whose share the
+/// holder's stream joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_through_the_sharing_replica_is_not_starved_by_its_own_share() {
+    a_raise_is_not_starved_by_a_streaming_holder(true).await;
+}
+
+/// A write that holds its key alone through replica A while A holds a share
+/// of the key goes only after the share's writes have ended: a COPY whose
+/// destination is the key, with the share's own token (it must not join
+/// the share), and a raise on a strict route whose fence key is the same
+/// (two routes, one key per object). Neither overlaps the share's writes at
+/// the upstream, nor do the share's next writes join them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_holding_the_key_alone_waits_for_the_sharing_replicas_writes() {
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let routes = format!(
+        "{}{}",
+        route("objects", "/objects/", &up, "pattern = \"/objects/{name*}\"\nkey = \"{name}\""),
+        route("strict", "/strict/", &up, "pattern = \"/strict/{name*}\"\nkey = \"{name}\"\nstrict = true"),
+    );
+    let a = Running::start(&config_text(&admin(), &etcd_store(&cluster, ""), &routes)).await;
+    wait_writable(&a, true, Duration::from_secs(10)).await;
+    let flights = format!("{PREFIX}flight/");
+    let (object, strict) = ("/objects/a", "/strict/a");
+    let applied = |path: &str| up.applied_for(path);
+
+    // A's holder of 10: the first write leaves A's share of key "a"; two more
+    // join it and are held at the upstream, under that one record.
+    assert_eq!(put(&a.url(object), 10, "ten").await.status, 200);
+    let gate = up.hold_next(object, 2);
+    let tens: Vec<_> = (0..2).map(|_| spawn_put(a.url(object), 10, "ten again")).collect();
+    gate.wait_arrivals(2).await;
+    let records = cluster.keys_with_prefix(&flights).await;
+    assert_eq!(records.len(), 1, "the holder's two writes through A did not join its share: {records:?}");
+
+    // A COPY of the same token into the key holds it alone: it must not join.
+    let copy_url = a.url("/objects/src");
+    let copy = tokio::spawn(async move {
+        send("COPY", &copy_url, &[("x-fencing-token", "10"), ("destination", object)], "").await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!copy.is_finished(), "the COPY was answered while the share's writes were in flight: {:?}", copy.await);
+    assert_eq!(
+        seen_writes(&up, "/objects/src"),
+        0,
+        "the COPY reached the upstream while the share's writes were in flight"
+    );
+    gate.release();
+    for ten in tens {
+        assert_eq!(ten.await.unwrap().status, 200);
+    }
+    let copied = tokio::time::timeout(Duration::from_secs(30), copy).await.expect("the COPY was answered").unwrap();
+    assert!(copied.status.is_success(), "{} {}", copied.status, copied.text());
+    let shared_ended = applied(object).iter().map(|w| w.ended).max().unwrap();
+    let copy_started = applied("/objects/src")[0].started;
+    assert!(
+        copy_started >= shared_ended,
+        "the COPY reached the upstream {:?} before the share's last write ended",
+        shared_ended - copy_started
+    );
+
+    // Again A's share of 10, one write held; a raise to 11 on the strict
+    // route, same key, through A.
+    assert_eq!(put(&a.url(object), 10, "ten").await.status, 200);
+    let gate = up.hold(object);
+    let ten = spawn_put(a.url(object), 10, "ten held");
+    gate.wait_arrived().await;
+    let eleven = spawn_put(a.url(strict), 11, "eleven");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !eleven.is_finished(),
+        "the strict raise was answered while the share's write was in flight: {:?}",
+        eleven.await
+    );
+    assert_eq!(
+        seen_writes(&up, strict),
+        0,
+        "the strict raise reached the upstream while the share's write was in flight"
+    );
+    gate.release();
+    assert_eq!(ten.await.unwrap().status, 200);
+    let r =
+        tokio::time::timeout(Duration::from_secs(30), eleven).await.expect("the strict raise was answered").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let shared_ended = applied(object).iter().map(|w| w.ended).max().unwrap();
+    let strict_started = applied(strict)[0].started;
+    assert!(
+        strict_started >= shared_ended,
+        "the strict raise reached the upstream {:?} before the share's last write ended",
+        shared_ended - strict_started
+    );
+    // The share is over: the holder of 10 is refused.
+    assert_stale(&put(&a.url(object), 10, "ten late").await, 11);
+    assert_eq!(tokens(&up, object), ["10", "10", "10", "10", "10"]);
+    assert_eq!(tokens(&up, strict), ["11"]);
+    assert!(up.overlaps().is_empty(), "writes of different tokens overlapped: {:?}", up.overlaps());
+    eventually("the records to end", Duration::from_secs(10), || async { cluster.count_prefix(&flights).await == 0 })
+        .await;
+}
+
+/// A raise through the fence API of replica B (pre-fencing, at lock
+/// acquisition) while replica A holds a share of the key: A's holder's next write
+/// of the old token must be refused (fence-api.md: "every later write below
+/// it gets 409"), not join A's share of the old token. (A raise that only
+/// compared and put the mark, with the shares watching `wait/` alone, let
+/// it through: the stale-write checker on etcd found it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_through_the_fence_api_of_another_replica_ends_the_holders_share() {
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, "").await;
+    wait_writable(&a, true, Duration::from_secs(10)).await;
+    let auth = bearer();
+    let auth = [("authorization", auth.as_str())];
+
+    // A's share of the key, token 5, stands for 200 ms after each write.
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+    assert_eq!(put(&a.url(KEY), 5, "five again").await.status, 200);
+    let r = send("PUT", &fences_url(&b, KEY), &auth, json!({ "token": 6 }).to_string()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(6)));
+    // The raise is acknowledged: the old holder's next write, through A, is stale.
+    let r = put(&a.url(KEY), 5, "five after the raise").await;
+    assert_eq!(
+        r.status,
+        409,
+        "token 5 through A was answered {} after the fence API of B raised the key to 6 (the upstream applied {:?})",
+        r.status,
+        tokens(&up, KEY)
+    );
+    assert_stale(&r, 6);
+    assert_eq!(tokens(&up, KEY), ["5", "5"]);
+}
+
 // ---------------------------------------------------------------- etcd faults
 
 /// What a burst of writers saw: per request, when it was sent, its key, its
@@ -1012,7 +1326,8 @@ async fn a_replaced_cluster_is_refused_until_an_operator_confirms_it() {
         let why = refusing(fg).await.unwrap_or_default();
         eprintln!("{} refuses writes: {why}", fg.pid());
         assert!(
-            ["cluster", "identity", "revision"].iter().any(|w| why.contains(w)),
+            // The identity gone, another cluster id, or the replica's lease unknown to it.
+            ["cluster", "identity", "revision", "lease"].iter().any(|w| why.contains(w)),
             "/readyz?verbose does not name the replaced cluster: {why:?}"
         );
     }

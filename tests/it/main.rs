@@ -25,6 +25,7 @@ mod demo;
 mod deployments;
 mod durability;
 mod etcd_shared;
+mod etcd_tls;
 mod faults;
 mod fence_api;
 mod fuzz_regressions;

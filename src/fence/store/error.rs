@@ -133,6 +133,12 @@ pub enum Doubt {
     /// etcd answered at a revision below one this replica saw: it was
     /// restored from an older snapshot.
     RevisionWentBack { seen: i64, found: i64 },
+    /// The store's count of deletions went back: it was restored from an
+    /// older snapshot.
+    DeletionsWentBack { seen: u64, found: u64 },
+    /// The store no longer knows a lease this replica kept alive, before it
+    /// could have ended: the records of its writes in flight are gone.
+    LeaseLost { id: i64 },
 }
 
 impl std::fmt::Display for Distrust {
@@ -167,6 +173,16 @@ impl std::fmt::Display for Distrust {
                 f,
                 "the {store} fence store answers from cluster {now}, not from cluster {was} this replica used: \
                  it was replaced, and its marks may have gone back"
+            ),
+            Doubt::DeletionsWentBack { seen, found } => write!(
+                f,
+                "the {store} fence store counts {found} deletions of marks, below the {seen} this replica saw: \
+                 it was restored from an older snapshot, and its marks may have gone back"
+            ),
+            Doubt::LeaseLost { id } => write!(
+                f,
+                "the {store} fence store no longer knows lease {id:x}, which this replica kept alive: the records \
+                 of its writes in flight went with it, as in a store that was replaced"
             ),
             Doubt::RevisionWentBack { seen, found } => write!(
                 f,

@@ -411,6 +411,17 @@ impl EtcdCluster {
         .await
     }
 
+    /// The cluster's revision now: the header of a linearizable read. It
+    /// moves by one per transaction that writes (a put, a delete, a
+    /// transaction of several), and not for reads, leases or keep-alives.
+    pub async fn revision(&self) -> i64 {
+        self.retrying("reading the revision", |mut c| async move {
+            let r = c.get(PROBE_KEY, None).await?;
+            Ok(r.header().map(|h| h.revision()).expect("etcd answers a read with a header"))
+        })
+        .await
+    }
+
     /// The lease `key` is attached to (0: none), if the key exists.
     pub async fn lease_of(&self, key: &str) -> Option<i64> {
         let key = key.to_string();

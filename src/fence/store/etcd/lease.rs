@@ -84,6 +84,14 @@ impl Lease {
         (fits && current.until >= Instant::now() + lease).then_some(current.id)
     }
 
+    /// Whether lease `id` (the current one, or one retiring) is good for a
+    /// write of `lease` from now.
+    pub(super) fn covers(&self, id: i64, lease: Duration) -> bool {
+        let state = self.state();
+        let deadline = Instant::now() + lease;
+        state.current.iter().chain(state.retiring.iter().map(|(g, _)| g)).any(|g| g.id == id && g.until >= deadline)
+    }
+
     /// Why the lease does not cover a write now, for `/readyz`.
     pub fn lapsed(&self) -> Option<String> {
         let state = self.state();
@@ -169,7 +177,17 @@ impl Inner {
         self.lease.good_for(lease).ok_or_else(|| self.lease_lapsed())
     }
 
-    fn lease_lapsed(&self) -> StoreError {
+    /// etcd answered that lease `id` is gone: before it could have ended
+    /// (as far as this replica counts), the store lost it, and the records
+    /// of writes in flight under it: the store is not trusted.
+    fn lease_gone(&self, id: i64, sent: Instant) {
+        if self.lease.covers(id, Duration::ZERO) {
+            self.distrust_lease(id);
+        }
+        self.lease.kept(id, sent, 0);
+    }
+
+    pub(super) fn lease_lapsed(&self) -> StoreError {
         StoreError::Failed {
             store: STORE,
             context: "recording the write in flight",
@@ -187,10 +205,11 @@ impl Inner {
                 stream.message().await
             });
             match kept.await {
+                Ok(Some(answer)) if answer.ttl() <= 0 => self.lease_gone(id, sent),
                 Ok(Some(answer)) => self.lease.kept(id, sent, answer.ttl()),
                 Ok(None) => {}
                 // etcd does not know it: a store replaced, or the lease ended.
-                Err(e) if e.to_string().contains("lease not found") => self.lease.kept(id, sent, 0),
+                Err(e) if e.to_string().contains("lease not found") => self.lease_gone(id, sent),
                 Err(e) => tracing::debug!(error = %e, lease = id, "keeping this replica's etcd lease alive"),
             }
         }

@@ -20,19 +20,20 @@
 //! endpoint down or slow) refuses the write: 503, nothing forwarded. The
 //! client fails over between the endpoints by itself.
 
+mod client;
 mod lease;
 mod names;
 mod share;
 mod trust;
+mod turn;
 
-use std::future::Future;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, PutOptions, ResponseHeader,
-    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, ResponseHeader, SortOrder, SortTarget,
+    Txn, TxnOp, TxnOpResponse,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -41,10 +42,12 @@ use super::knowledge::Knowledge;
 use super::{Advance, AtHand, Confirmed, Deleted, Entered, FenceStore, Found, Selection, StoreError, Unexpected};
 use crate::config::EtcdConfig;
 use crate::fence::gate::Ask;
+use client::{c_get, c_txn, Member};
 use lease::{end_records, keep_alive, Lease};
-use names::{mark_value, parse_mark, prefix_end, Names, Record};
+use names::{mark_value, parse_mark, prefix_end, Names};
 use share::{keep_shares, Shares};
 use trust::{health, Reachability};
+use turn::Turn;
 
 /// How this store names itself in what it reports.
 const STORE: &str = "etcd";
@@ -203,91 +206,6 @@ fn unchanged(key: &str, kv: Option<&KeyValue>) -> Compare {
 }
 
 impl Inner {
-    /// The client of member `i`, connected if need be.
-    async fn member(&self, i: usize) -> Result<Client, etcd_client::Error> {
-        let member = &self.members[i];
-        let mut client = member.client.lock().await;
-        if let Some(client) = &*client {
-            return Ok(client.clone());
-        }
-        let connected = Client::connect([member.url.as_str()], Some(self.options.clone())).await?;
-        *client = Some(connected.clone());
-        Ok(connected)
-    }
-
-    /// The client of the member calls go to now (the watch's).
-    async fn client(&self) -> Result<Client, StoreError> {
-        let i = self.current.load(Ordering::Relaxed) % self.members.len();
-        match tokio::time::timeout(self.timeout, self.member(i)).await {
-            Ok(Ok(client)) => Ok(client),
-            Ok(Err(e)) => {
-                self.current.store(i + 1, Ordering::Relaxed);
-                Err(self.failed("connecting to etcd", &e))
-            }
-            Err(_) => Err(self.no_answer("connecting to etcd")),
-        }
-    }
-
-    /// A call that failed with `e`: etcd is unreachable, unless it answered
-    /// with an error of its own.
-    fn failed(&self, context: &'static str, e: &etcd_client::Error) -> StoreError {
-        let error = StoreError::Failed { store: STORE, context, message: e.to_string() };
-        self.note_answer(if answered(e) { Ok(()) } else { Err(&error) });
-        error
-    }
-
-    fn no_answer(&self, context: &'static str) -> StoreError {
-        let error = StoreError::NoAnswer { store: STORE, context, after: self.timeout };
-        self.note_answer(Err(&error));
-        error
-    }
-
-    /// One etcd call, `call` made with a member's client, within `timeout`.
-    /// A member that could not have taken it (it refused the connection, or
-    /// has no leader) has it made again with the next member; one that took
-    /// it and failed, or did not answer, sends the next calls to the next
-    /// member, and this one fails (it may have been applied).
-    async fn call<T, F, Fut>(&self, context: &'static str, mut call: F) -> Result<T, StoreError>
-    where
-        F: FnMut(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
-    {
-        let deadline = Instant::now() + self.timeout;
-        let count = self.members.len();
-        let first = self.current.load(Ordering::Relaxed) % count;
-        let mut unsent = None;
-        for i in (first..first + count).map(|i| i % count) {
-            let answer = tokio::time::timeout_at(deadline, async {
-                let client = self.member(i).await?;
-                call(client).await
-            });
-            match answer.await {
-                Ok(Ok(answer)) => {
-                    self.current.store(i, Ordering::Relaxed);
-                    self.note_answer(Ok(()));
-                    return Ok(answer);
-                }
-                Ok(Err(e)) if not_taken(&e) => {
-                    tracing::debug!(error = %e, member = %self.members[i].url, "an etcd member cannot take calls; trying the next");
-                    self.current.store(i + 1, Ordering::Relaxed);
-                    unsent = Some(e);
-                }
-                Ok(Err(e)) => {
-                    self.current.store(i + 1, Ordering::Relaxed);
-                    return Err(self.failed(context, &e));
-                }
-                Err(_) => {
-                    self.current.store(i + 1, Ordering::Relaxed);
-                    return Err(self.no_answer(context));
-                }
-            }
-        }
-        Err(match unsent {
-            Some(e) => self.failed(context, &e),
-            None => self.no_answer(context),
-        })
-    }
-
     /// One transaction, its header checked against the cluster this replica trusts.
     async fn txn(&self, context: &'static str, txn: Txn) -> Result<(bool, Vec<TxnOpResponse>, i64), StoreError> {
         let floor = self.revision_floor();
@@ -355,30 +273,25 @@ impl FenceStore for EtcdStore {
         AtHand::Floor(self.inner.knowledge.seen(key))
     }
 
-    /// The fence API's raise: compare-and-raise, no turn.
+    /// The fence API's raise. A token at the mark changes nothing. A higher
+    /// one, recorded nowhere, waits (its token under `wait/`) until no
+    /// replica's share of the key takes writes of the old token any more
+    /// (each rewrites its record as draining when it sees the wait), at most
+    /// the longest write lease: no write of the old token is let on after
+    /// this returns. Writes already in flight may end after it, as on Redis.
     async fn advance(&self, key: &str, token: u64) -> Result<Advance, StoreError> {
         let inner = &self.inner;
         inner.trusted().await?;
-        loop {
-            let before = inner.knowledge.before(key);
-            let state = inner.read(key, "reading a mark").await?;
-            let mark = state.mark()?;
-            inner.observe(key, mark, before, state.deletions)?;
-            if let Some(current) = mark.filter(|m| token < *m) {
-                inner.knowledge.remember(key, current, state.deletions);
-                return Ok(Advance::Stale { current });
-            }
-            let mark_key = inner.names.mark(key);
-            let txn = Txn::new().when([unchanged(&mark_key, state.mark.as_ref())]).and_then([TxnOp::put(
-                mark_key.as_str(),
-                mark_value(token),
-                None,
-            )]);
-            let (raised, _, _) = inner.txn("raising a mark", txn).await?;
-            if raised {
-                inner.knowledge.remember(key, token, state.deletions);
-                return Ok(Advance::Accepted { previous: mark });
-            }
+        let wait = inner.longest().max(inner.timeout);
+        match inner.turn(key, token, Turn::Raise, wait).await? {
+            Entered::Accepted { previous, .. } => Ok(Advance::Accepted { previous }),
+            Entered::Stale { current } => Ok(Advance::Stale { current }),
+            // A raise is never refused for a higher token waiting: see turn.rs.
+            Entered::Superseded { .. } | Entered::TimedOut => Err(StoreError::Failed {
+                store: STORE,
+                context: "raising a mark",
+                message: format!("writes of the key stayed in flight for {wait:?}; try again"),
+            }),
         }
     }
 
@@ -395,108 +308,20 @@ impl FenceStore for EtcdStore {
         wait: Duration,
     ) -> Result<Entered, StoreError> {
         let inner = &self.inner;
-        let deadline = Instant::now() + wait;
         inner.trusted().await?;
         let alone = ask == Ask::Alone;
         if !alone {
-            if let Some(in_flight) = self.inner.join_share(key, token, lease) {
+            if let Some(in_flight) = inner.join_share(key, token, lease) {
                 return Ok(Entered::Accepted { previous: Some(token), in_flight });
             }
         }
         let lease_id = inner.lease_for(lease).await?;
-        let (mark_key, wait_key) = (inner.names.mark(key), inner.names.wait(key));
-        let mut pause = Duration::from_millis(1);
-        let mut waiting = false;
-        loop {
-            let before = inner.knowledge.before(key);
-            let state = inner.read(key, "reading a key's turn").await?;
-            let mark = state.mark()?;
-            inner.observe(key, mark, before, state.deletions)?;
-            if let Some(held) = &state.held {
-                let left = inner.held_left(held).await?;
-                return Err(StoreError::Held { store: STORE, left });
-            }
-            if let Some(current) = mark.filter(|m| token < *m) {
-                inner.knowledge.remember(key, current, state.deletions);
-                return Ok(Entered::Stale { current });
-            }
-            let waiting_token = state.wait()?;
-            if let Some(higher) = waiting_token.filter(|w| *w > token) {
-                return Ok(Entered::Superseded { waiting: higher });
-            }
-            let records = state.flights.iter().map(|kv| Record::parse(kv.value())).collect::<Option<Vec<_>>>();
-            let records =
-                records.ok_or_else(|| unexpected(Found::Verdict("a record of a write that is not one".into())))?;
-            let joins = !alone && mark == Some(token) && records.iter().all(|r| !r.alone && r.token == token);
-            if records.is_empty() || joins {
-                let record = inner.record_key(key);
-                let mut then = vec![TxnOp::put(
-                    record.as_str(),
-                    Record { token, alone }.value(),
-                    Some(PutOptions::new().with_lease(lease_id)),
-                )];
-                if mark != Some(token) {
-                    then.push(TxnOp::put(mark_key.as_str(), mark_value(token), None));
-                }
-                if state.wait.is_some() {
-                    // Ours, or a lower or equal one: this raise decides them.
-                    then.push(TxnOp::delete(wait_key.as_str(), None));
-                }
-                let txn = Txn::new()
-                    .when([
-                        unchanged(&mark_key, state.mark.as_ref()),
-                        unchanged(&wait_key, state.wait.as_ref()),
-                        unchanged(&inner.names.held(), None),
-                        // No write of the key recorded since the read (an
-                        // empty range passes).
-                        Compare::create_revision(inner.names.flights(key), CompareOp::Less, state.revision + 1)
-                            .with_prefix(),
-                    ])
-                    .and_then(then);
-                // Whatever happens from here, the record (if the
-                // transaction wrote it before its answer was lost) ends.
-                let pending = Pending(Some(record), &self.inner);
-                let (entered, _, _) = inner.txn("raising a mark and recording the write", txn).await?;
-                let record = pending.take();
-                if entered {
-                    inner.knowledge.remember(key, token, state.deletions);
-                    let in_flight = if alone {
-                        inner.ending.fetch_add(1, Ordering::AcqRel);
-                        lease::recorded(&inner.ended, record)
-                    } else {
-                        self.inner.share(key, token, record)
-                    };
-                    return Ok(Entered::Accepted { previous: mark, in_flight });
-                }
-                // Something moved since the read (nothing was written):
-                // decide again.
-                continue;
-            }
-            // Other writes are in flight: wait for them, the token under
-            // `wait/` so writes of the old mark that come meanwhile are refused.
-            if waiting_token.is_none_or(|w| w < token) {
-                let txn = Txn::new().when([unchanged(&wait_key, state.wait.as_ref())]).and_then([TxnOp::put(
-                    wait_key.as_str(),
-                    mark_value(token),
-                    Some(PutOptions::new().with_lease(lease_id)),
-                )]);
-                inner.txn("waiting for a key's turn", txn).await?;
-                waiting = true;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                if waiting {
-                    inner.stop_waiting(&wait_key, token).await;
-                }
-                return Ok(Entered::TimedOut);
-            }
-            tokio::time::sleep(pause.min(deadline - now)).await;
-            pause = (pause * 2).min(Duration::from_millis(20));
-        }
+        inner.turn(key, token, Turn::Write { alone, lease, lease_id }, wait).await
     }
 
     async fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Vec<(String, u64)>, StoreError> {
         let inner = &self.inner;
+        inner.trusted().await?;
         let marks = inner.names.marks();
         let from = match after {
             // The first key after `after`.
@@ -523,6 +348,7 @@ impl FenceStore for EtcdStore {
 
     async fn delete(&self, which: &Selection) -> Result<Deleted, StoreError> {
         let inner = &self.inner;
+        inner.trusted().await?;
         let marks = inner.names.marks();
         let (from, options) = match which {
             Selection::Key(k) => (format!("{marks}{k}"), DeleteOptions::new().with_prev_key()),
@@ -607,92 +433,6 @@ impl FenceStore for EtcdStore {
         for id in inner.lease.all() {
             let _ =
                 inner.call("revoking this replica's etcd lease", |mut c| async move { c.lease_revoke(id).await }).await;
-        }
-    }
-}
-
-/// One member of the cluster, and its client once connected.
-struct Member {
-    url: String,
-    client: tokio::sync::Mutex<Option<Client>>,
-}
-
-/// Whether a call that failed with `e` never reached etcd's log: the member
-/// refused the connection, or has no leader (`require_leader`). Such a call
-/// may be made again with another member.
-fn not_taken(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::TransportError(_) => true,
-        etcd_client::Error::GRpcStatus(status) => {
-            let message = status.message();
-            // gRPC UNAVAILABLE.
-            status.code() as i32 == 14
-                && (message.contains("connect")
-                    || message.contains("no leader")
-                    || message.contains("Connection refused"))
-        }
-        _ => false,
-    }
-}
-
-/// Whether etcd itself answered a call with the error `e` (a lease it does
-/// not know, a request it refuses): it is reachable.
-fn answered(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(status) => {
-            // UNKNOWN (a transport error), CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE.
-            !matches!(status.code() as i32, 1 | 2 | 4 | 14)
-        }
-        etcd_client::Error::LeaseKeepAliveError(_) => true,
-        _ => false,
-    }
-}
-
-/// `txn` on `client`, for [`Inner::call`].
-fn c_txn(client: &mut Client, txn: &Txn) -> impl Future<Output = Result<etcd_client::TxnResponse, etcd_client::Error>> {
-    let (mut client, txn) = (client.clone(), txn.clone());
-    async move { client.txn(txn).await }
-}
-
-/// A range read on `client`, for [`Inner::call`].
-fn c_get(
-    client: &mut Client,
-    from: &str,
-    options: &GetOptions,
-) -> impl Future<Output = Result<etcd_client::GetResponse, etcd_client::Error>> {
-    let (mut client, from, options) = (client.clone(), from.to_owned(), options.clone());
-    async move { client.get(from, Some(options)).await }
-}
-
-/// A record a transaction in flight may write: ended if the transaction's
-/// answer is lost or the future is dropped before it comes. etcd may still
-/// apply such a transaction after the delete (a member that took it was
-/// frozen, and resumes): the delete is made again [`AGAIN_AFTER`] later,
-/// so a record written late does not stand for the replica's whole life.
-struct Pending<'a>(Option<String>, &'a Arc<Inner>);
-
-/// When an uncertain record is deleted again.
-const AGAIN_AFTER: [Duration; 2] = [Duration::from_secs(10), Duration::from_secs(120)];
-
-impl Pending<'_> {
-    fn take(mut self) -> String {
-        self.0.take().unwrap_or_default()
-    }
-}
-
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        let Some(record) = self.0.take() else { return };
-        self.1.end_record(record.clone());
-        let inner = Arc::downgrade(self.1);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                for after in AGAIN_AFTER {
-                    tokio::time::sleep(after).await;
-                    let Some(inner) = inner.upgrade() else { return };
-                    inner.end_record(record.clone());
-                }
-            });
         }
     }
 }

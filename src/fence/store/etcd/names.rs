@@ -3,8 +3,9 @@
 //! - `P mark/<key>`: the mark, 20 zero-padded decimal digits (etcd compares
 //!   values as bytes, so the padding makes byte order numeric order);
 //! - `P flight/<len>:<key>/<replica>/<n>`: one record per write in flight,
-//!   `s <token>` (shared by the writes carrying the mark) or `a <token>`
-//!   (holding its key alone), under its replica's lease. The key's length
+//!   `s <token>` (shared by the writes carrying the mark), `a <token>`
+//!   (holding its key alone) or `x <token>` (a replica's share that takes no
+//!   more writes: a raise waits for it), under its replica's lease. The key's length
 //!   ends the prefix of its records, so no key's records fall in the range
 //!   of another key the first begins (`/a` and `/a/b`);
 //! - `P wait/<key>`: the highest token waiting to raise the key, under the
@@ -82,22 +83,31 @@ pub(super) struct Record {
     pub token: u64,
     /// Holds its key alone: no other write joins it.
     pub alone: bool,
+    /// A replica's share that a raise stopped: it takes no more writes,
+    /// and ends with the writes it has.
+    pub draining: bool,
 }
 
 impl Record {
     pub fn value(self) -> String {
-        format!("{} {}", if self.alone { 'a' } else { 's' }, self.token)
+        let kind = match (self.alone, self.draining) {
+            (true, _) => 'a',
+            (false, true) => 'x',
+            (false, false) => 's',
+        };
+        format!("{kind} {}", self.token)
     }
 
     pub fn parse(value: &[u8]) -> Option<Record> {
         let text = std::str::from_utf8(value).ok()?;
         let (kind, token) = text.split_once(' ')?;
-        let alone = match kind {
-            "a" => true,
-            "s" => false,
+        let (alone, draining) = match kind {
+            "a" => (true, false),
+            "s" => (false, false),
+            "x" => (false, true),
             _ => return None,
         };
-        Some(Record { token: token.parse().ok()?, alone })
+        Some(Record { token: token.parse().ok()?, alone, draining })
     }
 }
 
@@ -140,10 +150,14 @@ mod tests {
 
     #[test]
     fn records_read_back() {
-        for record in [Record { token: 7, alone: true }, Record { token: 0, alone: false }] {
+        for record in [
+            Record { token: 7, alone: true, draining: false },
+            Record { token: 0, alone: false, draining: false },
+            Record { token: 3, alone: false, draining: true },
+        ] {
             assert_eq!(Record::parse(record.value().as_bytes()), Some(record));
         }
-        assert_eq!(Record::parse(b"x 7"), None);
+        assert_eq!(Record::parse(b"y 7"), None);
         assert_eq!(Record::parse(b"s"), None);
     }
 

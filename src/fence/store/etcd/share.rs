@@ -24,7 +24,9 @@ use std::time::Duration;
 use etcd_client::{EventType, WatchOptions};
 use tokio::time::Instant;
 
-use super::names::parse_mark;
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+
+use super::names::{parse_mark, Record};
 use super::Inner;
 use crate::fence::store::{InFlight, WriteRecord};
 
@@ -36,8 +38,14 @@ pub(super) const LINGER: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 struct Share {
     token: u64,
-    /// Its record in etcd.
+    /// Its record in etcd, and the lease it lives under: the share takes
+    /// writes only while that lease is the replica's current one, good for
+    /// the write (a lease replaced is kept alive only as long as the writes
+    /// entered under it may run).
     record: String,
+    lease: i64,
+    /// Takes no more writes (the store was distrusted): ends with its last.
+    stopped: bool,
     /// Writes in flight under it.
     holders: usize,
     /// When its last write ended, if none is in flight.
@@ -62,21 +70,45 @@ impl Shares {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records that may go now: `key`'s share, ended for a waiting raise.
-    fn end_for_raise(state: &mut State, key: &str) -> Option<String> {
-        let share = state.shares.get(key)?;
-        let waits = state.waiting.get(key).is_some_and(|w| *w > share.token);
-        (waits && share.holders == 0).then(|| state.shares.remove(key).map(|s| s.record)).flatten()
+    /// What a raise waiting for `key` does to its share: an idle share
+    /// ends (its record goes); a busy one stops taking writes, and its
+    /// record says so (`x`), for a raise through the fence API to see.
+    fn end_for_raise(state: &mut State, key: &str) -> Option<Ended> {
+        let share = state.shares.get_mut(key)?;
+        if state.waiting.get(key).is_none_or(|w| *w <= share.token) {
+            return None;
+        }
+        if share.holders == 0 {
+            return state.shares.remove(key).map(|s| Ended::Gone(s.record));
+        }
+        if share.stopped {
+            return None;
+        }
+        share.stopped = true;
+        Some(Ended::Draining { record: share.record.clone(), token: share.token, lease: share.lease })
     }
 
-    /// Every share stops taking writes, and the idle ones end: the watch
-    /// went down, or the store is not trusted.
-    fn stop(state: &mut State) -> Vec<String> {
-        state.watching = false;
-        state.waiting.clear();
+    /// Every share stops taking writes, and the idle ones end; the others
+    /// end with their last write. `watch_down`: the watch failed (no share
+    /// is made or joined until it is up again), else the store is not trusted.
+    fn stop(state: &mut State, watch_down: bool) -> Vec<String> {
+        if watch_down {
+            state.watching = false;
+            state.waiting.clear();
+        }
+        state.shares.values_mut().for_each(|share| share.stopped = true);
         let idle: Vec<String> = state.shares.iter().filter(|(_, s)| s.holders == 0).map(|(k, _)| k.clone()).collect();
         idle.into_iter().filter_map(|key| state.shares.remove(&key)).map(|s| s.record).collect()
     }
+}
+
+/// What becomes of a share's record when a raise waits for its key.
+#[derive(Debug)]
+enum Ended {
+    /// Deleted: the share had no write.
+    Gone(String),
+    /// Marked as taking no more writes.
+    Draining { record: String, token: u64, lease: i64 },
 }
 
 /// One write under a share: its end may end the share.
@@ -103,8 +135,12 @@ impl WriteRecord for Holder {
                 return;
             }
             share.idle_since = Some(Instant::now());
-            if watching {
-                Shares::end_for_raise(&mut state, &self.key)
+            if watching && !share.stopped {
+                // An idle share stands for LINGER, unless a raise waits.
+                match Shares::end_for_raise(&mut state, &self.key) {
+                    Some(Ended::Gone(record)) => Some(record),
+                    _ => None,
+                }
             } else {
                 state.shares.remove(&self.key).map(|s| s.record)
             }
@@ -123,8 +159,10 @@ impl Inner {
         if !state.watching || state.waiting.get(key).is_some_and(|w| *w > token) {
             return None;
         }
-        let share = state.shares.get_mut(key).filter(|s| s.token == token)?;
-        self.lease.good_for(lease)?;
+        let share = state.shares.get_mut(key).filter(|s| s.token == token && !s.stopped)?;
+        if self.lease.good_for(lease)? != share.lease {
+            return None;
+        }
         share.holders += 1;
         share.idle_since = None;
         Some(InFlight::recorded(Holder { inner: Arc::downgrade(self), key: key.to_owned() }))
@@ -133,13 +171,13 @@ impl Inner {
     /// The write of `key` with `token` just entered through etcd with
     /// `record`: it becomes this replica's share of the key when it has
     /// none, the watch is up, and no higher token waits; else it stands alone.
-    pub(super) fn share(self: &Arc<Self>, key: &str, token: u64, record: String) -> InFlight {
+    pub(super) fn share(self: &Arc<Self>, key: &str, token: u64, record: String, lease: i64) -> InFlight {
         {
             let mut state = self.shares.state();
             let free =
                 state.watching && !state.shares.contains_key(key) && state.waiting.get(key).is_none_or(|w| *w <= token);
             if free {
-                let share = Share { token, record, holders: 1, idle_since: None };
+                let share = Share { token, record, lease, stopped: false, holders: 1, idle_since: None };
                 state.shares.insert(key.to_owned(), share);
                 return InFlight::recorded(Holder { inner: Arc::downgrade(self), key: key.to_owned() });
             }
@@ -154,9 +192,10 @@ impl Inner {
         let _ = self.ended.send(record);
     }
 
-    /// Every share stops taking writes (the store is not trusted).
-    pub(super) fn stop_shares(&self) {
-        let ended = Shares::stop(&mut self.shares.state());
+    /// Every share stops taking writes (the store is not trusted, or
+    /// `watch_down`: the watch of waits failed).
+    pub(super) fn stop_shares(&self, watch_down: bool) {
+        let ended = Shares::stop(&mut self.shares.state(), watch_down);
         ended.into_iter().for_each(|record| self.end_record(record));
     }
 
@@ -177,8 +216,8 @@ impl Inner {
     }
 
     /// Notes the waits etcd has, or a change of them: a raise that waits
-    /// ends the share of its key once its writes have ended.
-    fn note_waits(&self, waits: impl IntoIterator<Item = (String, Option<u64>)>, up: bool) {
+    /// stops the share of its key, which ends once its writes have ended.
+    fn note_waits(self: &Arc<Self>, waits: impl IntoIterator<Item = (String, Option<u64>)>, up: bool) {
         let mut ended = Vec::new();
         {
             let mut state = self.shares.state();
@@ -195,7 +234,32 @@ impl Inner {
             }
             state.watching |= up;
         }
-        ended.into_iter().for_each(|record| self.end_record(record));
+        for ended in ended {
+            match ended {
+                Ended::Gone(record) => self.end_record(record),
+                Ended::Draining { record, token, lease } => self.mark_draining(record, token, lease),
+            }
+        }
+    }
+
+    /// Rewrites a stopped share's record as draining (`x`), if it still
+    /// stands: a raise through the fence API waits for that.
+    fn mark_draining(self: &Arc<Self>, record: String, token: u64, lease: i64) {
+        let inner = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let Some(store) = inner.upgrade() else { return };
+            let value = Record { token, alone: false, draining: true }.value();
+            let txn = Txn::new()
+                .when([Compare::version(record.as_str(), CompareOp::Greater, 0)])
+                .and_then([TxnOp::put(record.as_str(), value, Some(PutOptions::new().with_lease(lease)))]);
+            let marked = store.call("marking a share as taking no more writes", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            });
+            if let Err(e) = marked.await {
+                tracing::debug!(error = %e, "marking a share as draining in etcd (a raise waits for its writes)");
+            }
+        });
     }
 }
 
@@ -207,11 +271,14 @@ async fn watch_waits(inner: &Weak<Inner>) -> Result<(), String> {
         (store.client().await.map_err(|e| e.to_string())?, store.names.waits())
     };
     let key_of = |key: &[u8]| String::from_utf8_lossy(key.get(prefix.len()..).unwrap_or_default()).into_owned();
-    let mut stream = client.watch(prefix.as_bytes(), Some(WatchOptions::new().with_prefix())).await;
-    let stream = stream.as_mut().map_err(|e| e.to_string())?;
-    // The waits there now, then the watch's events after them.
+    // The waits there now, then every change after them: the watch starts
+    // at the revision after the read's, so no wait put in between is missed.
     let options = etcd_client::GetOptions::new().with_prefix();
     let now = client.get(prefix.as_bytes(), Some(options)).await.map_err(|e| e.to_string())?;
+    let after = now.header().map_or(0, |h| h.revision()) + 1;
+    let options = WatchOptions::new().with_prefix().with_start_revision(after);
+    let mut stream = client.watch(prefix.as_bytes(), Some(options)).await;
+    let stream = stream.as_mut().map_err(|e| e.to_string())?;
     let waits: Vec<_> = now.kvs().iter().map(|kv| (key_of(kv.key()), parse_mark(kv.value()))).collect();
     inner.upgrade().ok_or("the store is gone")?.note_waits(waits.into_iter().filter(|(_, t)| t.is_some()), true);
     while let Some(answer) = stream.message().await.map_err(|e| e.to_string())? {
@@ -253,7 +320,7 @@ pub(super) async fn keep_shares(inner: Weak<Inner>) {
         if let Err(e) = watched {
             tracing::debug!(error = %e, "watching the etcd store's waits; the holder's writes go to etcd meanwhile");
         }
-        store.stop_shares();
+        store.stop_shares(true);
         drop(store);
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(2));

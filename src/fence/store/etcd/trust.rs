@@ -107,6 +107,14 @@ impl Inner {
         before: Before,
         deletions: u64,
     ) -> Result<(), StoreError> {
+        // The deletions counter never goes back in a store that keeps what
+        // it acknowledged: one that did was restored from an older snapshot.
+        let known = self.knowledge.known().deletions;
+        if deletions < known {
+            let doubt = Doubt::DeletionsWentBack { seen: known, found: deletions };
+            self.distrust(doubt.clone(), true);
+            return Err(distrusted(doubt));
+        }
         let Some(seen) = Knowledge::went_back(before, found, deletions) else {
             self.knowledge.note_deletions(deletions);
             return Ok(());
@@ -115,10 +123,15 @@ impl Inner {
         Err(distrusted(Doubt::MarkLost { key: key.to_owned() }))
     }
 
+    /// The store lost lease `id` before it could have ended.
+    pub(super) fn distrust_lease(&self, id: i64) {
+        self.distrust(Doubt::LeaseLost { id }, true);
+    }
+
     fn distrust(&self, doubt: Doubt, loud: bool) {
         let distrust = Distrust { store: STORE, doubt };
         // The records the shares stand on may have gone with the store.
-        self.stop_shares();
+        self.stop_shares(false);
         if self.knowledge.distrust(distrust.clone()) && loud {
             error!(
                 error = %distrust,
@@ -185,6 +198,10 @@ impl Inner {
             }
             Judgement::Ours => {
                 self.check_cluster(cluster, revision, floor)?;
+                let known = self.knowledge.known().deletions;
+                if deletions < known {
+                    self.distrust(Doubt::DeletionsWentBack { seen: known, found: deletions }, true);
+                }
                 self.knowledge.note_deletions(deletions);
             }
             Judgement::Confirmed(id) => {
