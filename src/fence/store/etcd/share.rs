@@ -10,12 +10,14 @@
 //! their token. Each joining write still needs the lease to outlive it.
 //!
 //! A share ends (its record is deleted) when its last write has ended and
-//! either a raise waits for the key or it has been idle [`LINGER`]: this
-//! replica watches `wait/` in etcd, and a raise waiting for a key, on any
-//! replica, stops its share from taking writes, so writes of the old token
-//! that come meanwhile go to etcd and are refused there (409), as on the
-//! other replicas. Until the watch is up, and whenever it fails, no share
-//! takes writes. A share made while a higher token waits is not kept.
+//! either a turn waits for the key or it has been idle [`LINGER`]: this
+//! replica watches `wait/` in etcd, and a turn waiting for a key on any
+//! replica (a raise, or a write that holds the key alone, at the share's
+//! token or above) stops its share from taking writes, so writes of the old
+//! token that come meanwhile go to etcd and are refused there (409) or wait
+//! behind it, as on the other replicas. Until the watch is up, and whenever
+//! it fails, no share takes writes. A share made while a turn waits is not
+//! kept.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -75,7 +77,7 @@ impl Shares {
     /// record says so (`x`), for a raise through the fence API to see.
     fn end_for_raise(state: &mut State, key: &str) -> Option<Ended> {
         let share = state.shares.get_mut(key)?;
-        if state.waiting.get(key).is_none_or(|w| *w <= share.token) {
+        if state.waiting.get(key).is_none_or(|w| *w < share.token) {
             return None;
         }
         if share.holders == 0 {
@@ -156,7 +158,7 @@ impl Inner {
     /// one for that token that takes writes, and the lease outlives `lease`.
     pub(super) fn join_share(self: &Arc<Self>, key: &str, token: u64, lease: Duration) -> Option<InFlight> {
         let mut state = self.shares.state();
-        if !state.watching || state.waiting.get(key).is_some_and(|w| *w > token) {
+        if !state.watching || state.waiting.get(key).is_some_and(|w| *w >= token) {
             return None;
         }
         let share = state.shares.get_mut(key).filter(|s| s.token == token && !s.stopped)?;
@@ -175,7 +177,7 @@ impl Inner {
         {
             let mut state = self.shares.state();
             let free =
-                state.watching && !state.shares.contains_key(key) && state.waiting.get(key).is_none_or(|w| *w <= token);
+                state.watching && !state.shares.contains_key(key) && state.waiting.get(key).is_none_or(|w| *w < token);
             if free {
                 let share = Share { token, record, lease, stopped: false, holders: 1, idle_since: None };
                 state.shares.insert(key.to_owned(), share);
