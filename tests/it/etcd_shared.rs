@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 
 use common::etcd::*;
 use common::process::*;
+use common::shared_fences::*;
 use common::*;
 
 const SECRET: &str = "etcd-admin-secret";
@@ -101,11 +102,6 @@ fn padded(token: u64) -> String {
     format!("{token:020}")
 }
 
-/// The tokens the upstream applied to `key`, in order.
-fn tokens(up: &RecordingUpstream, key: &str) -> Vec<String> {
-    up.applied_for(key).into_iter().map(|a| a.token.unwrap_or_default()).collect()
-}
-
 /// The tokens the upstream applied to `key`, in order, as numbers.
 fn numeric_tokens(up: &RecordingUpstream, key: &str) -> Vec<u64> {
     tokens(up, key).iter().map(|t| t.parse().unwrap_or_else(|_| panic!("token {t:?} applied to {key}"))).collect()
@@ -124,32 +120,6 @@ fn assert_never_down(up: &RecordingUpstream, key: &str) {
     }
 }
 
-/// Writes to `key` the upstream ever saw (applied or not).
-fn seen_writes(up: &RecordingUpstream, key: &str) -> usize {
-    up.seen().iter().filter(|(m, p, _)| *m != http::Method::GET && p == key).count()
-}
-
-/// Asserts a 409 stale-token refusal naming the current mark `current`.
-fn assert_stale(r: &Reply, current: u64) {
-    let p = r.problem(409);
-    assert_eq!(p["type"], "urn:fencegate:problem:stale-token", "{p}");
-    assert_eq!(r.header("x-fencing-token-current"), Some(current.to_string().as_str()), "{p}");
-    assert_eq!(p["current"], current, "{p}");
-}
-
-/// Asserts a 503 store-unavailable refusal with `Retry-After`; returns the problem.
-fn assert_store_unavailable(r: &Reply) -> Value {
-    let p = r.problem(503);
-    assert!(p["type"].as_str().unwrap().ends_with("store-unavailable"), "{p}");
-    assert!(r.header("retry-after").is_some(), "a 503 without Retry-After: {:?}", r.headers);
-    p
-}
-
-/// `put` on a task of its own.
-fn spawn_put(url: String, token: u64, body: &'static str) -> tokio::task::JoinHandle<Reply> {
-    tokio::spawn(async move { put(&url, token, body).await })
-}
-
 /// `put` on a task of its own, to a replica that may die meanwhile: the
 /// status, or `None` when the connection broke.
 fn spawn_put_may_break(url: String, token: u64) -> tokio::task::JoinHandle<Option<http::StatusCode>> {
@@ -160,23 +130,6 @@ fn spawn_put_may_break(url: String, token: u64) -> tokio::task::JoinHandle<Optio
             .unwrap();
         client().request(req).await.ok().map(|r| r.status())
     })
-}
-
-/// Why `fg`'s `/readyz?verbose` says its fence store refuses fenced writes,
-/// if it does; `/readyz` stays 200 meanwhile (reads are served).
-async fn refusing(fg: &Running) -> Option<String> {
-    let r = get(&fg.admin_url("/readyz?verbose")).await;
-    assert_eq!(r.status, 200, "a store refusing writes took the replica out of service: {}", r.text());
-    r.text().lines().find_map(|l| l.strip_prefix("[-]store-writable failed: ").map(str::to_string))
-}
-
-fn fences_url(fg: &Running, key: &str) -> String {
-    fg.admin_url(&format!("/fences?key={}", enc(key)))
-}
-
-async fn confirm(fg: &Running, auth: Option<&str>) -> Reply {
-    let headers: Vec<(&str, &str)> = auth.map(|a| vec![("authorization", a)]).unwrap_or_default();
-    send("POST", &fg.admin_url("/fences/store/confirm"), &headers, "").await
 }
 
 /// `put`, failing the test if fencegate does not answer within 30 s (a

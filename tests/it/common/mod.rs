@@ -574,3 +574,4 @@ pub mod process;
 pub mod raw;
 pub mod realistic;
 pub mod redis;
+pub mod shared_fences;
