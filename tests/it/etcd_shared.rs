@@ -1244,6 +1244,58 @@ async fn a_killed_replicas_write_holds_the_key_until_its_lease_ends() {
 /// writes for the longest lease (2 × 500ms + 2 × 2s + 2s of settle).
 const SHORT_LEASE: &str = "timeout = \"2s\"\nqueue_timeout = \"500ms\"";
 
+/// The cluster restored from a snapshot taken before a raise (same cluster
+/// id, an older revision, the raise gone): every replica distrusts it (no
+/// write below the lost mark forwarded; `/readyz?verbose` names it) until
+/// an operator confirms; then the mark the replica remembers is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_restored_from_an_older_snapshot_is_refused_until_confirmed() {
+    let mut cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, SHORT_LEASE).await;
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+    let dir = TempDir::new();
+    let snapshot = dir.path().join("before.db");
+    cluster.snapshot_save(&snapshot).await;
+    // After the snapshot: the mark goes to 7, and other keys move the revision on.
+    assert_eq!(put(&a.url(KEY), 7, "seven").await.status, 200);
+    for i in 0..5 {
+        assert_eq!(put(&b.url(&format!("/objects/more{i}")), 1, "one").await.status, 200);
+    }
+    let old_id = cluster.cluster_id().await;
+
+    cluster.restore_from_snapshot(&snapshot).await;
+    assert_eq!(cluster.cluster_id().await, old_id, "a restore with the same token keeps the cluster id");
+    assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(5)), "the snapshot has the older mark");
+    // Token 6 is stale (A applied 7) but above the restored mark: never forwarded.
+    for fg in [&a, &b] {
+        let r = put_answered(&fg.url(KEY), 6, "six").await;
+        assert!([409, 503].contains(&r.status.as_u16()), "{}", r.text());
+    }
+    assert_eq!(tokens(&up, KEY), ["5", "7"], "a token below the lost mark reached the upstream");
+    for fg in [&a, &b] {
+        wait_writable(fg, false, Duration::from_secs(10)).await;
+        let why = refusing(fg).await.unwrap_or_default();
+        assert!(
+            ["revision", "mark", "deletions", "lease", "identity"].iter().any(|w| why.contains(w)),
+            "/readyz?verbose does not name the restored store: {why:?}"
+        );
+    }
+
+    let auth = bearer();
+    let r = confirm(&a, Some(&auth)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    for fg in [&a, &b] {
+        wait_writable(fg, true, Duration::from_secs(20)).await;
+    }
+    // A remembered 7: it is back in etcd, and 6 stays stale.
+    assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(7)));
+    assert_stale(&put(&b.url(KEY), 6, "six").await, 7);
+    let r = put(&b.url(KEY), 8, "eight").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(tokens(&up, KEY), ["5", "7", "8"]);
+}
+
 /// The cluster replaced by a brand-new one on the same URLs (another cluster
 /// id, revisions starting over, no marks): every replica distrusts it (no
 /// write forwarded, a token below a mark seen included; `/readyz?verbose`

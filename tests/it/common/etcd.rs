@@ -509,6 +509,42 @@ impl EtcdCluster {
         self.wait_writable().await;
     }
 
+    /// Kills every member, then restores each from `snapshot` (taken with
+    /// [`Self::snapshot_save`]) with `etcdctl snapshot restore`, as an
+    /// operator restores a lost cluster: same member names, URLs and
+    /// `--initial-cluster-token`, so the same cluster id, at the snapshot's
+    /// revision (below what the replicas saw since). Returns once it takes
+    /// writes. `.ci/run` installs `etcdctl` (Debian's `etcd-client`).
+    pub async fn restore_from_snapshot(&mut self, snapshot: &Path) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+        self.generation += 1;
+        let initial = self.initial_cluster();
+        for i in 0..self.members.len() {
+            let dir = self.member_dir(i);
+            std::fs::create_dir_all(&dir).unwrap();
+            self.members[i].dir = dir;
+            let m = &self.members[i];
+            let out = Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .arg("snapshot")
+                .arg("restore")
+                .arg(snapshot)
+                .args(["--name", &m.name, "--initial-cluster", &initial])
+                .args(["--initial-cluster-token", &self.token, "--initial-advertise-peer-urls", &m.peer_url()])
+                .arg("--data-dir")
+                .arg(m.data_dir())
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run etcdctl ({e}): install Debian's etcd-client"));
+            assert!(out.status.success(), "etcdctl snapshot restore: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        for i in 0..self.members.len() {
+            self.spawn(i, "new");
+        }
+        self.wait_writable().await;
+    }
+
     /// Member `i`'s log (of its current data generation), at most its last 60 lines.
     pub fn log(&self, i: usize) -> String {
         let text = std::fs::read_to_string(self.members[i].log_path()).unwrap_or_default();

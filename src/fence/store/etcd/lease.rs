@@ -139,6 +139,16 @@ impl Lease {
         }
     }
 
+    /// Forgets every lease (the next write is granted a new one), and
+    /// returns their ids.
+    pub(super) fn forget_all(&self) -> Vec<i64> {
+        let mut state = self.state();
+        let ids = state.current.iter().chain(state.retiring.iter().map(|(g, _)| g)).map(|g| g.id).collect();
+        state.current = None;
+        state.retiring.clear();
+        ids
+    }
+
     /// The ids of every lease this replica holds, for its close.
     pub fn all(&self) -> Vec<i64> {
         self.alive()

@@ -206,6 +206,7 @@ impl Inner {
             }
             Judgement::Confirmed(id) => {
                 self.distrust(Doubt::Restoring { identity: id.clone() }, false);
+                self.drop_leases().await;
                 let restored = self.restore().await?;
                 warn!(identity = %id, restored, "adopting the etcd fence store an operator confirmed");
                 self.adopt(id, deletions, cluster, revision);
@@ -230,6 +231,22 @@ impl Inner {
         Ok(answer.await?.succeeded())
     }
 
+    /// Revokes every lease this replica held before the store was
+    /// confirmed, and forgets them: a store restored from a snapshot brings
+    /// back records of writes that ended long ago, under a lease this
+    /// replica would otherwise keep alive, and they would hold their keys
+    /// for its whole life. The writes that were in flight are covered by
+    /// the hold after the confirmation; the next write gets a new lease.
+    async fn drop_leases(&self) {
+        for id in self.lease.forget_all() {
+            let revoked = self
+                .call("revoking a lease from before the confirmation", |mut c| async move { c.lease_revoke(id).await });
+            if let Err(e) = revoked.await {
+                tracing::debug!(error = %e, lease = id, "revoking a lease from before the confirmation");
+            }
+        }
+    }
+
     /// Raises every mark this replica remembers back into the store.
     async fn restore(&self) -> Result<u64, StoreError> {
         let mut restored = 0;
@@ -252,6 +269,7 @@ impl Inner {
         let previous = self.knowledge.known().id.clone().or(id).unwrap_or_default();
         let identity = new_identity()?;
         self.distrust(Doubt::Restoring { identity: identity.clone() }, false);
+        self.drop_leases().await;
         let restored = self.restore().await?;
         let held = self.hold_for();
         let ttl = held.as_secs() as i64 + i64::from(held.subsec_nanos() > 0);
