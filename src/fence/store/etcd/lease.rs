@@ -92,18 +92,6 @@ impl Lease {
         state.current.iter().chain(state.retiring.iter().map(|(g, _)| g)).any(|g| g.id == id && g.until >= deadline)
     }
 
-    /// Why the lease does not cover a write now, for `/readyz`.
-    pub fn lapsed(&self) -> Option<String> {
-        let state = self.state();
-        let current = state.current?;
-        (current.until < Instant::now()).then(|| {
-            format!(
-                "this replica's etcd lease (id {:x}) was not kept alive: its records of writes may be gone",
-                current.id
-            )
-        })
-    }
-
     /// Every lease to keep alive now, and forgets retired ones whose writes
     /// have ended.
     fn alive(&self) -> Vec<i64> {

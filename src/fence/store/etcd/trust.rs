@@ -316,9 +316,6 @@ impl Inner {
         if !self.reachable.0.load(Ordering::Acquire) {
             return Some("the etcd fence store is unreachable or slower than [fences] timeout".into());
         }
-        if let Some(lapsed) = self.lease.lapsed() {
-            return Some(lapsed);
-        }
         let until = *self.held_until.lock().unwrap_or_else(PoisonError::into_inner);
         let left = until.map(|u| u.saturating_duration_since(Instant::now())).unwrap_or_default();
         (!left.is_zero()).then(|| StoreError::Held { store: STORE, left }.to_string())
