@@ -564,6 +564,94 @@ async fn the_holders_sequential_writes_through_one_replica_make_no_new_record() 
     assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(5)));
 }
 
+/// A replica's raises of a key it holds take one etcd transaction each: the
+/// decision is made on the mark the replica saw last and compared in the
+/// transaction that commits it (no read first), and the replica's own idle
+/// share of the key is taken over by the raise's record in that transaction
+/// (no wait for it, no second record). 20 sequential raises through one
+/// replica move etcd's revision by about one each (a read, a wait and the
+/// share's delete would make three or more), and leave one record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicas_raises_of_a_key_it_holds_take_one_transaction_each() {
+    const RAISES: u64 = 20;
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let a = replica(&cluster, "", &up, "").await;
+    wait_writable(&a, true, Duration::from_secs(10)).await;
+    // The first write reads the key: the replica has seen no mark of it.
+    assert_eq!(put(&a.url(KEY), 1, "one").await.status, 200);
+
+    let before = cluster.revision().await;
+    for token in 2..=RAISES + 1 {
+        let r = put_answered(&a.url(KEY), token, "raise").await;
+        assert_eq!(r.status, 200, "raise to {token}: {}", r.text());
+    }
+    let after = cluster.revision().await;
+    let records = flight_records(&cluster, KEY).await;
+    eprintln!("{RAISES} raises through one replica: the revision went {before} -> {after}; records {records:?}");
+    assert!(records.len() <= 1, "the replica's raises left more than one record: {records:?}");
+    // Slack for a share that ended between two raises (a slow machine).
+    assert!(
+        after - before <= RAISES as i64 + 3,
+        "{RAISES} sequential raises through one replica moved etcd's revision by {} (from {before} to {after}): \
+         more than one transaction each",
+        after - before
+    );
+    let sent: Vec<String> = (1..=RAISES + 1).map(|t| t.to_string()).collect();
+    assert_eq!(tokens(&up, KEY), sent);
+    assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(RAISES + 1)));
+}
+
+/// Raises of many keys that come together through one replica are
+/// committed together: one etcd transaction, each raise a nested
+/// transaction of it, compared on its own. 64 writers each raise their own
+/// key 4 times: the 256 raises move etcd's revision (one per transaction)
+/// by far fewer than 256, every raise reaches the upstream in order, and
+/// every mark is in etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raises_that_come_together_through_one_replica_are_committed_in_batches() {
+    const WRITERS: u64 = 64;
+    const RAISES: u64 = 4;
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let a = replica(&cluster, "", &up, "").await;
+    wait_writable(&a, true, Duration::from_secs(10)).await;
+    let key = |i: u64| format!("/objects/batch{i}");
+    for i in 0..WRITERS {
+        assert_eq!(put(&a.url(&key(i)), 1, "one").await.status, 200);
+    }
+
+    let before = cluster.revision().await;
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|i| {
+            let url = a.url(&key(i));
+            tokio::spawn(async move {
+                for token in 2..=RAISES + 1 {
+                    let r = put_answered(&url, token, "raise").await;
+                    assert_eq!(r.status, 200, "{url} raise to {token}: {}", r.text());
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.expect("a writer panicked");
+    }
+    let after = cluster.revision().await;
+    let raises = (WRITERS * RAISES) as i64;
+    eprintln!("{raises} raises of {WRITERS} keys through one replica: the revision went {before} -> {after}");
+    assert!(
+        after - before < raises / 2,
+        "{raises} raises that came together moved etcd's revision by {} (from {before} to {after}): they were not \
+         committed in batches",
+        after - before
+    );
+    let sent: Vec<String> = (1..=RAISES + 1).map(|t| t.to_string()).collect();
+    for i in 0..WRITERS {
+        assert_eq!(tokens(&up, &key(i)), sent, "{}", key(i));
+        assert_eq!(cluster.get(&mark_key(&key(i))).await, Some(padded(RAISES + 1)), "{}", key(i));
+    }
+}
+
 /// One of the holder's writes of a stream, as its client saw it.
 #[derive(Debug)]
 struct Streamed {
@@ -1487,4 +1575,49 @@ async fn the_fence_api_works_on_the_etcd_store() {
     .await;
     assert_eq!(tokens(&up, KEY), ["8", "1", "1"]);
     assert_eq!(get(&fences_url(&a, "/objects/z")).await.json()["token"], 2);
+}
+
+/// After a confirmation, each replica that takes the confirmed store
+/// lengthens the hold to its own longest write lease when the hold in the
+/// store ends sooner (as on Redis), and raises back every mark it remembers,
+/// many to a transaction. A confirms with 2 s routes; B, with 9 s routes and
+/// 150 marks remembered, lengthens the hold's lease past 10 s and brings its
+/// marks back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_longer_leases_lengthens_the_hold_after_a_confirmation() {
+    const KEYS: u64 = 150;
+    let mut cluster = EtcdCluster::start(1).await;
+    let up = RecordingUpstream::start().await;
+    let a = replica(&cluster, "", &up, SHORT_LEASE).await;
+    let b = replica(&cluster, "", &up, "timeout = \"9s\"\nqueue_timeout = \"500ms\"").await;
+    assert_eq!(put(&a.url(KEY), 5, "five").await.status, 200);
+    let key = |i: u64| format!("/objects/many{i}");
+    for i in 0..KEYS {
+        assert_eq!(put(&b.url(&key(i)), i + 1, "one").await.status, 200);
+    }
+    cluster.replace_with_new_cluster().await;
+    for fg in [&a, &b] {
+        wait_writable(fg, false, Duration::from_secs(10)).await;
+    }
+    let r = confirm(&a, Some(&bearer())).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let held = format!("{PREFIX}held");
+    let lease = cluster.lease_of(&held).await.expect("the confirmation holds writes");
+    let confirmers = cluster.lease_granted_ttl(lease).await;
+    assert!(confirmers < 10, "A's hold ({confirmers} s) is already as long as B's routes: the test tells nothing");
+    eventually("B to lengthen the hold to its own leases", Duration::from_secs(10), || async {
+        match cluster.lease_of(&held).await {
+            Some(lease) if lease != 0 => cluster.lease_granted_ttl(lease).await >= 10,
+            _ => false,
+        }
+    })
+    .await;
+    for fg in [&a, &b] {
+        wait_writable(fg, true, Duration::from_secs(30)).await;
+    }
+    for i in 0..KEYS {
+        assert_eq!(cluster.get(&mark_key(&key(i))).await, Some(padded(i + 1)), "B did not restore {}", key(i));
+    }
+    assert_stale(&put(&a.url(&key(7)), 1, "stale").await, 8);
+    assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(5)));
 }

@@ -39,8 +39,8 @@ pub(in crate::fence::store) struct Knowledge {
 /// What this replica knew of a key before a call ([`Knowledge::before`]).
 #[derive(Debug, Clone, Copy)]
 pub(in crate::fence::store) struct Before {
-    seen: Option<u64>,
-    deletions: u64,
+    pub(in crate::fence::store) seen: Option<u64>,
+    pub(in crate::fence::store) deletions: u64,
 }
 
 /// What the identity found in the store means for this replica.

@@ -20,6 +20,7 @@
 //! endpoint down or slow) refuses the write: 503, nothing forwarded. The
 //! client fails over between the endpoints by itself.
 
+mod batch;
 mod client;
 mod lease;
 mod names;
@@ -96,6 +97,8 @@ struct Inner {
     lease: Lease,
     /// Where records of ended writes go to be deleted.
     ended: mpsc::UnboundedSender<String>,
+    /// Where turns' transactions go to be committed in batches (batch.rs).
+    batches: mpsc::UnboundedSender<batch::Item>,
     /// Records ended and not yet deleted.
     ending: AtomicUsize,
     /// This replica's shares of keys its writes hold (share.rs).
@@ -105,6 +108,11 @@ struct Inner {
     replica: String,
     /// Until when fenced writes are held after a confirmation, as last read.
     held_until: std::sync::Mutex<Option<Instant>>,
+    /// The key of the last decision this replica committed (the health
+    /// check reads its mark back).
+    last_commit: std::sync::Mutex<Option<String>>,
+    /// How often turns' guesses failed lately, as a score (turn.rs).
+    guesses: std::sync::atomic::AtomicU32,
     /// The longest write lease of the routes now (the hold after a confirmation).
     longest: std::sync::Mutex<Duration>,
 }
@@ -141,6 +149,7 @@ impl EtcdStore {
             options = options.with_tls(tls);
         }
         let (ended, ended_rx) = mpsc::unbounded_channel();
+        let (batches, batches_rx) = mpsc::unbounded_channel();
         let inner = Arc::new(Inner {
             members: config
                 .endpoints
@@ -158,17 +167,21 @@ impl EtcdStore {
             tracked: AtomicUsize::new(0),
             lease: Lease::default(),
             ended,
+            batches,
             ending: AtomicUsize::new(0),
             shares: Shares::default(),
             next_record: AtomicI64::new(0),
             replica: super::knowledge::new_identity()?,
             held_until: std::sync::Mutex::new(None),
+            last_commit: std::sync::Mutex::new(None),
+            guesses: std::sync::atomic::AtomicU32::new(0),
             longest: std::sync::Mutex::new(Duration::ZERO),
         });
         tokio::spawn(health(Arc::downgrade(&inner)));
         tokio::spawn(keep_alive(Arc::downgrade(&inner)));
         tokio::spawn(end_records(Arc::downgrade(&inner), ended_rx));
         tokio::spawn(keep_shares(Arc::downgrade(&inner)));
+        tokio::spawn(batch::send_batches(Arc::downgrade(&inner), batches_rx));
         Ok(EtcdStore { inner })
     }
 }
@@ -214,18 +227,21 @@ impl Inner {
         Ok((answer.succeeded(), answer.op_responses(), revision))
     }
 
-    /// A key's state (the mark, the records of its writes in flight, the
-    /// wait, the hold, the deletions) read at one revision.
-    async fn read(&self, key: &str, context: &'static str) -> Result<State, StoreError> {
+    /// The reads of a key's state (the mark, the records of its writes in
+    /// flight, the wait, the hold, the deletions), for [`Inner::state`].
+    fn read_ops(&self, key: &str) -> Vec<TxnOp> {
         let n = &self.names;
-        let txn = Txn::new().and_then([
+        vec![
             TxnOp::get(n.mark(key), None),
             TxnOp::get(n.flights(key), Some(GetOptions::new().with_prefix())),
             TxnOp::get(n.wait(key), None),
             TxnOp::get(n.held(), None),
             TxnOp::get(n.deletions(), None),
-        ]);
-        let (_, responses, revision) = self.txn(context, txn).await?;
+        ]
+    }
+
+    /// A key's state as the reads of [`Inner::read_ops`] answered it at `revision`.
+    fn state(&self, responses: Vec<TxnOpResponse>, revision: i64) -> Result<State, StoreError> {
         let mut gets = responses.into_iter().map(|r| match r {
             TxnOpResponse::Get(mut get) => Ok(get.take_kvs()),
             _ => Err(unexpected(Found::Verdict("an answer to a read that is not a read".into()))),
@@ -237,6 +253,12 @@ impl Inner {
         let held = next()?.pop();
         let deletions = next()?.pop().map_or(0, |kv| kv.version().max(0) as u64);
         Ok(State { revision, mark, flights, wait, held, deletions })
+    }
+
+    /// A key's state read at one revision.
+    async fn read(&self, key: &str, context: &'static str) -> Result<State, StoreError> {
+        let (_, responses, revision) = self.txn(context, Txn::new().and_then(self.read_ops(key))).await?;
+        self.state(responses, revision)
     }
 
     /// How long writes are held still, when a hold was found.

@@ -170,6 +170,21 @@ impl Inner {
         Some(InFlight::recorded(Holder { inner: Arc::downgrade(self), key: key.to_owned() }))
     }
 
+    /// This replica's idle share of `key` below `token`, taken for the turn
+    /// of `token` that ends it: no write joins it from now on, and the
+    /// turn's transaction deletes its record or writes its own record there
+    /// (the record is queued for deletion if the turn does not commit). A
+    /// raise of the holder's key through this replica needs no wait for
+    /// its own share.
+    pub(super) fn claim_share(&self, key: &str, token: u64) -> Option<String> {
+        let mut state = self.shares.state();
+        let share = state.shares.get(key)?;
+        if share.holders > 0 || share.stopped || share.token >= token {
+            return None;
+        }
+        state.shares.remove(key).map(|s| s.record)
+    }
+
     /// The write of `key` with `token` just entered through etcd with
     /// `record`: it becomes this replica's share of the key when it has
     /// none, the watch is up, and no higher token waits; else it stands alone.

@@ -25,6 +25,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpR
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
+use super::client::c_get;
 use super::lease::LEASE_MARGIN;
 use super::names::mark_value;
 use super::{Inner, STORE};
@@ -34,6 +35,12 @@ use crate::fence::store::{Confirmed, Distrust, Doubt, StoreError};
 /// How often a replica reads the store's identity and size when nothing
 /// else does: how soon `/readyz` sees etcd come back.
 pub(super) const HEALTH_EVERY: Duration = Duration::from_secs(1);
+
+/// Marks raised back per transaction after a confirmation, and their keys'
+/// bytes: etcd refuses more than `--max-txn-ops` (128 by default)
+/// operations on one level, and requests over 1.5 MiB.
+const RESTORE_BATCH: usize = 64;
+const RESTORE_BYTES: usize = 256 * 1024;
 
 /// Whether the last call reached etcd and was answered in time.
 #[derive(Debug, Default)]
@@ -208,6 +215,7 @@ impl Inner {
                 self.distrust(Doubt::Restoring { identity: id.clone() }, false);
                 self.drop_leases().await;
                 let restored = self.restore().await?;
+                self.lengthen_hold().await?;
                 warn!(identity = %id, restored, "adopting the etcd fence store an operator confirmed");
                 self.adopt(id, deletions, cluster, revision);
             }
@@ -247,19 +255,69 @@ impl Inner {
         }
     }
 
-    /// Raises every mark this replica remembers back into the store.
+    /// Raises every mark this replica remembers back into the store, many
+    /// keys to a transaction (each key a nested transaction of it).
     async fn restore(&self) -> Result<u64, StoreError> {
+        let mut seen = self.knowledge.all_seen().into_iter().peekable();
         let mut restored = 0;
-        for (key, mark) in self.knowledge.all_seen() {
-            let mark_key = self.names.mark(&key);
-            // Raised unless the store has it as high already.
-            let txn = Txn::new()
-                .when([Compare::value(mark_key.as_str(), CompareOp::Greater, mark_value(mark))])
-                .or_else([TxnOp::put(mark_key.as_str(), mark_value(mark), None)]);
-            self.txn_unchecked("restoring marks into the fence store", txn).await?;
-            restored += 1;
+        while seen.peek().is_some() {
+            let (mut raises, mut bytes) = (Vec::new(), 0);
+            while raises.len() < RESTORE_BATCH && bytes < RESTORE_BYTES {
+                let Some((key, mark)) = seen.next() else { break };
+                let mark_key = self.names.mark(&key);
+                bytes += 2 * mark_key.len() + 64;
+                // Raised unless the store has it as high already.
+                raises.push(TxnOp::txn(
+                    Txn::new()
+                        .when([Compare::value(mark_key.as_str(), CompareOp::Greater, mark_value(mark))])
+                        .or_else([TxnOp::put(mark_key.as_str(), mark_value(mark), None)]),
+                ));
+            }
+            restored += raises.len() as u64;
+            self.txn_unchecked("restoring marks into the fence store", Txn::new().and_then(raises)).await?;
         }
         Ok(restored)
+    }
+
+    /// Lengthens the hold after a confirmation to this replica's own
+    /// [`Inner::hold_for`], from now, when the hold in the store ends
+    /// sooner: writes this replica let on before the store was replaced
+    /// may run that long (its routes' leases may be longer than the
+    /// confirming replica's). The longer hold's lease replaces the shorter
+    /// one's, compared, so replicas lengthening it at once keep the longest.
+    async fn lengthen_hold(&self) -> Result<(), StoreError> {
+        let hold = self.hold_for();
+        let key = self.names.held();
+        for _ in 0..3 {
+            let options = GetOptions::new();
+            let found = self.call("reading the hold after a confirmation", |mut c| c_get(&mut c, &key, &options));
+            let found = found.await?.take_kvs().pop();
+            let left = match &found {
+                Some(held) => self.held_left(held).await?,
+                None => Duration::ZERO,
+            };
+            if left >= hold {
+                return Ok(());
+            }
+            let ttl = hold.as_secs() as i64 + i64::from(hold.subsec_nanos() > 0);
+            let lease =
+                self.call("holding fenced writes after the confirmation", |mut c| async move {
+                    c.lease_grant(ttl, None).await
+                })
+                .await?
+                .id();
+            let txn = Txn::new().when([super::unchanged(&key, found.as_ref())]).and_then([TxnOp::put(
+                key.as_str(),
+                "",
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+            if self.txn_unchecked("lengthening the hold after a confirmation", txn).await? {
+                *self.held_until.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + hold);
+                return Ok(());
+            }
+            let _ = self.call("ending an unused hold", |mut c| async move { c.lease_revoke(lease).await }).await;
+        }
+        Ok(())
     }
 
     /// An operator's word that the store may be trusted as it is now.
@@ -327,6 +385,23 @@ impl Inner {
         if let Err(e) = self.judge().await {
             tracing::debug!(error = %e, "checking the etcd fence store's identity");
             return;
+        }
+        // The key this replica committed last still has its mark: a store
+        // restored from a snapshot taken before that commit has lost it, even
+        // when its revision has since moved past the ones this replica saw
+        // (a snapshot is a prefix of the store's history: with the last
+        // commit kept, every earlier one is).
+        let last = self.last_commit.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some(key) = last.filter(|_| self.knowledge.known().distrust.is_none()) {
+            let before = self.knowledge.before(&key);
+            let observed = match self.read(&key, "reading the mark this replica committed last").await {
+                Ok(state) => state.mark().and_then(|mark| self.observe(&key, mark, before, state.deletions)),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = observed {
+                tracing::debug!(error = %e, "checking the mark this replica committed last");
+                return;
+            }
         }
         let options = GetOptions::new().with_prefix().with_count_only();
         let marks = self.names.marks();

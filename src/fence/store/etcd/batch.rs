@@ -1,0 +1,187 @@
+//! Group commit of turns: the transactions of the turns that come while
+//! others are on their way to etcd go together, each a nested transaction
+//! of one outer transaction. etcd evaluates each nested transaction's
+//! comparisons on its own, so every turn is decided as if sent alone, but
+//! the gRPC call, the Raft entry, the disk write and the apply are paid once
+//! per batch: that is what raises cost on etcd, not the comparisons.
+//!
+//! etcd refuses a transaction that puts one key twice (even in two nested
+//! transactions), so a batch holds at most one turn of each fence key; a
+//! turn of a key already in the batch goes in the next.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Weak};
+
+use etcd_client::{Txn, TxnOp, TxnOpResponse};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use super::client::c_txn;
+use super::{unexpected, Inner};
+use crate::fence::store::{Found, StoreError};
+
+/// Turns per batch: etcd refuses more than `--max-txn-ops` (128 by
+/// default) operations on one level of a transaction.
+const MOST: usize = 64;
+
+/// Bytes of keys and values per batch, well under etcd's request limit
+/// (`--max-request-bytes`, 1.5 MiB by default).
+const MOST_BYTES: usize = 256 * 1024;
+
+/// Batches on their way to etcd at once: the next one gathers meanwhile
+/// (one: etcd orders them anyway, and one at a time makes them larger).
+const IN_FLIGHT: usize = 1;
+
+/// A transaction's answer: whether its comparisons held, what its operations
+/// answered, and the revision of the outer transaction.
+pub(super) type Answer = Result<(bool, Vec<TxnOpResponse>, i64), StoreError>;
+
+/// One turn's transaction, waiting for a batch.
+pub(super) struct Item {
+    key: String,
+    txn: Txn,
+    bytes: usize,
+    answer: oneshot::Sender<Answer>,
+}
+
+impl Inner {
+    /// `txn`, for a turn of `key` (whose etcd keys add up to about `bytes`),
+    /// committed in the next batch.
+    pub(super) async fn batched(&self, context: &'static str, key: &str, bytes: usize, txn: Txn) -> Answer {
+        let (answer, answered) = oneshot::channel();
+        let item = Item { key: key.to_owned(), txn, bytes, answer };
+        if self.batches.send(item).is_err() {
+            return Err(self.no_answer(context));
+        }
+        answered.await.unwrap_or_else(|_| Err(self.no_answer(context)))
+    }
+
+    /// Sends `batch` as one transaction and answers each turn in it.
+    async fn commit_batch(&self, batch: Vec<Item>) {
+        let (turns, answers): (Vec<TxnOp>, Vec<_>) =
+            batch.into_iter().map(|item| (TxnOp::txn(item.txn), item.answer)).unzip();
+        let txn = Txn::new().and_then(turns);
+        let floor = self.revision_floor();
+        let answer = self.call("deciding keys' turns", |mut c| c_txn(&mut c, &txn)).await;
+        let answer = answer.and_then(|mut a| Ok((self.observe_header(a.take_header(), floor)?, a.op_responses())));
+        match answer {
+            Ok((revision, responses)) => {
+                let mut responses = responses.into_iter();
+                for to in answers {
+                    let answer = match responses.next() {
+                        Some(TxnOpResponse::Txn(nested)) => Ok((nested.succeeded(), nested.op_responses(), revision)),
+                        _ => Err(unexpected(Found::Verdict("a batch answered without one of its turns".into()))),
+                    };
+                    let _ = to.send(answer);
+                }
+            }
+            Err(e) => answers.into_iter().for_each(|to| drop(to.send(Err(e.clone())))),
+        }
+    }
+}
+
+/// One batch: `first`, then the turns put off from the last batch, in order,
+/// then the ones that come from `more`, as long as they fit; the ones that
+/// do not (a second turn of one key, or the batch is full) are put off.
+fn gather(first: Item, later: &mut VecDeque<Item>, mut more: impl FnMut() -> Option<Item>) -> Vec<Item> {
+    let mut keys = HashSet::from([first.key.clone()]);
+    let mut bytes = first.bytes;
+    let mut batch = vec![first];
+    let mut fits = |item: &Item, batch: &Vec<Item>| {
+        let fits = batch.len() < MOST && bytes + item.bytes <= MOST_BYTES && !keys.contains(&item.key);
+        if fits {
+            keys.insert(item.key.clone());
+            bytes += item.bytes;
+        }
+        fits
+    };
+    let mut kept = VecDeque::new();
+    while let Some(item) = later.pop_front() {
+        if fits(&item, &batch) {
+            batch.push(item);
+        } else {
+            kept.push_back(item);
+        }
+    }
+    *later = kept;
+    while batch.len() < MOST {
+        let Some(item) = more() else { break };
+        if fits(&item, &batch) {
+            batch.push(item);
+        } else {
+            later.push_back(item);
+        }
+    }
+    batch
+}
+
+/// Gathers turns into batches and sends them, [`IN_FLIGHT`] at most at once,
+/// while the store lives.
+pub(super) async fn send_batches(inner: Weak<Inner>, mut items: mpsc::UnboundedReceiver<Item>) {
+    let permits = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut later: VecDeque<Item> = VecDeque::new();
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else { return };
+        let first = match later.pop_front() {
+            Some(item) => item,
+            None => match items.recv().await {
+                Some(item) => item,
+                None => return,
+            },
+        };
+        let mut batch = gather(first, &mut later, || items.try_recv().ok());
+        // A turn whose request is gone writes nothing: its record would be
+        // deleted before the transaction could write it.
+        batch.retain(|item| !item.answer.is_closed());
+        let Some(store) = inner.upgrade() else { return };
+        tokio::spawn(async move {
+            if !batch.is_empty() {
+                store.commit_batch(batch).await;
+            }
+            drop(permit);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(key: &str, bytes: usize) -> Item {
+        Item { key: key.into(), txn: Txn::new(), bytes, answer: oneshot::channel().0 }
+    }
+
+    fn keys(batch: &[Item]) -> Vec<&str> {
+        batch.iter().map(|i| i.key.as_str()).collect()
+    }
+
+    #[test]
+    fn a_batch_holds_one_turn_of_each_key_and_puts_the_others_off_in_order() {
+        let mut later = VecDeque::new();
+        let mut coming = vec![item("b", 1), item("a", 1), item("c", 1), item("a", 1)].into_iter();
+        let batch = gather(item("a", 1), &mut later, || coming.next());
+        assert_eq!(keys(&batch), ["a", "b", "c"]);
+        assert_eq!(later.iter().map(|i| i.key.as_str()).collect::<Vec<_>>(), ["a", "a"]);
+        // The next batch takes one of the put-off turns of `a`, first come first.
+        let batch = gather(item("d", 1), &mut later, || None);
+        assert_eq!(keys(&batch), ["d", "a"]);
+        assert_eq!(later.len(), 1);
+    }
+
+    #[test]
+    fn a_batch_stays_within_its_turns_and_bytes() {
+        let mut later = VecDeque::new();
+        let mut n = 0;
+        let batch = gather(item("k", 1), &mut later, || {
+            n += 1;
+            (n <= 2 * MOST).then(|| item(&format!("k{n}"), 1))
+        });
+        assert_eq!(batch.len(), MOST);
+        assert!(later.is_empty());
+        assert_eq!(n, MOST - 1, "no turn is taken once the batch is full");
+        let mut later = VecDeque::new();
+        let mut big = vec![item("x", MOST_BYTES / 2), item("y", MOST_BYTES / 2)].into_iter();
+        let batch = gather(item("w", MOST_BYTES / 2), &mut later, || big.next());
+        assert_eq!(keys(&batch), ["w", "x"]);
+        assert_eq!(keys(later.make_contiguous()), ["y"]);
+    }
+}
