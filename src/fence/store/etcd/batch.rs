@@ -12,7 +12,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Weak};
 
-use etcd_client::{Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::client::c_txn;
@@ -40,15 +40,28 @@ pub(super) struct Item {
     key: String,
     txn: Txn,
     bytes: usize,
+    /// The deletions counter the turn was decided on, if the batch is to
+    /// compare it: a batch compares it (and that no hold is put) once for
+    /// every turn in it, which answer nothing if it moved.
+    deletions: Option<u64>,
     answer: oneshot::Sender<Answer>,
 }
 
 impl Inner {
     /// `txn`, for a turn of `key` (whose etcd keys add up to about `bytes`),
-    /// committed in the next batch.
-    pub(super) async fn batched(&self, context: &'static str, key: &str, bytes: usize, txn: Txn) -> Answer {
+    /// committed in the next batch; one that compares that no hold is put
+    /// and that the deletions counter is still `deletions`, if given. If
+    /// that comparison fails, the turn's does too, with no answer.
+    pub(super) async fn batched(
+        &self,
+        context: &'static str,
+        key: &str,
+        bytes: usize,
+        deletions: Option<u64>,
+        txn: Txn,
+    ) -> Answer {
         let (answer, answered) = oneshot::channel();
-        let item = Item { key: key.to_owned(), txn, bytes, answer };
+        let item = Item { key: key.to_owned(), txn, bytes, deletions, answer };
         if self.batches.send(item).is_err() {
             return Err(self.no_answer(context));
         }
@@ -57,14 +70,28 @@ impl Inner {
 
     /// Sends `batch` as one transaction and answers each turn in it.
     async fn commit_batch(&self, batch: Vec<Item>) {
+        let deletions = batch.iter().find_map(|item| item.deletions);
         let (turns, answers): (Vec<TxnOp>, Vec<_>) =
             batch.into_iter().map(|item| (TxnOp::txn(item.txn), item.answer)).unzip();
-        let txn = Txn::new().and_then(turns);
+        let mut txn = Txn::new();
+        if let Some(deletions) = deletions {
+            txn = txn.when([
+                Compare::version(self.names.held(), CompareOp::Equal, 0),
+                Compare::version(self.names.deletions(), CompareOp::Equal, deletions as i64),
+            ]);
+        }
+        let txn = txn.and_then(turns);
         let floor = self.revision_floor();
         let answer = self.call("deciding keys' turns", |mut c| c_txn(&mut c, &txn)).await;
-        let answer = answer.and_then(|mut a| Ok((self.observe_header(a.take_header(), floor)?, a.op_responses())));
+        let answer = answer.and_then(|mut a| {
+            let revision = self.observe_header(a.take_header(), floor)?;
+            Ok((revision, a.op_responses(), a.succeeded()))
+        });
         match answer {
-            Ok((revision, responses)) => {
+            Ok((revision, _, false)) => {
+                answers.into_iter().for_each(|to| drop(to.send(Ok((false, Vec::new(), revision)))))
+            }
+            Ok((revision, responses, true)) => {
                 let mut responses = responses.into_iter();
                 for to in answers {
                     let answer = match responses.next() {
@@ -81,16 +108,22 @@ impl Inner {
 
 /// One batch: `first`, then the turns put off from the last batch, in order,
 /// then the ones that come from `more`, as long as they fit; the ones that
-/// do not (a second turn of one key, or the batch is full) are put off.
+/// do not (a second turn of one key, another deletions count, or the batch
+/// is full) are put off.
 fn gather(first: Item, later: &mut VecDeque<Item>, mut more: impl FnMut() -> Option<Item>) -> Vec<Item> {
     let mut keys = HashSet::from([first.key.clone()]);
     let mut bytes = first.bytes;
+    let mut deletions = first.deletions;
     let mut batch = vec![first];
     let mut fits = |item: &Item, batch: &Vec<Item>| {
-        let fits = batch.len() < MOST && bytes + item.bytes <= MOST_BYTES && !keys.contains(&item.key);
+        let fits = batch.len() < MOST
+            && bytes + item.bytes <= MOST_BYTES
+            && !keys.contains(&item.key)
+            && (item.deletions.is_none() || deletions.is_none() || item.deletions == deletions);
         if fits {
             keys.insert(item.key.clone());
             bytes += item.bytes;
+            deletions = deletions.or(item.deletions);
         }
         fits
     };
@@ -147,7 +180,7 @@ mod tests {
     use super::*;
 
     fn item(key: &str, bytes: usize) -> Item {
-        Item { key: key.into(), txn: Txn::new(), bytes, answer: oneshot::channel().0 }
+        Item { key: key.into(), txn: Txn::new(), bytes, deletions: None, answer: oneshot::channel().0 }
     }
 
     fn keys(batch: &[Item]) -> Vec<&str> {
@@ -165,6 +198,16 @@ mod tests {
         let batch = gather(item("d", 1), &mut later, || None);
         assert_eq!(keys(&batch), ["d", "a"]);
         assert_eq!(later.len(), 1);
+    }
+
+    #[test]
+    fn a_batch_compares_one_deletions_count() {
+        let counted = |key: &str, deletions: Option<u64>| Item { deletions, ..item(key, 1) };
+        let mut later = VecDeque::new();
+        let mut coming = vec![counted("b", None), counted("c", Some(4)), counted("d", Some(3))].into_iter();
+        let batch = gather(counted("a", Some(3)), &mut later, || coming.next());
+        assert_eq!(keys(&batch), ["a", "b", "d"]);
+        assert_eq!(keys(later.make_contiguous()), ["c"]);
     }
 
     #[test]

@@ -118,9 +118,8 @@ impl Inner {
                 None => Compare::version(mark_key, CompareOp::Equal, 0),
             },
             Compare::version(wait_key.as_str(), CompareOp::Equal, 0),
-            unchanged(&self.names.held(), None),
-            // No marks deleted since this replica last counted.
-            Compare::version(self.names.deletions(), CompareOp::Equal, deletions as i64),
+            // No hold, and no marks deleted since this replica last counted:
+            // compared by the batch (`batched`), once for its turns.
         ];
         // No record of the key in etcd (an empty range passes), but the claimed one.
         match claimed {
@@ -314,12 +313,14 @@ impl Inner {
                 // transaction wrote it before its answer was lost) ends.
                 let pending = Pending(record.as_ref().map(|(r, _)| r.clone()), self);
                 let context = "raising a mark and recording the write";
-                let (entered, responses, revision) = self.batched(context, key, bytes, txn).await?;
+                let compared = basis.guessed.then_some(basis.deletions);
+                let (entered, responses, revision) = self.batched(context, key, bytes, compared, txn).await?;
                 if !entered {
                     // Something moved since the decision was made (nothing
                     // was written): decide again on what etcd answered.
                     let _ = pending.take();
-                    if basis.answers {
+                    // No answer when the batch's own comparisons failed.
+                    if basis.answers && !responses.is_empty() {
                         answered = Some((self.state(responses, revision)?, before));
                     }
                     if basis.guessed {
