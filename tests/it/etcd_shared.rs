@@ -1621,3 +1621,28 @@ async fn a_replica_with_longer_leases_lengthens_the_hold_after_a_confirmation() 
     assert_stale(&put(&a.url(&key(7)), 1, "stale").await, 8);
     assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(5)));
 }
+
+/// Two replicas each hold an idle share of the old token when the new
+/// holder's first writes come through both at once: each takes its own
+/// share for the raise, and finds the other's record. Neither keeps its
+/// share while it waits (kept, each would wait for the other's until the
+/// queue timeout): both writes go, the mark is the new token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raises_through_two_replicas_that_both_hold_a_share_do_not_wait_on_each_other() {
+    let cluster = EtcdCluster::start(3).await;
+    let up = RecordingUpstream::start().await;
+    let (a, b) = replicas(&cluster, "", &up, "timeout = \"5s\"\nqueue_timeout = \"3s\"").await;
+    for round in 0..3u64 {
+        let old = 5 + 2 * round;
+        assert_eq!(put(&a.url(KEY), old, "old").await.status, 200);
+        assert_eq!(put(&b.url(KEY), old, "old").await.status, 200);
+        assert_eq!(flight_records(&cluster, KEY).await.len(), 2, "both replicas hold a share of {old}");
+        let started = Instant::now();
+        let (ua, ub) = (a.url(KEY), b.url(KEY));
+        let (ra, rb) = tokio::join!(put_answered(&ua, old + 1, "new"), put_answered(&ub, old + 1, "new"));
+        assert_eq!((ra.status.as_u16(), rb.status.as_u16()), (200, 200), "{} / {}", ra.text(), rb.text());
+        assert!(started.elapsed() < Duration::from_secs(2), "the raises waited {:?}", started.elapsed());
+        assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(old + 1)));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+}

@@ -1,9 +1,12 @@
 //! Group commit of turns: the transactions of the turns that come while
 //! others are on their way to etcd go together, each a nested transaction
 //! of one outer transaction. etcd evaluates each nested transaction's
-//! comparisons on its own, so every turn is decided as if sent alone, but
+//! comparisons on its own, so every turn is decided on its own key, but
 //! the gRPC call, the Raft entry, the disk write and the apply are paid once
-//! per batch: that is what raises cost on etcd, not the comparisons.
+//! per batch. The turns of a batch share its fate otherwise: a batch that
+//! fails (etcd did not answer in time) fails each, and the comparison a
+//! batch makes for its guessed turns (no hold, the deletions count) sends
+//! them to decide again when it fails.
 //!
 //! etcd refuses a transaction that puts one key twice (even in two nested
 //! transactions), so a batch holds at most one turn of each fence key; a
@@ -68,19 +71,33 @@ impl Inner {
         answered.await.unwrap_or_else(|_| Err(self.no_answer(context)))
     }
 
-    /// Sends `batch` as one transaction and answers each turn in it.
+    /// Sends `batch` as one transaction and answers each turn in it. When
+    /// the batch's own comparison fails (a hold put, marks deleted), the
+    /// guessed turns answer nothing and decide again; the others go all
+    /// the same, in the transaction's other branch.
     async fn commit_batch(&self, batch: Vec<Item>) {
         let deletions = batch.iter().find_map(|item| item.deletions);
-        let (turns, answers): (Vec<TxnOp>, Vec<_>) =
-            batch.into_iter().map(|item| (TxnOp::txn(item.txn), item.answer)).unzip();
-        let mut txn = Txn::new();
-        if let Some(deletions) = deletions {
-            txn = txn.when([
-                Compare::version(self.names.held(), CompareOp::Equal, 0),
-                Compare::version(self.names.deletions(), CompareOp::Equal, deletions as i64),
-            ]);
+        let mut unguessed = Vec::new();
+        let mut turns = Vec::with_capacity(batch.len());
+        let mut answers = Vec::with_capacity(batch.len());
+        for item in batch {
+            if item.deletions.is_none() && deletions.is_some() {
+                unguessed.push(TxnOp::txn(item.txn.clone()));
+            }
+            answers.push((item.answer, item.deletions.is_none()));
+            turns.push(TxnOp::txn(item.txn));
         }
-        let txn = txn.and_then(turns);
+        // (etcd-client wants the comparisons, then the success branch, then the failure one.)
+        let txn = match deletions {
+            Some(deletions) => Txn::new()
+                .when([
+                    Compare::version(self.names.held(), CompareOp::Equal, 0),
+                    Compare::version(self.names.deletions(), CompareOp::Equal, deletions as i64),
+                ])
+                .and_then(turns)
+                .or_else(unguessed),
+            None => Txn::new().and_then(turns),
+        };
         let floor = self.revision_floor();
         let answer = self.call("deciding keys' turns", |mut c| c_txn(&mut c, &txn)).await;
         let answer = answer.and_then(|mut a| {
@@ -88,20 +105,20 @@ impl Inner {
             Ok((revision, a.op_responses(), a.succeeded()))
         });
         match answer {
-            Ok((revision, _, false)) => {
-                answers.into_iter().for_each(|to| drop(to.send(Ok((false, Vec::new(), revision)))))
-            }
-            Ok((revision, responses, true)) => {
+            Ok((revision, responses, succeeded)) => {
                 let mut responses = responses.into_iter();
-                for to in answers {
-                    let answer = match responses.next() {
-                        Some(TxnOpResponse::Txn(nested)) => Ok((nested.succeeded(), nested.op_responses(), revision)),
-                        _ => Err(unexpected(Found::Verdict("a batch answered without one of its turns".into()))),
+                for (to, unguessed) in answers {
+                    let answer = match (succeeded || unguessed).then(|| responses.next()) {
+                        None => Ok((false, Vec::new(), revision)),
+                        Some(Some(TxnOpResponse::Txn(nested))) => {
+                            Ok((nested.succeeded(), nested.op_responses(), revision))
+                        }
+                        Some(_) => Err(unexpected(Found::Verdict("a batch answered without one of its turns".into()))),
                     };
                     let _ = to.send(answer);
                 }
             }
-            Err(e) => answers.into_iter().for_each(|to| drop(to.send(Err(e.clone())))),
+            Err(e) => answers.into_iter().for_each(|(to, _)| drop(to.send(Err(e.clone())))),
         }
     }
 }
@@ -162,8 +179,10 @@ pub(super) async fn send_batches(inner: Weak<Inner>, mut items: mpsc::UnboundedR
             },
         };
         let mut batch = gather(first, &mut later, || items.try_recv().ok());
-        // A turn whose request is gone writes nothing: its record would be
-        // deleted before the transaction could write it.
+        // A turn whose request is gone by now is not sent: its record would
+        // be deleted before the transaction could write it. (One gone while
+        // the batch is on its way may still write it: the record's delete
+        // is made again later, see turn.rs.)
         batch.retain(|item| !item.answer.is_closed());
         let Some(store) = inner.upgrade() else { return };
         tokio::spawn(async move {

@@ -116,7 +116,9 @@ impl Inner {
     ) -> Result<(), StoreError> {
         // The deletions counter never goes back in a store that keeps what
         // it acknowledged: one that did was restored from an older snapshot.
-        let known = self.knowledge.known().deletions;
+        // Below the count known before the call (an answer that saw a later
+        // count may have been noted since).
+        let known = before.deletions;
         if deletions < known {
             let doubt = Doubt::DeletionsWentBack { seen: known, found: deletions };
             self.distrust(doubt.clone(), true);
@@ -184,6 +186,7 @@ impl Inner {
     pub(super) async fn judge(&self) -> Result<(), StoreError> {
         let _one = self.transition.lock().await;
         let floor = self.revision_floor();
+        let counted = self.knowledge.known().deletions;
         let (id, previous, deletions, cluster, revision) = self.read_identity().await?;
         let ours = self.knowledge.known().id.clone();
         match judge_identity(ours.as_deref(), id.as_deref(), previous.as_deref()) {
@@ -205,9 +208,8 @@ impl Inner {
             }
             Judgement::Ours => {
                 self.check_cluster(cluster, revision, floor)?;
-                let known = self.knowledge.known().deletions;
-                if deletions < known {
-                    self.distrust(Doubt::DeletionsWentBack { seen: known, found: deletions }, true);
+                if deletions < counted {
+                    self.distrust(Doubt::DeletionsWentBack { seen: counted, found: deletions }, true);
                 }
                 self.knowledge.note_deletions(deletions);
             }
@@ -280,8 +282,8 @@ impl Inner {
     }
 
     /// Lengthens the hold after a confirmation to this replica's own
-    /// [`Inner::hold_for`], from now, when the hold in the store ends
-    /// sooner: writes this replica let on before the store was replaced
+    /// [`Inner::hold_for`], from now, when the hold in the store is still on
+    /// and ends sooner: writes this replica let on before the store was replaced
     /// may run that long (its routes' leases may be longer than the
     /// confirming replica's). The longer hold's lease replaces the shorter
     /// one's, compared, so replicas lengthening it at once keep the longest.
@@ -292,11 +294,10 @@ impl Inner {
             let options = GetOptions::new();
             let found = self.call("reading the hold after a confirmation", |mut c| c_get(&mut c, &key, &options));
             let found = found.await?.take_kvs().pop();
-            let left = match &found {
-                Some(held) => self.held_left(held).await?,
-                None => Duration::ZERO,
-            };
-            if left >= hold {
+            // No hold left: it ended before this replica saw the
+            // confirmation (it was not reaching etcd), and is not brought back.
+            let Some(held) = &found else { return Ok(()) };
+            if self.held_left(held).await? >= hold {
                 return Ok(());
             }
             let ttl = hold.as_secs() as i64 + i64::from(hold.subsec_nanos() > 0);
@@ -387,10 +388,11 @@ impl Inner {
             return;
         }
         // The key this replica committed last still has its mark: a store
-        // restored from a snapshot taken before that commit has lost it, even
-        // when its revision has since moved past the ones this replica saw
-        // (a snapshot is a prefix of the store's history: with the last
-        // commit kept, every earlier one is).
+        // restored from a snapshot taken before that commit has lost it, and
+        // is noticed even when its revision has since moved past the ones
+        // this replica saw. A check of the last commit only: an earlier
+        // commit lost while that key was raised again since the restore
+        // shows when its own key is next read.
         let last = self.last_commit.lock().unwrap_or_else(PoisonError::into_inner).clone();
         if let Some(key) = last.filter(|_| self.knowledge.known().distrust.is_none()) {
             let before = self.knowledge.before(&key);

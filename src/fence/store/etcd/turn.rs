@@ -358,6 +358,11 @@ impl Inner {
                 };
                 return Ok(Entered::Accepted { previous: mark, in_flight });
             }
+            // The turn waits: the share it claimed becomes a record like any
+            // other, and goes (kept, it would hold the key for every other
+            // replica, and two replicas each keeping theirs would wait on
+            // each other).
+            drop(std::mem::replace(&mut claimed, Claimed(None, self)));
             let now = Instant::now();
             if now >= deadline {
                 waiting.end(self, &wait_key, token).await;
