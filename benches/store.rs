@@ -611,21 +611,12 @@ impl RedisServer {
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start redis-server: {e}"));
-        let mut server = RedisServer { child, port, aof, version: String::new() };
-        let started = Instant::now();
-        loop {
-            if let Some(info) = server.call("INFO server") {
-                server.version =
-                    info.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("?").trim().to_owned();
-                return server;
-            }
-            let exited = server.child.try_wait().ok().flatten();
-            if exited.is_some() || started.elapsed() > Duration::from_secs(10) {
-                let log = std::fs::read_to_string(&log).unwrap_or_default();
-                panic!("redis-server did not answer on port {port} ({exited:?}); its log:\n{log}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let mut child = child;
+        let info = wait_until_up(&mut child, "redis-server", &log, Duration::from_secs(10), || {
+            RedisServer::call_on(port, "INFO server")
+        });
+        let version = info.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("?").trim().to_owned();
+        RedisServer { child, port, aof, version }
     }
 
     fn url(&self) -> String {
@@ -634,15 +625,39 @@ impl RedisServer {
 
     /// One inline command on a connection of its own; the reply as text
     /// (the first reply's bytes, enough for `INFO`).
-    fn call(&self, command: &str) -> Option<String> {
+    fn call_on(port: u16, command: &str) -> Option<String> {
         use std::io::{Read, Write};
-        let mut con = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        let mut con = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
         con.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
         con.write_all(format!("{command}\r\n").as_bytes()).ok()?;
         let mut buf = vec![0u8; 64 * 1024];
         let n = con.read(&mut buf).ok()?;
         let text = String::from_utf8_lossy(&buf[..n]).into_owned();
         (n > 0 && !text.starts_with('-')).then_some(text)
+    }
+}
+
+/// Asks `answers` every 10 ms until it answers, while `child` (a server the
+/// bench started, `what`) runs, for at most `limit`; panics with its log
+/// otherwise.
+fn wait_until_up<T>(
+    child: &mut std::process::Child,
+    what: &str,
+    log: &Path,
+    limit: Duration,
+    mut answers: impl FnMut() -> Option<T>,
+) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(answer) = answers() {
+            return answer;
+        }
+        let exited = child.try_wait().ok().flatten();
+        if exited.is_some() || started.elapsed() > limit {
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            panic!("{what} did not answer ({exited:?}); its log:\n{log}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -687,21 +702,12 @@ impl EtcdServer {
             .stderr(out)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
-        let mut server = EtcdServer { child, port, version: String::new() };
-        let started = Instant::now();
-        loop {
-            if let Some(health) = server.get("/health").filter(|h| h.contains("\"health\":\"true\"")) {
-                drop(health);
-                server.version = server.get("/version").unwrap_or_default();
-                return server;
-            }
-            let exited = server.child.try_wait().ok().flatten();
-            if exited.is_some() || started.elapsed() > Duration::from_secs(20) {
-                let log = std::fs::read_to_string(&log).unwrap_or_default();
-                panic!("etcd did not answer on port {port} ({exited:?}); its log:\n{log}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut child = child;
+        wait_until_up(&mut child, "etcd", &log, Duration::from_secs(20), || {
+            EtcdServer::get_on(port, "/health").filter(|h| h.contains("\"health\":\"true\""))
+        });
+        let version = EtcdServer::get_on(port, "/version").unwrap_or_default();
+        EtcdServer { child, port, version }
     }
 
     fn url(&self) -> String {
@@ -709,9 +715,9 @@ impl EtcdServer {
     }
 
     /// The body of `GET path` on the client port, if it answered 200.
-    fn get(&self, path: &str) -> Option<String> {
+    fn get_on(port: u16, path: &str) -> Option<String> {
         use std::io::{Read, Write};
-        let mut con = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        let mut con = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
         con.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
         con.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).ok()?;
         let mut text = String::new();

@@ -47,6 +47,10 @@ pub(super) struct Item {
     /// compare it: a batch compares it (and that no hold is put) once for
     /// every turn in it, which answer nothing if it moved.
     deletions: Option<u64>,
+    /// The record the turn writes, if it does: deleted here when the
+    /// turn's request went while its batch was on its way (its own delete
+    /// may have come before the batch's write).
+    record: Option<String>,
     answer: oneshot::Sender<Answer>,
 }
 
@@ -61,10 +65,12 @@ impl Inner {
         key: &str,
         bytes: usize,
         deletions: Option<u64>,
+        record: Option<&str>,
         txn: Txn,
     ) -> Answer {
         let (answer, answered) = oneshot::channel();
-        let item = Item { key: key.to_owned(), txn, bytes, deletions, answer };
+        let record = record.map(str::to_owned);
+        let item = Item { key: key.to_owned(), txn, bytes, deletions, record, answer };
         if self.batches.send(item).is_err() {
             return Err(self.no_answer(context));
         }
@@ -84,7 +90,7 @@ impl Inner {
             if item.deletions.is_none() && deletions.is_some() {
                 unguessed.push(TxnOp::txn(item.txn.clone()));
             }
-            answers.push((item.answer, item.deletions.is_none()));
+            answers.push((item.answer, item.deletions.is_none(), item.record));
             turns.push(TxnOp::txn(item.txn));
         }
         // (etcd-client wants the comparisons, then the success branch, then the failure one.)
@@ -107,7 +113,7 @@ impl Inner {
         match answer {
             Ok((revision, responses, succeeded)) => {
                 let mut responses = responses.into_iter();
-                for (to, unguessed) in answers {
+                for (to, unguessed, record) in answers {
                     let answer = match (succeeded || unguessed).then(|| responses.next()) {
                         None => Ok((false, Vec::new(), revision)),
                         Some(Some(TxnOpResponse::Txn(nested))) => {
@@ -115,10 +121,13 @@ impl Inner {
                         }
                         Some(_) => Err(unexpected(Found::Verdict("a batch answered without one of its turns".into()))),
                     };
-                    let _ = to.send(answer);
+                    let wrote = matches!(answer, Ok((true, _, _)));
+                    if let (Err(_), Some(record), true) = (to.send(answer), record, wrote) {
+                        self.end_record(record);
+                    }
                 }
             }
-            Err(e) => answers.into_iter().for_each(|(to, _)| drop(to.send(Err(e.clone())))),
+            Err(e) => answers.into_iter().for_each(|(to, _, _)| drop(to.send(Err(e.clone())))),
         }
     }
 }
@@ -181,8 +190,8 @@ pub(super) async fn send_batches(inner: Weak<Inner>, mut items: mpsc::UnboundedR
         let mut batch = gather(first, &mut later, || items.try_recv().ok());
         // A turn whose request is gone by now is not sent: its record would
         // be deleted before the transaction could write it. (One gone while
-        // the batch is on its way may still write it: the record's delete
-        // is made again later, see turn.rs.)
+        // the batch is on its way has its record deleted once the batch
+        // is answered.)
         batch.retain(|item| !item.answer.is_closed());
         let Some(store) = inner.upgrade() else { return };
         tokio::spawn(async move {
@@ -199,7 +208,7 @@ mod tests {
     use super::*;
 
     fn item(key: &str, bytes: usize) -> Item {
-        Item { key: key.into(), txn: Txn::new(), bytes, deletions: None, answer: oneshot::channel().0 }
+        Item { key: key.into(), txn: Txn::new(), bytes, deletions: None, record: None, answer: oneshot::channel().0 }
     }
 
     fn keys(batch: &[Item]) -> Vec<&str> {

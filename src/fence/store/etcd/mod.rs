@@ -45,7 +45,7 @@ use crate::config::EtcdConfig;
 use crate::fence::gate::Ask;
 use client::{c_get, c_txn, Member};
 use lease::{end_records, keep_alive, Lease};
-use names::{mark_value, parse_mark, prefix_end, Names};
+use names::{mark_value, parse_mark, prefix_end, KeyNames, Names};
 use share::{keep_shares, Shares};
 use trust::{health, Reachability};
 use turn::Turn;
@@ -137,10 +137,15 @@ impl EtcdStore {
                     source: Arc::new(std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
                 })
             };
-            let mut tls = etcd_client::TlsOptions::new().with_native_roots();
-            if let Some(ca) = &config.ca_file {
-                tls = tls.ca_certificate(etcd_client::Certificate::from_pem(read("reading [fences] ca_file", ca)?));
-            }
+            // `ca_file`'s roots instead of the system's, as for Redis and
+            // upstreams: a member must not pass on a public CA's word alone.
+            let tls = etcd_client::TlsOptions::new();
+            let mut tls = match &config.ca_file {
+                Some(ca) => {
+                    tls.ca_certificate(etcd_client::Certificate::from_pem(read("reading [fences] ca_file", ca)?))
+                }
+                None => tls.with_native_roots(),
+            };
             if let Some((cert, key)) = &config.client_identity {
                 let cert = read("reading [fences] cert_file", cert)?;
                 let key = read("reading [fences] key_file", key)?;
@@ -229,14 +234,13 @@ impl Inner {
 
     /// The reads of a key's state (the mark, the records of its writes in
     /// flight, the wait, the hold, the deletions), for [`Inner::state`].
-    fn read_ops(&self, key: &str) -> Vec<TxnOp> {
-        let n = &self.names;
+    fn read_ops(&self, names: &KeyNames) -> Vec<TxnOp> {
         vec![
-            TxnOp::get(n.mark(key), None),
-            TxnOp::get(n.flights(key), Some(GetOptions::new().with_prefix())),
-            TxnOp::get(n.wait(key), None),
-            TxnOp::get(n.held(), None),
-            TxnOp::get(n.deletions(), None),
+            TxnOp::get(names.mark.as_str(), None),
+            TxnOp::get(names.flights.as_str(), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(names.wait.as_str(), None),
+            TxnOp::get(self.names.held(), None),
+            TxnOp::get(self.names.deletions(), None),
         ]
     }
 
@@ -256,8 +260,8 @@ impl Inner {
     }
 
     /// A key's state read at one revision.
-    async fn read(&self, key: &str, context: &'static str) -> Result<State, StoreError> {
-        let (_, responses, revision) = self.txn(context, Txn::new().and_then(self.read_ops(key))).await?;
+    async fn read(&self, names: &KeyNames, context: &'static str) -> Result<State, StoreError> {
+        let (_, responses, revision) = self.txn(context, Txn::new().and_then(self.read_ops(names))).await?;
         self.state(responses, revision)
     }
 
@@ -272,9 +276,9 @@ impl Inner {
     }
 
     /// A new record's key for a write of `key`.
-    fn record_key(&self, key: &str) -> String {
+    fn record_key(&self, names: &KeyNames) -> String {
         let n = self.next_record.fetch_add(1, Ordering::Relaxed);
-        format!("{}{}/{n}", self.names.flights(key), self.replica)
+        format!("{}{}/{n}", names.flights, self.replica)
     }
 }
 
@@ -283,7 +287,7 @@ impl FenceStore for EtcdStore {
         let inner = &self.inner;
         inner.trusted().await?;
         let before = inner.knowledge.before(key);
-        let state = inner.read(key, "reading a mark").await?;
+        let state = inner.read(&inner.names.of(key), "reading a mark").await?;
         let mark = state.mark()?;
         inner.observe(key, mark, before, state.deletions)?;
         Ok(mark)
@@ -372,20 +376,17 @@ impl FenceStore for EtcdStore {
         let inner = &self.inner;
         inner.trusted().await?;
         let marks = inner.names.marks();
-        let (from, options) = match which {
-            Selection::Key(k) => (format!("{marks}{k}"), DeleteOptions::new().with_prev_key()),
-            Selection::Prefix(p) => {
-                let from = format!("{marks}{p}");
-                let end = prefix_end(from.as_bytes());
-                (from, DeleteOptions::new().with_range(end).with_prev_key())
-            }
+        let from = match which {
+            Selection::Key(k) => format!("{marks}{k}"),
+            Selection::Prefix(p) => format!("{marks}{p}"),
         };
         let mut deleted = Deleted { count: 0, token: None };
         loop {
-            // A prefix in batches: the keys of one batch, then one
-            // transaction that deletes them and counts the deletion.
-            let batch = match which {
-                Selection::Key(_) => None,
+            // A key, with its mark answered; a prefix in batches: the keys of
+            // one page, then one transaction that deletes exactly those (up
+            // to the page's last key, not the keys that begin with it).
+            let options = match which {
+                Selection::Key(_) => DeleteOptions::new().with_prev_key(),
                 Selection::Prefix(_) => {
                     let options = GetOptions::new()
                         .with_range(prefix_end(from.as_bytes()))
@@ -394,16 +395,23 @@ impl FenceStore for EtcdStore {
                     let page = inner.call("listing marks to delete", |mut c| c_get(&mut c, &from, &options));
                     let page = page.await?.take_kvs();
                     let Some(last) = page.last() else { return Ok(deleted) };
-                    Some(DeleteOptions::new().with_range(prefix_end(last.key())).with_prev_key())
+                    DeleteOptions::new().with_range([last.key(), b"\0"].concat())
                 }
             };
-            let options = batch.unwrap_or_else(|| options.clone());
+            // The deletions counter moves in the same transaction, and is
+            // read back: this replica forgets its marks under that count, so
+            // a reply from before the delete cannot bring one back.
             let txn = Txn::new().and_then([
                 TxnOp::delete(from.as_bytes(), Some(options)),
                 TxnOp::put(inner.names.deletions(), "", None),
+                TxnOp::get(inner.names.deletions(), None),
             ]);
             let (_, responses, _) = inner.txn("deleting marks", txn).await?;
-            let Some(TxnOpResponse::Delete(answer)) = responses.into_iter().next() else {
+            let mut responses = responses.into_iter();
+            let Some(TxnOpResponse::Delete(answer)) = responses.next() else {
+                return Err(unexpected(Found::Empty));
+            };
+            let Some(TxnOpResponse::Get(counted)) = responses.nth(1) else {
                 return Err(unexpected(Found::Empty));
             };
             deleted.count += answer.deleted().max(0) as u64;
@@ -412,7 +420,7 @@ impl FenceStore for EtcdStore {
             }
             // This replica's own remembered marks go now; the others' when
             // they see the deletions counter move.
-            inner.knowledge.forget_seen();
+            inner.knowledge.note_deletions(counted.kvs().first().map_or(0, |kv| kv.version().max(0) as u64));
             if matches!(which, Selection::Key(_)) || answer.deleted() == 0 {
                 return Ok(deleted);
             }

@@ -20,11 +20,13 @@
 #[derive(Debug, Clone)]
 pub(super) struct Names {
     prefix: String,
+    held: String,
+    deletions: String,
 }
 
 impl Names {
     pub fn new(prefix: &str) -> Names {
-        Names { prefix: prefix.to_owned() }
+        Names { prefix: prefix.to_owned(), held: format!("{prefix}held"), deletions: format!("{prefix}deletions") }
     }
 
     pub fn prefix(&self) -> &str {
@@ -58,12 +60,27 @@ impl Names {
         format!("{}identity", self.prefix)
     }
 
-    pub fn held(&self) -> String {
-        format!("{}held", self.prefix)
+    pub fn held(&self) -> &str {
+        &self.held
     }
 
-    pub fn deletions(&self) -> String {
-        format!("{}deletions", self.prefix)
+    pub fn deletions(&self) -> &str {
+        &self.deletions
+    }
+}
+
+/// The etcd keys of one fence key's turn, named once per turn.
+#[derive(Debug)]
+pub(super) struct KeyNames {
+    pub mark: String,
+    pub wait: String,
+    /// The range of the key's records (a prefix).
+    pub flights: String,
+}
+
+impl Names {
+    pub fn of(&self, key: &str) -> KeyNames {
+        KeyNames { mark: self.mark(key), wait: self.wait(key), flights: self.flights(key) }
     }
 }
 

@@ -292,7 +292,7 @@ impl Inner {
         let key = self.names.held();
         for _ in 0..3 {
             let options = GetOptions::new();
-            let found = self.call("reading the hold after a confirmation", |mut c| c_get(&mut c, &key, &options));
+            let found = self.call("reading the hold after a confirmation", |mut c| c_get(&mut c, key, &options));
             let found = found.await?.take_kvs().pop();
             // No hold left: it ended before this replica saw the
             // confirmation (it was not reaching etcd), and is not brought back.
@@ -307,8 +307,8 @@ impl Inner {
                 })
                 .await?
                 .id();
-            let txn = Txn::new().when([super::unchanged(&key, found.as_ref())]).and_then([TxnOp::put(
-                key.as_str(),
+            let txn = Txn::new().when([super::unchanged(key, found.as_ref())]).and_then([TxnOp::put(
+                key,
                 "",
                 Some(PutOptions::new().with_lease(lease)),
             )]);
@@ -318,7 +318,13 @@ impl Inner {
             }
             let _ = self.call("ending an unused hold", |mut c| async move { c.lease_revoke(lease).await }).await;
         }
-        Ok(())
+        // Other replicas kept changing the hold: this one takes the store
+        // at the next health check, not with a hold that may end too soon.
+        Err(StoreError::Failed {
+            store: STORE,
+            context: "lengthening the hold after a confirmation",
+            message: "the hold kept changing under this replica; trying again at the next health check".into(),
+        })
     }
 
     /// An operator's word that the store may be trusted as it is now.
@@ -396,7 +402,7 @@ impl Inner {
         let last = self.last_commit.lock().unwrap_or_else(PoisonError::into_inner).clone();
         if let Some(key) = last.filter(|_| self.knowledge.known().distrust.is_none()) {
             let before = self.knowledge.before(&key);
-            let observed = match self.read(&key, "reading the mark this replica committed last").await {
+            let observed = match self.read(&self.names.of(&key), "reading the mark this replica committed last").await {
                 Ok(state) => state.mark().and_then(|mark| self.observe(&key, mark, before, state.deletions)),
                 Err(e) => Err(e),
             };

@@ -12,7 +12,7 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use tokio::time::Instant;
 
-use super::names::{mark_value, prefix_end, Record};
+use super::names::{mark_value, prefix_end, KeyNames, Record};
 use super::{lease, unchanged, unexpected, Inner, State, STORE};
 use crate::fence::store::knowledge::Before;
 use crate::fence::store::{Entered, Found, InFlight, StoreError};
@@ -104,20 +104,19 @@ impl Inner {
     /// turn made on it is one etcd round when it holds (a failed comparison
     /// answers the key's state), as it does for keys this replica raises.
     /// None when the mark seen is above `token`: a refusal is made on a read.
-    fn guess(&self, key: &str, token: u64, claimed: Option<&str>) -> Option<Basis> {
-        let Before { seen, deletions } = self.knowledge.before(key);
+    fn guess(&self, before: Before, names: &KeyNames, token: u64, claimed: Option<&str>) -> Option<Basis> {
+        let Before { seen, deletions } = before;
         if seen.is_some_and(|m| m > token) {
             return None;
         }
-        let (mark_key, wait_key) = (self.names.mark(key), self.names.wait(key));
-        let flights = self.names.flights(key);
+        let flights = names.flights.as_str();
         let end = prefix_end(flights.as_bytes());
         let mut compares = vec![
             match seen {
-                Some(m) => Compare::value(mark_key, CompareOp::Equal, mark_value(m)),
-                None => Compare::version(mark_key, CompareOp::Equal, 0),
+                Some(m) => Compare::value(names.mark.as_str(), CompareOp::Equal, mark_value(m)),
+                None => Compare::version(names.mark.as_str(), CompareOp::Equal, 0),
             },
-            Compare::version(wait_key.as_str(), CompareOp::Equal, 0),
+            Compare::version(names.wait.as_str(), CompareOp::Equal, 0),
             // No hold, and no marks deleted since this replica last counted:
             // compared by the batch (`batched`), once for its turns.
         ];
@@ -125,12 +124,12 @@ impl Inner {
         match claimed {
             Some(share) => {
                 let after = [share.as_bytes(), b"\0"].concat();
-                compares.push(Compare::version(flights.as_str(), CompareOp::Equal, 0).with_range(share));
+                compares.push(Compare::version(flights, CompareOp::Equal, 0).with_range(share));
                 compares.push(Compare::version(after, CompareOp::Equal, 0).with_range(end));
             }
-            None => compares.push(Compare::version(flights.as_str(), CompareOp::Equal, 0).with_range(end)),
+            None => compares.push(Compare::version(flights, CompareOp::Equal, 0).with_range(end)),
         }
-        let wait_unchanged = Compare::version(wait_key, CompareOp::Equal, 0);
+        let wait_unchanged = Compare::version(names.wait.as_str(), CompareOp::Equal, 0);
         let answers = seen.is_none() || self.guesses_miss();
         let (wait, held, records) = (None, None, Vec::new());
         Some(Basis { mark: seen, wait, wait_unchanged, held, records, deletions, compares, guessed: true, answers })
@@ -139,7 +138,14 @@ impl Inner {
     /// The basis of a decision on `state`, as etcd answered it: checked
     /// against what this replica knew `before`, and compared unchanged when
     /// the decision commits (no record created since it was read).
-    fn basis(&self, key: &str, state: State, before: Before, claimed: Option<&str>) -> Result<Basis, StoreError> {
+    fn basis(
+        &self,
+        key: &str,
+        names: &KeyNames,
+        state: State,
+        before: Before,
+        claimed: Option<&str>,
+    ) -> Result<Basis, StoreError> {
         let mark = state.mark()?;
         self.observe(key, mark, before, state.deletions)?;
         let records = state
@@ -149,12 +155,12 @@ impl Inner {
             .map(|kv| Record::parse(kv.value()))
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| unexpected(Found::Verdict("a record of a write that is not one".into())))?;
-        let wait_unchanged = unchanged(&self.names.wait(key), state.wait.as_ref());
+        let wait_unchanged = unchanged(&names.wait, state.wait.as_ref());
         let compares = vec![
-            unchanged(&self.names.mark(key), state.mark.as_ref()),
+            unchanged(&names.mark, state.mark.as_ref()),
             wait_unchanged.clone(),
-            unchanged(&self.names.held(), None),
-            Compare::create_revision(self.names.flights(key), CompareOp::Less, state.revision + 1).with_prefix(),
+            unchanged(self.names.held(), None),
+            Compare::create_revision(names.flights.as_str(), CompareOp::Less, state.revision + 1).with_prefix(),
         ];
         let wait = state.wait()?;
         Ok(Basis {
@@ -215,7 +221,8 @@ impl Inner {
     ) -> Result<Entered, StoreError> {
         let deadline = Instant::now() + wait;
         let alone = !matches!(turn, Turn::Write { alone: false, .. });
-        let (mark_key, wait_key) = (self.names.mark(key), self.names.wait(key));
+        let names = self.names.of(key);
+        let (mark_key, wait_key) = (&names.mark, &names.wait);
         let mut pause = Duration::from_millis(1);
         let mut waiting = Waiting::default();
         let mut tries = 0u32;
@@ -228,18 +235,18 @@ impl Inner {
             tries += 1;
             let mut before = self.knowledge.before(key);
             let guess = match turn {
-                Turn::Write { .. } if tries == 1 => self.guess(key, token, claimed.0.as_deref()),
+                Turn::Write { .. } if tries == 1 => self.guess(before, &names, token, claimed.0.as_deref()),
                 _ => None,
             };
             let basis = match (guess, answered.take()) {
                 (Some(guess), _) => guess,
                 (None, Some((state, sent))) => {
                     before = sent;
-                    self.basis(key, state, before, claimed.0.as_deref())?
+                    self.basis(key, &names, state, before, claimed.0.as_deref())?
                 }
                 (None, None) => {
-                    let state = self.read(key, "reading a key's turn").await?;
-                    self.basis(key, state, before, claimed.0.as_deref())?
+                    let state = self.read(&names, "reading a key's turn").await?;
+                    self.basis(key, &names, state, before, claimed.0.as_deref())?
                 }
             };
             let mark = basis.mark;
@@ -275,7 +282,7 @@ impl Inner {
                 // A decision made again past the deadline (the key kept
                 // moving) is a wait that ran out.
                 if tries > 1 && Instant::now() >= deadline {
-                    waiting.end(self, &wait_key, token).await;
+                    waiting.end(self, wait_key, token).await;
                     return Ok(Entered::TimedOut);
                 }
                 // A write's record takes the place of the share it ends (one
@@ -284,7 +291,7 @@ impl Inner {
                 // share's record fails its comparison of the mark.
                 let record = match turn {
                     Turn::Write { lease_id, .. } => {
-                        Some((claimed.0.clone().unwrap_or_else(|| self.record_key(key)), lease_id))
+                        Some((claimed.0.clone().unwrap_or_else(|| self.record_key(&names)), lease_id))
                     }
                     Turn::Raise => None,
                 };
@@ -296,16 +303,19 @@ impl Inner {
                 if mark != Some(token) {
                     then.push(TxnOp::put(mark_key.as_str(), mark_value(token), None));
                 }
-                if waiting_token.is_some_and(|w| w <= token) {
+                // A write that joins others leaves the wait to the turn that
+                // put it (a strict write waiting at this token, say).
+                let decides_wait = free && waiting_token.is_some_and(|w| w <= token);
+                if decides_wait {
                     // Ours, or a lower or equal one: this raise decides them.
                     then.push(TxnOp::delete(wait_key.as_str(), None));
                 }
                 if let (Some(share), None) = (&claimed.0, &record) {
                     then.push(TxnOp::delete(share.as_str(), None));
                 }
-                let bytes = 3 * (mark_key.len() + wait_key.len() + self.names.flights(key).len()) + 256;
+                let bytes = 3 * (mark_key.len() + wait_key.len() + names.flights.len()) + 256;
                 let txn = Txn::new().when(basis.compares).and_then(then).or_else(if basis.answers {
-                    self.read_ops(key)
+                    self.read_ops(&names)
                 } else {
                     Vec::new()
                 });
@@ -314,7 +324,8 @@ impl Inner {
                 let pending = Pending(record.as_ref().map(|(r, _)| r.clone()), self);
                 let context = "raising a mark and recording the write";
                 let compared = basis.guessed.then_some(basis.deletions);
-                let (entered, responses, revision) = self.batched(context, key, bytes, compared, txn).await?;
+                let written = record.as_ref().map(|(r, _)| r.as_str());
+                let (entered, responses, revision) = self.batched(context, key, bytes, compared, written, txn).await?;
                 if !entered {
                     // Something moved since the decision was made (nothing
                     // was written): decide again on what etcd answered.
@@ -334,11 +345,15 @@ impl Inner {
                 // The transaction deleted the share's record, or wrote its own there.
                 claimed.0 = None;
                 let deletions = basis.deletions;
-                if waiting_token.is_some_and(|w| w <= token) {
+                if decides_wait {
                     waiting.deleted();
                 }
                 self.knowledge.remember(key, token, deletions);
-                *self.last_commit.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(key.to_owned());
+                let mut last = self.last_commit.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if last.as_deref() != Some(key) {
+                    *last = Some(key.to_owned());
+                }
+                drop(last);
                 let Turn::Write { lease, lease_id, .. } = turn else {
                     return Ok(Entered::Accepted { previous: mark, in_flight: InFlight::default() });
                 };
@@ -365,7 +380,7 @@ impl Inner {
             drop(std::mem::replace(&mut claimed, Claimed(None, self)));
             let now = Instant::now();
             if now >= deadline {
-                waiting.end(self, &wait_key, token).await;
+                waiting.end(self, wait_key, token).await;
                 return Ok(Entered::TimedOut);
             }
             // Other writes are in flight: wait for them, the token under
