@@ -747,7 +747,7 @@ const TWO_ON_REDIS: Mode = Mode { replicas: 2, store: Store::Redis, queue_timeou
 /// Two fencegates sharing their fences on a 3-member etcd cluster. A killed
 /// replica's records stand until its etcd lease ends: the TTL covers a
 /// write's lease (twice the queue timeout, the route's timeout and settle
-/// period: 2.6 s) rounded up, plus a second, so 4 s, and a new leader
+/// period: 3 s) rounded up, plus a second, so 4 s, and a new leader
 /// renews every lease in full. As on Redis, raises that wait for them past
 /// the short queue timeout get 503, counted as refusals.
 const TWO_ON_ETCD: Mode = Mode { replicas: 2, store: Store::Etcd, queue_timeout: "1s" };

@@ -149,9 +149,11 @@ async fn a_wrong_password_an_unknown_ca_or_no_client_certificate_fails_closed() 
         assert_eq!(p["type"], "urn:fencegate:problem:store-unavailable", "{what}: {p}");
         assert!(r.header("retry-after").is_some(), "{what}: a 503 without Retry-After");
         fg.wait_writable(false, DEADLINE).await;
+        let why = common::shared_fences::refusing(&fg).await;
+        assert!(why.as_deref().is_some_and(|w| w.contains("etcd")), "{what}: /readyz?verbose says {why:?}");
         // The upstream has no /objects/a: its own 404 is a read that flowed.
         assert_eq!(get(&fg.url("/objects/a")).await.status, 404, "{what}: a read did not flow");
-        assert!(up.applied_for("/objects/a").is_empty(), "{what}: a write reached the upstream");
+        assert_eq!(common::shared_fences::seen_writes(&up, "/objects/a"), 0, "{what}: a write reached the upstream");
     }
 }
 

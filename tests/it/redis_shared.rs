@@ -182,24 +182,7 @@ async fn a_prefenced_token_waits_for_the_old_holders_write_on_another_replica() 
     let redis = Redis::start();
     let up = RecordingUpstream::start().await;
     let (a, b) = replicas(&redis, "", &up, "").await;
-    let auth = bearer();
-    let auth = [("authorization", auth.as_str())];
-
-    let gate = up.hold(KEY);
-    let twelve = spawn_put(b.url(KEY), 12, "twelve");
-    gate.wait_arrived().await;
-    let r = send("PUT", &fences_url(&a, KEY), &auth, json!({ "token": 13 }).to_string()).await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    let thirteen = spawn_put(a.url(KEY), 13, "thirteen");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(seen_writes(&up, KEY), 1, "token 13 reached the upstream while 12 was in flight there");
-    assert!(!thirteen.is_finished(), "token 13 was answered while 12 was in flight: {:?}", thirteen.await);
-
-    gate.release();
-    assert_eq!(twelve.await.unwrap().status, 200);
-    assert_eq!(thirteen.await.unwrap().status, 200);
-    assert_eq!(tokens(&up, KEY), ["12", "13"]);
-    assert!(up.overlaps().is_empty(), "writes of different tokens overlapped: {:?}", up.overlaps());
+    a_prefenced_token_waits_for_the_old_holders_write(&a, &b, &up, KEY, &bearer()).await;
 }
 
 /// A request that writes two keys (a COPY with a `Destination`) holds both
@@ -212,24 +195,7 @@ async fn a_copy_holds_its_destination_alone_across_replicas() {
     let redis = Redis::start();
     let up = RecordingUpstream::start().await;
     let (a, b) = replicas(&redis, "", &up, "").await;
-    assert_eq!(put(&a.url(KEY), 10, "ten").await.status, 200);
-
-    let gate = up.hold("/objects/src");
-    let copy_url = a.url("/objects/src");
-    let copy =
-        tokio::spawn(
-            async move { send("COPY", &copy_url, &[("x-fencing-token", "10"), ("destination", KEY)], "").await },
-        );
-    gate.wait_arrived().await;
-    let ten = spawn_put(b.url(KEY), 10, "ten again");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(seen_writes(&up, KEY), 1, "a write joined the COPY that holds its destination alone");
-    assert!(!ten.is_finished(), "the write was answered while the COPY was in flight: {:?}", ten.await);
-    gate.release();
-    let copied = copy.await.unwrap();
-    assert!(copied.status.is_success(), "{} {}", copied.status, copied.text());
-    assert_eq!(ten.await.unwrap().status, 200);
-    assert_eq!(seen_writes(&up, KEY), 2);
+    a_copy_holds_its_destination_alone(&a, &b, &up, KEY).await;
 }
 
 /// Requests carrying the key's mark share it across replicas: both in flight at once.

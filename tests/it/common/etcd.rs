@@ -5,7 +5,8 @@
 //! cluster can be replaced by a brand-new one on the same client URLs (a
 //! different cluster id, revisions starting over), as after a restore.
 //!
-//! The tests look inside etcd with `etcd_client` (there is no `etcdctl`).
+//! The tests look inside etcd with `etcd_client` (`etcdctl` only restores a
+//! snapshot).
 //! Timing is fast for tests: heartbeats every 50 ms, elections after 500 ms.
 //! The data lives on tmpfs (`/dev/shm`) when there is one: an fsync there
 //! costs nothing on a loaded machine, and a member killed with -9 loses

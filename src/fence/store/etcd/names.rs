@@ -8,8 +8,8 @@
 //!   more writes: a raise waits for it), under its replica's lease. The key's length
 //!   ends the prefix of its records, so no key's records fall in the range
 //!   of another key the first begins (`/a` and `/a/b`);
-//! - `P wait/<key>`: the highest token waiting to raise the key, under the
-//!   waiting replica's lease;
+//! - `P wait/<key>`: the highest token waiting to raise the key, under a
+//!   lease of the wait's own, as long as the wait;
 //! - `P identity`: the store's identity, `<id> <previous id or ->`;
 //! - `P held`: present while writes are held after an operator's
 //!   confirmation, under a lease as long as the hold;
