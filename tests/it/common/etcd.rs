@@ -100,25 +100,44 @@ impl EtcdCluster {
     /// a write (put and get of [`PROBE_KEY`]), within [`DEADLINE`].
     pub async fn start(members: usize) -> EtcdCluster {
         assert!(members == 1 || members == 3, "a test cluster has 1 or 3 members, not {members}");
-        let dir = cluster_dir();
-        let mut cluster = EtcdCluster { members: Vec::new(), token: new_token(), generation: 0, dir };
-        for i in 0..members {
-            let member = Member {
-                name: format!("m{i}"),
-                client_port: free_port(),
-                peer_port: free_port(),
-                dir: cluster.member_dir(i),
-                child: None,
-                stopped: false,
-            };
-            std::fs::create_dir_all(&member.dir).unwrap();
-            cluster.members.push(member);
+        // A port learned free may be taken by another test before etcd
+        // binds it: a member that exits at once is started again, on other
+        // ports (a later exit is the test's business).
+        for attempt in 1.. {
+            let dir = cluster_dir();
+            let mut cluster = EtcdCluster { members: Vec::new(), token: new_token(), generation: 0, dir };
+            for i in 0..members {
+                let member = Member {
+                    name: format!("m{i}"),
+                    client_port: free_port(),
+                    peer_port: free_port(),
+                    dir: cluster.member_dir(i),
+                    child: None,
+                    stopped: false,
+                };
+                std::fs::create_dir_all(&member.dir).unwrap();
+                cluster.members.push(member);
+            }
+            for i in 0..members {
+                cluster.spawn(i, "new");
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let exited = (0..members)
+                .find(|&i| cluster.members[i].child.as_mut().is_some_and(|c| c.0.try_wait().ok().flatten().is_some()));
+            match exited {
+                Some(i) if attempt < 3 => {
+                    eprintln!(
+                        "etcd member {i} exited at start (attempt {attempt}); again on other ports\n{}",
+                        cluster.log(i)
+                    );
+                    continue;
+                }
+                _ => {}
+            }
+            cluster.wait_writable().await;
+            return cluster;
         }
-        for i in 0..members {
-            cluster.spawn(i, "new");
-        }
-        cluster.wait_writable().await;
-        cluster
+        unreachable!("the loop returns")
     }
 
     fn member_dir(&self, i: usize) -> PathBuf {
