@@ -97,6 +97,18 @@ async fn wait_writable(fg: &Running, writable: bool, within: Duration) {
     }
 }
 
+/// Waits until every replica in `fgs` takes fenced writes again after a
+/// confirmation, and the hold is gone from etcd: readiness reads the hold's
+/// lease in whole seconds and etcd ends an expired lease a moment late, so
+/// a write sent at once could still meet the hold (503, `Retry-After`).
+async fn wait_confirmed(cluster: &EtcdCluster, fgs: &[&Running]) {
+    for fg in fgs {
+        wait_writable(fg, true, Duration::from_secs(30)).await;
+    }
+    let held = format!("{PREFIX}held");
+    eventually("the hold to leave etcd", Duration::from_secs(5), || async { cluster.get(&held).await.is_none() }).await;
+}
+
 /// A mark as etcd holds it: 20 zero-padded decimal digits.
 fn padded(token: u64) -> String {
     format!("{token:020}")
@@ -1347,9 +1359,7 @@ async fn a_cluster_restored_from_an_older_snapshot_is_refused_until_confirmed() 
     let auth = bearer();
     let r = confirm(&a, Some(&auth)).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    for fg in [&a, &b] {
-        wait_writable(fg, true, Duration::from_secs(20)).await;
-    }
+    wait_confirmed(&cluster, &[&a, &b]).await;
     // A remembered 7: it is back in etcd, and 6 stays stale.
     assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(7)));
     assert_stale(&put(&b.url(KEY), 6, "six").await, 7);
@@ -1420,9 +1430,8 @@ async fn a_replaced_cluster_is_refused_until_an_operator_confirms_it() {
     let r = confirm(&a, Some(&bearer())).await;
     assert_eq!(r.status, 200, "{}", r.text());
     eprintln!("confirmed: {}", r.text());
-    wait_writable(&a, true, Duration::from_secs(30)).await;
     // B adopts the confirmed store after raising its own remembered marks.
-    wait_writable(&b, true, Duration::from_secs(30)).await;
+    wait_confirmed(&cluster, &[&a, &b]).await;
     assert!(cluster.get(&format!("{PREFIX}identity")).await.is_some(), "no identity in the confirmed cluster");
     assert_eq!(cluster.get(&mark_key(KEY)).await, Some(padded(5)), "A did not restore its mark");
     assert_eq!(cluster.get(&mark_key("/objects/b")).await, Some(padded(3)), "B did not restore its mark");
@@ -1470,8 +1479,7 @@ async fn a_replaced_cluster_is_confirmed_with_the_cli() {
     assert!(out.status.success(), "confirm-store failed: {}{}", text(&out.stdout), text(&out.stderr));
     assert!(text(&out.stdout).contains("confirmed"), "{}", text(&out.stdout));
 
-    wait_writable(&a, true, Duration::from_secs(30)).await;
-    wait_writable(&b, true, Duration::from_secs(30)).await;
+    wait_confirmed(&cluster, &[&a, &b]).await;
     assert_stale(&put(&b.url(KEY), 4, "four").await, 5);
     assert_eq!(put(&b.url(KEY), 6, "six").await.status, 200);
     assert_eq!(tokens(&up, KEY), ["5", "6"]);
@@ -1494,8 +1502,7 @@ async fn a_mark_below_one_seen_makes_the_replica_distrust_the_cluster() {
 
     let r = confirm(&a, Some(&bearer())).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    wait_writable(&a, true, Duration::from_secs(30)).await;
-    wait_writable(&b, true, Duration::from_secs(30)).await;
+    wait_confirmed(&cluster, &[&a, &b]).await;
     let r = put(&b.url(KEY), 4, "four").await;
     r.problem(409);
     let current: u64 = r.header("x-fencing-token-current").unwrap().parse().unwrap();
@@ -1587,9 +1594,7 @@ async fn a_replica_with_longer_leases_lengthens_the_hold_after_a_confirmation() 
         }
     })
     .await;
-    for fg in [&a, &b] {
-        wait_writable(fg, true, Duration::from_secs(30)).await;
-    }
+    wait_confirmed(&cluster, &[&a, &b]).await;
     for i in 0..KEYS {
         assert_eq!(cluster.get(&mark_key(&key(i))).await, Some(padded(i + 1)), "B did not restore {}", key(i));
     }

@@ -270,7 +270,9 @@ impl Inner {
         let id = held.lease();
         let left = self
             .call("reading the hold after a confirmation", |mut c| async move { c.lease_time_to_live(id, None).await });
-        let left = Duration::from_secs(left.await?.ttl().max(1) as u64);
+        // etcd answers whole seconds, rounded down: the hold may last up to
+        // a second more than it says, and readiness must not come early.
+        let left = Duration::from_secs(left.await?.ttl().max(0) as u64 + 1);
         *self.held_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now() + left);
         Ok(left)
     }
