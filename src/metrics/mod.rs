@@ -12,11 +12,15 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::fence::store::CommitStats;
 use crate::http::Outcome;
+
+mod latency;
+mod shards;
+use latency::Latency;
+use shards::Count;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -34,9 +38,9 @@ pub const NO_ROUTE_LABEL: &str = "none";
 
 /// One route's request counters, latency histogram and settles.
 pub struct RouteMetrics {
-    by_outcome: Vec<Counter>,
-    duration: Histogram,
-    settles: Counter,
+    by_outcome: Vec<Count>,
+    duration: Latency,
+    settles: Count,
 }
 
 impl RouteMetrics {
@@ -54,9 +58,9 @@ impl RouteMetrics {
     /// Counters registered nowhere: a route's until it is put in service.
     pub fn detached() -> Arc<RouteMetrics> {
         Arc::new(RouteMetrics {
-            by_outcome: Outcome::ALL.iter().map(|_| Counter::default()).collect(),
-            duration: Histogram::new(std::iter::empty()),
-            settles: Counter::default(),
+            by_outcome: Outcome::ALL.iter().map(|_| Count::default()).collect(),
+            duration: Latency::default(),
+            settles: Count::default(),
         })
     }
 }
@@ -69,9 +73,9 @@ impl std::fmt::Debug for RouteMetrics {
 
 /// The series of every route, by name.
 struct RouteFamilies {
-    requests: Family<RequestLabels, Counter>,
-    duration: Family<RouteLabel, Histogram>,
-    settles: Family<RouteLabel, Counter>,
+    requests: Family<RequestLabels, Count>,
+    duration: Family<RouteLabel, Latency>,
+    settles: Family<RouteLabel, Count>,
 }
 
 impl RouteFamilies {
@@ -183,11 +187,9 @@ impl Metrics {
     /// [`route`](Self::route)). `store` adds the `fencegate_store_*` series of a store that commits.
     pub fn new<'a>(route_names: impl IntoIterator<Item = &'a str>, store: Option<&CommitStats>) -> Self {
         let mut registry = Registry::default();
-        let requests = Family::<RequestLabels, Counter>::default();
-        let duration = Family::<RouteLabel, Histogram>::new_with_constructor(|| {
-            // 100 µs .. ~52 s
-            Histogram::new(exponential_buckets(0.0001, 2.0, 20))
-        });
+        let requests = Family::<RequestLabels, Count>::default();
+        // 100 µs .. ~52 s (latency.rs)
+        let duration = Family::<RouteLabel, Latency>::default();
         registry.register(
             "fencegate_requests",
             format!("Requests by route and outcome ({})", Outcome::ALL.map(Outcome::as_str).join(", ")),
@@ -198,7 +200,7 @@ impl Metrics {
             "Time from request head to response head, by route",
             duration.clone(),
         );
-        let settles = Family::<RouteLabel, Counter>::default();
+        let settles = Family::<RouteLabel, Count>::default();
         registry.register(
             "fencegate_settles",
             "Fenced writes whose outcome was unknown (upstream timeout or connection lost after sending), after which the key was held for the route's settle period",
