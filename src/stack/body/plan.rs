@@ -10,7 +10,7 @@ use std::task::{ready, Context, Poll};
 use hyper::body::Body;
 use tokio::time::Sleep;
 
-use crate::http::{declared_length, BufferBudget, ClientBody, Held, Reader, RequestBody};
+use crate::http::{BufferBudget, ClientBody, Held, Reader, RequestBody};
 use crate::stack::error::{ProxyError, Rejection};
 use crate::stack::head::Checked;
 
@@ -51,7 +51,9 @@ pub(crate) struct Reading {
 pub(crate) fn plan(checked: Checked<ClientBody>, budgets: &Budgets) -> Result<Plan, Rejection> {
     let route = &checked.routed.route;
     let limit = route.max_body;
-    let declared = declared_length(checked.routed.request.headers());
+    // The length hyper frames the body by: its `Content-Length`, already
+    // parsed (none for a chunked body), with no second lookup of the field.
+    let declared = checked.routed.request.body().size_hint().exact();
     if declared.is_some_and(|len| len > limit) {
         return Err(checked.rejection(ProxyError::BodyTooLarge { limit, partly_sent: false }));
     }

@@ -111,7 +111,7 @@ fn forward(
     connection: Forward,
     req: Routed<RequestBody>,
 ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send {
-    let Routed { route, request, fenced, destination, slot_taken } = req;
+    let Routed { route, request, fenced, destination, slot_taken, .. } = req;
     let prepared = prepare(&connection.0.client, &route, request, fenced, destination);
     async move {
         let (request, upgrade) = prepared?;

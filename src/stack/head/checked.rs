@@ -43,8 +43,8 @@ impl<B> Checked<B> {
         let Checked { routed, fence } = self;
         let (parts, body) = routed.request.into_parts();
         let request = http::Request::from_parts(parts, ());
-        let Routed { route, fenced, destination, slot_taken, .. } = routed;
-        (Checked { routed: Routed { route, request, fenced, destination, slot_taken }, fence }, body)
+        let Routed { route, fenced, destination, slot_taken, token, .. } = routed;
+        (Checked { routed: Routed { route, request, fenced, destination, slot_taken, token }, fence }, body)
     }
 
     /// A refusal of this request, naming its key and token when it has them.
@@ -59,8 +59,8 @@ impl<B> Checked<B> {
 impl<B> Checked<B> {
     /// The same request with its body mapped by `f`.
     pub fn map_body<C>(self, f: impl FnOnce(B) -> C) -> Checked<C> {
-        let Checked { routed: Routed { route, request, fenced, destination, slot_taken }, fence } = self;
-        Checked { routed: Routed { route, request: request.map(f), fenced, destination, slot_taken }, fence }
+        let Checked { routed: Routed { route, request, fenced, destination, slot_taken, token }, fence } = self;
+        Checked { routed: Routed { route, request: request.map(f), fenced, destination, slot_taken, token }, fence }
     }
 }
 

@@ -43,7 +43,8 @@ pub(crate) fn check_head<B: Body>(routed: Routed<B>) -> Result<Checked<B>, Rejec
     }
     let headers = routed.request.headers();
     let header = &route.token_header;
-    let token = match token_from_headers(headers, header) {
+    // Read by routing's pass over the fields, unless a step changed them since.
+    let token = match routed.token.unwrap_or_else(|| token_from_headers(headers, header)) {
         Ok(Some(token)) => Ok(token),
         // Only when the destination's route allows it too: it is written as well.
         Ok(None)
@@ -225,6 +226,7 @@ mod tests {
             fenced: true,
             destination: Some(Destination { route: to, path: "/x/b".into(), query: None }),
             slot_taken: None,
+            token: None,
         };
         let store = MemoryStore::default();
         let strict = Arc::new(test_route("strict", "/strict/"));

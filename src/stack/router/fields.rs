@@ -1,9 +1,9 @@
 //! One pass over a request's header fields, finding what routing's checks
-//! read. Each check would otherwise look its field up by name (a hash of the
-//! name and a probe each), and most requests carry none of those fields but
-//! `Host`.
+//! and the token check read. Each check would otherwise look its field up by
+//! name (a hash of the name and a probe each), and most requests carry none
+//! of those fields but `Host` and the token.
 
-use http::header::{HeaderMap, HeaderValue, HOST, UPGRADE};
+use http::header::{HeaderMap, HeaderName, HeaderValue, HOST, UPGRADE};
 
 use super::method::may_be_override;
 
@@ -31,22 +31,42 @@ pub(super) struct Present {
     pub destination: bool,
 }
 
+/// The route's token fields: none, one, or more than one (refused).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Tokens<'a> {
+    None,
+    One(&'a HeaderValue),
+    Repeated,
+}
+
 /// What one pass over the fields found.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Fields<'a> {
     pub hosts: Hosts<'a>,
     pub present: Present,
+    /// The fields named `token` (`None` when no name was given).
+    pub tokens: Tokens<'a>,
 }
 
 /// [`DESTINATION`](super::DESTINATION)'s text: the name compared as a `&str`, without making
 /// (and dropping) a `HeaderName` each time.
 const DESTINATION_NAME: &str = "destination";
 
-/// Every field of `headers`, once, in order.
-pub(super) fn scan(headers: &HeaderMap) -> Fields<'_> {
+/// Every field of `headers`, once, in order; the fields named `token` too,
+/// when it is given.
+pub(super) fn scan<'a>(headers: &'a HeaderMap, token: Option<&HeaderName>) -> Fields<'a> {
     let mut hosts = Hosts::None;
     let mut present = Present::default();
+    let mut tokens = Tokens::None;
     for (name, value) in headers {
+        // A standard name never equals a custom one: one comparison of tags.
+        // The field is looked at below as well (a token name may hold a `_`).
+        if token.is_some_and(|token| token == name) {
+            tokens = match tokens {
+                Tokens::None => Tokens::One(value),
+                _ => Tokens::Repeated,
+            };
+        }
         // Standard names compare as integers; neither holds a `_`.
         if *name == HOST {
             hosts = match hosts {
@@ -64,7 +84,7 @@ pub(super) fn scan(headers: &HeaderMap) -> Fields<'_> {
         present.overrides |= may_be_override(text.len());
         present.destination |= text == DESTINATION_NAME;
     }
-    Fields { hosts, present }
+    Fields { hosts, present, tokens }
 }
 
 /// Whether `name` holds a `_`, eight bytes at a step (names are short, and
@@ -121,16 +141,33 @@ mod tests {
     }
 
     #[test]
+    fn the_fields_of_the_token_are_found_and_still_looked_at() {
+        let token = HeaderName::from_static("x_token");
+        let mut headers = HeaderMap::new();
+        assert!(matches!(scan(&headers, Some(&token)).tokens, Tokens::None));
+        headers.append(HOST, HeaderValue::from_static("a.example"));
+        headers.append(token.clone(), HeaderValue::from_static("7"));
+        let fields = scan(&headers, Some(&token));
+        assert!(matches!(fields.tokens, Tokens::One(v) if v == "7"));
+        // A token name with `_` is still an underscored name.
+        assert!(fields.present.underscored);
+        assert!(matches!(fields.hosts, Hosts::One(_)));
+        assert!(matches!(scan(&headers, None).tokens, Tokens::None), "no name, no search");
+        headers.append(token.clone(), HeaderValue::from_static("8"));
+        assert!(matches!(scan(&headers, Some(&token)).tokens, Tokens::Repeated));
+    }
+
+    #[test]
     fn one_pass_finds_what_the_checks_read() {
         let mut headers = HeaderMap::new();
-        let fields = scan(&headers);
+        let fields = scan(&headers, None);
         assert!(matches!(fields.hosts, Hosts::None));
         assert!(!fields.present.underscored && !fields.present.upgrade);
         assert!(!fields.present.overrides && !fields.present.destination);
         headers.append(HOST, HeaderValue::from_static("a.example"));
         headers.append(HeaderName::from_static("x-fencing-token"), HeaderValue::from_static("7"));
         headers.append(http::header::CONTENT_LENGTH, HeaderValue::from_static("3"));
-        let fields = scan(&headers);
+        let fields = scan(&headers, None);
         assert!(matches!(fields.hosts, Hosts::One(h) if h == "a.example"));
         assert!(!fields.present.underscored && !fields.present.upgrade);
         assert!(!fields.present.overrides && !fields.present.destination);
@@ -139,7 +176,7 @@ mod tests {
         headers.append(HeaderName::from_static("x_tenant"), HeaderValue::from_static("a"));
         headers.append(HeaderName::from_static("x-http-method"), HeaderValue::from_static("PUT"));
         headers.append(DESTINATION, HeaderValue::from_static("/objects/b"));
-        let fields = scan(&headers);
+        let fields = scan(&headers, None);
         assert!(matches!(fields.hosts, Hosts::Repeated));
         assert!(fields.present.underscored && fields.present.upgrade);
         assert!(fields.present.overrides && fields.present.destination);

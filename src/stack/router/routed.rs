@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::Destination;
+use crate::fence::token::TokenError;
 use crate::route::Route;
 use crate::stack::forward::SlotTaken;
 
@@ -26,4 +27,7 @@ pub struct Routed<B> {
     /// Set by whoever runs the forward to its end even if the caller leaves
     /// (the fence): the forward marks it once it may send something.
     pub slot_taken: Option<SlotTaken>,
+    /// The route's token field as routing's one pass over the fields read
+    /// it (`Some`), or `None`: the head check looks it up by name.
+    pub token: Option<Result<Option<u64>, TokenError>>,
 }

@@ -1,10 +1,13 @@
 //! Routing: each request's target made canonical and its route found.
 
+use http::header::HOST;
 use http::uri::PathAndQuery;
 use http::{HeaderMap, Request, Uri, Version};
 
+use super::fields::Tokens;
 use super::path::find_route;
 use super::{destination, host, method, tunnel, underscores, Routed};
+use crate::fence::token::{parse_token, TokenError};
 use crate::http::RouteTag;
 use crate::route::RouteTable;
 use crate::stack::error::ProxyError;
@@ -22,15 +25,27 @@ pub(crate) fn route_request<B>(
     if request.version() == Version::HTTP_2 {
         check_header_whitespace(request.headers()).map_err(untagged)?;
     }
+    // The route first (from the path alone; a refusal of the host comes
+    // before its own), so the pass below reads the route's token field too.
+    let found = find_route(routes, request.uri().path());
+    // Not when the token is `Host`: routing rewrites it below.
+    let token_header = found.as_ref().ok().map(|(route, _)| &route.token_header).filter(|name| **name != HOST);
     // One pass over the fields finds what every check below reads, rather
     // than a lookup by name (a hash and a probe) for each.
-    let fields = super::fields::scan(request.headers());
+    let fields = super::fields::scan(request.headers(), token_header);
     let present = fields.present;
+    // Read now, while the pass's fields are at hand; taken by the head
+    // check unless a step below changes the fields (dropping `_` names).
+    let token = token_header.map(|_| match fields.tokens {
+        Tokens::None => Ok(None),
+        Tokens::One(value) => parse_token(value.as_bytes()).map(Some),
+        Tokens::Repeated => Err(TokenError::Repeated),
+    });
     if let Some(host) = host::request_host(request.uri(), fields.hosts, over_tls).map_err(|e| untagged(e.into()))? {
-        request.headers_mut().insert(http::header::HOST, host);
+        request.headers_mut().insert(HOST, host);
     }
 
-    let (route, path) = find_route(routes, request.uri().path()).map_err(untagged)?;
+    let (route, path) = found.map_err(untagged)?;
     // Only a changed path is written back: what comes after routing reads the
     // path and query only, so an absolute-form or HTTP/2 target that is
     // already canonical needs no new URI.
@@ -49,9 +64,13 @@ pub(crate) fn route_request<B>(
 
     // Before anything reads a header: names spelled with `_` are dropped, or
     // refused when they fold into another's (underscores.rs).
-    if present.underscored {
-        underscores::apply(request.headers_mut(), route.underscores_in_headers).map_err(|e| tagged(e.into()))?;
-    }
+    let token = match present.underscored {
+        false => token,
+        true => {
+            underscores::apply(request.headers_mut(), route.underscores_in_headers).map_err(|e| tagged(e.into()))?;
+            None
+        }
+    };
     let (method, headers) = (request.method(), request.headers());
     // A tunnel outlives its token and carries writes no fence sees (tunnel.rs).
     tunnel::check(method, headers, present.upgrade, request.extensions(), route.unfenced_tunnels)
@@ -61,7 +80,7 @@ pub(crate) fn route_request<B>(
     // destination's route fences its method, whatever the source route says.
     let destination = match present.destination {
         false => Ok(None),
-        true => destination::destination(routes, &route, headers.get(http::header::HOST), headers),
+        true => destination::destination(routes, &route, headers.get(HOST), headers),
     };
     let destination = match destination {
         Ok(Some(d)) => {
@@ -74,7 +93,7 @@ pub(crate) fn route_request<B>(
         // as a fenced resource (`/objects/b%2Fc` to a server that decodes it).
         Err(e) => return Err(tagged(e.into())),
     };
-    Ok((Routed { route, request, fenced, destination, slot_taken: None }, tag))
+    Ok((Routed { route, request, fenced, destination, slot_taken: None, token }, tag))
 }
 
 /// HTTP/2 forbids leading and trailing whitespace in field values (RFC 9113

@@ -117,3 +117,21 @@ fn http2_header_values_must_not_be_padded() {
         assert!(matches!(refused, Err(ProxyError::BadHeader(_))), "{value:?}");
     }
 }
+
+/// Routing's pass over the fields reads the route's token field, so the head
+/// check needs no lookup by name; with a `_` name among the fields (dropped
+/// or refused by a later step) the head check looks the token up itself.
+#[test]
+fn the_token_field_is_read_in_routings_one_pass() {
+    use crate::fence::token::TokenError;
+    let token = |headers: &[(&str, &str)]| route("PUT", "/objects/a", headers).unwrap().token;
+    assert_eq!(token(&[]), Some(Ok(None)));
+    assert_eq!(token(&[("x-fencing-token", "7")]), Some(Ok(Some(7))));
+    assert_eq!(token(&[("X-Fencing-Token", "0007"), ("content-length", "1")]), Some(Ok(Some(7))));
+    assert_eq!(token(&[("x-fencing-token", "7"), ("x-fencing-token", "8")]), Some(Err(TokenError::Repeated)));
+    assert_eq!(token(&[("x-fencing-token", "7x")]), Some(Err(TokenError::NotDigits)));
+    assert_eq!(token(&[("x-fencing-token", "")]), Some(Err(TokenError::Empty)));
+    // Another field's name with `_` sends the head check to the fields as
+    // they are after the step that drops them.
+    assert_eq!(token(&[("x-fencing-token", "7"), ("x_tenant", "a")]), None);
+}

@@ -400,7 +400,7 @@ mod tests {
             req = req.header(*name, *value);
         }
         let request = req.body(Empty::<Bytes>::new()).unwrap();
-        let req = Routed { route, request, fenced: true, destination: None, slot_taken: None };
+        let req = Routed { route, request, fenced: true, destination: None, slot_taken: None, token: None };
         let decided = match crate::stack::head::check(&*store, req).await {
             Ok(checked) => fenced(inner, store, Arc::new(KeyGate::default()), checked).await,
             Err(rejection) => Err(rejection),
@@ -486,7 +486,7 @@ mod tests {
         }));
         let request = Request::builder().method("COPY").uri("/lenient/a").body(Empty::<Bytes>::new()).unwrap();
         let checked = Checked {
-            routed: Routed { route: source, request, fenced: true, destination: None, slot_taken: None },
+            routed: Routed { route: source, request, fenced: true, destination: None, slot_taken: None, token: None },
             fence: Some(Fence {
                 token: 5,
                 key: "/lenient/a".into(),
