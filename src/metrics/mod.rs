@@ -1,9 +1,10 @@
 //! Prometheus metrics, all named `fencegate_*`.
 //!
 //! Per-route handles are made when a route table is put in service and ride
-//! with each request's route, so recording a request costs two atomic adds and
-//! no label hashing, and a request routed by a table a reload has since
-//! replaced is still counted under its own route.
+//! with each request's route, so recording a request costs three atomic adds
+//! to its worker's own shard (shards.rs) and no label hashing or lock, and a
+//! request routed by a table a reload has since replaced is still counted
+//! under its own route.
 
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
