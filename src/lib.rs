@@ -19,7 +19,7 @@
 //! keeps them true). Bottom up: `http/` (bodies, outcomes, problem+json:
 //! what every layer shares), `canonical/`, `config/` (pure data),
 //! `telemetry/`, `fence/` (token, signature, per-key turns, the stores),
-//! `metrics.rs`, `proxy/` (the upstream client), `route/` (a route in
+//! `metrics/`, `proxy/` (the upstream client), `route/` (a route in
 //! service), `admin/`, `stack/` (the layers, in the order a request meets
 //! them), `server/` (listeners, connections, workers, reload), and on
 //! top `demo/` (`fencegate demo`: the fence in front of a store of its own).

@@ -32,7 +32,7 @@ pub use limit::{CallSiteLimit, ForeignLimit, BURST, INTERVAL};
 #[doc(hidden)]
 pub use tracing as __tracing;
 
-pub use writer::{Writer, CHUNK, FLUSH_EVERY, QUEUED_CHUNKS};
+pub use writer::{thread_number, Writer, CHUNK, FLUSH_EVERY, QUEUED_CHUNKS};
 
 /// The access log's target: its filter directive (`fencegate::access=off`)
 /// and its lines' `target` field.

@@ -3,8 +3,7 @@
 //! request (a locked add that waits for the other core's copy). Each thread
 //! adds to a shard of its own, on a line of its own; a scrape sums them.
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
@@ -19,20 +18,9 @@ pub(super) const SHARDS: usize = 8;
 #[repr(align(128))]
 pub(super) struct Padded<T>(pub(super) T);
 
-/// This thread's shard: given out in turn at a thread's first count.
+/// This thread's shard.
 pub(super) fn shard() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
-    }
-    SHARD.with(|shard| {
-        let mut at = shard.get();
-        if at == usize::MAX {
-            at = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
-            shard.set(at);
-        }
-        at
-    })
+    crate::telemetry::thread_number() % SHARDS
 }
 
 /// A Prometheus counter in [`SHARDS`] shards.

@@ -21,6 +21,7 @@
 //! Lines of different threads are not in time order within a second (each
 //! buffer is written whole), as with nginx's buffered access log.
 
+use std::cell::Cell;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
@@ -144,13 +145,7 @@ impl Writer {
 
     /// This thread's buffer.
     fn shard(&self) -> MutexGuard<'_, Lines> {
-        thread_local! {
-            static SHARD: usize = {
-                static NEXT: AtomicUsize = AtomicUsize::new(0);
-                NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS
-            };
-        }
-        let index = SHARD.with(|i| *i);
+        let index = thread_number() % SHARDS;
         // A thread that panicked while appending left at worst a torn line.
         self.shared.shards[index].0.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -237,6 +232,23 @@ impl<'a> MakeWriter<'a> for Writer {
     fn make_writer_for(&'a self, meta: &Metadata<'_>) -> Self::Writer {
         EventWriter { writer: self, urgent: meta.target() != super::ACCESS_TARGET }
     }
+}
+
+/// This thread's number, given out in turn at its first call: what spreads
+/// the threads that write (the workers, one per core) over shards of their
+/// own, here and in the metrics, so none shares a lock or a cache line with
+/// another.
+pub fn thread_number() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static NUMBER: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    NUMBER.with(|number| {
+        if number.get() == usize::MAX {
+            number.set(NEXT.fetch_add(1, Ordering::Relaxed));
+        }
+        number.get()
+    })
 }
 
 #[cfg(test)]
