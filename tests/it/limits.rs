@@ -222,6 +222,15 @@ async fn a_declared_oversized_body_gets_413_before_it_is_read() {
     assert_eq!(conn.response().await.status, 428);
     assert!(up.seen().is_empty(), "a refused body reached the upstream");
 
+    // Refused on its declared length alone: a head whose body never comes
+    // gets its 413 at once, not after the route's timeout.
+    let mut conn = Conn::open(proxy.addr).await;
+    let head = "PUT /objects/a HTTP/1.1\r\nHost: x\r\nX-Fencing-Token: 5\r\nContent-Length: 2048\r\n\r\n";
+    let _ = conn.stream.write_all(head.as_bytes()).await;
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(2), conn.response()).await;
+    answered.expect("no answer to a declared oversized body before it came").assert_body_too_large();
+    assert!(up.seen().is_empty(), "a refused body reached the upstream");
+
     // The mark did not move: a lower token still passes.
     assert_eq!(mark(&proxy, "/objects/a").await, None);
     let reply = put(&proxy.url("/objects/a"), 3, "small").await;
@@ -234,7 +243,7 @@ async fn a_declared_oversized_body_gets_413_before_it_is_read() {
     let resp = conn.response().await;
     assert_eq!(resp.status, 200, "{resp:?}");
     assert_eq!(up.object("/objects/a").map(|b| b.len()), Some(1024));
-    assert_eq!(proxy.metric(r#"fencegate_requests_total{route="objects",outcome="body_too_large"}"#).await, Some(1.0));
+    assert_eq!(proxy.metric(r#"fencegate_requests_total{route="objects",outcome="body_too_large"}"#).await, Some(2.0));
     assert_eq!(proxy.metric(r#"fencegate_requests_total{route="objects",outcome="missing_token"}"#).await, Some(1.0));
 }
 
