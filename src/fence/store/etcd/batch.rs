@@ -30,8 +30,10 @@ const MOST: usize = 64;
 /// (`--max-request-bytes`, 1.5 MiB by default).
 const MOST_BYTES: usize = 256 * 1024;
 
-/// Batches on their way to etcd at once: the next one gathers meanwhile
-/// (one: etcd orders them anyway, and one at a time makes them larger).
+/// Batches on their way to etcd at once. The next batch is gathered once a
+/// permit is free, so the turns that arrive meanwhile wait in the channel
+/// and go together (one: etcd orders them anyway, and one at a time makes
+/// the batches larger; two measured slower, `benches/README.md`).
 const IN_FLIGHT: usize = 1;
 
 /// A transaction's answer: whether its comparisons held, what its operations
@@ -82,6 +84,11 @@ impl Inner {
     /// guessed turns answer nothing and decide again; the others go all
     /// the same, in the transaction's other branch.
     async fn commit_batch(&self, batch: Vec<Item>) {
+        // Fail closed: a store distrusted since these turns began takes none.
+        if let Err(e) = self.not_distrusted() {
+            batch.into_iter().for_each(|item| drop(item.answer.send(Err(e.clone()))));
+            return;
+        }
         let deletions = batch.iter().find_map(|item| item.deletions);
         let mut unguessed = Vec::new();
         let mut turns = Vec::with_capacity(batch.len());
@@ -108,6 +115,9 @@ impl Inner {
         let answer = self.call("deciding keys' turns", |mut c| c_txn(&mut c, &txn)).await;
         let answer = answer.and_then(|mut a| {
             let revision = self.observe_header(a.take_header(), floor)?;
+            // Distrusted while the batch was out: nothing it let on is
+            // forwarded (each turn's record is ended as for any error).
+            self.not_distrusted()?;
             Ok((revision, a.op_responses(), a.succeeded()))
         });
         match answer {

@@ -29,7 +29,7 @@ use super::client::c_get;
 use super::lease::LEASE_MARGIN;
 use super::names::mark_value;
 use super::{Inner, STORE};
-use crate::fence::store::knowledge::{judge_identity, new_identity, Before, Judgement, Knowledge};
+use crate::fence::store::knowledge::{judge_identity, new_identity, Before, Judgement, Knowledge, Known};
 use crate::fence::store::{Confirmed, Distrust, Doubt, StoreError};
 
 /// How often a replica reads the store's identity and size when nothing
@@ -54,6 +54,14 @@ pub(super) struct Cluster {
     revision: AtomicI64,
 }
 
+/// The refusal a distrusted store answers with, if it is one.
+fn refusal(known: &Known) -> Result<(), StoreError> {
+    match &known.distrust {
+        Some(why) => Err(StoreError::Distrusted(why.clone())),
+        None => Ok(()),
+    }
+}
+
 fn distrusted(doubt: Doubt) -> StoreError {
     StoreError::Distrusted(Distrust { store: STORE, doubt })
 }
@@ -63,9 +71,7 @@ impl Inner {
     pub(super) async fn trusted(&self) -> Result<(), StoreError> {
         {
             let known = self.knowledge.known();
-            if let Some(why) = &known.distrust {
-                return Err(StoreError::Distrusted(why.clone()));
-            }
+            refusal(&known)?;
             if known.id.is_some() {
                 return Ok(());
             }
@@ -77,6 +83,14 @@ impl Inner {
             (None, Some(_)) => Ok(()),
             (None, None) => Err(distrusted(Doubt::NoIdentity)),
         }
+    }
+
+    /// Refuses while the store is distrusted: checked again by a batch
+    /// before it goes and once it is answered, as the health check may
+    /// distrust the store (a mark lost, a lease gone) while turns that began
+    /// before wait their turn or ride in a batch.
+    pub(super) fn not_distrusted(&self) -> Result<(), StoreError> {
+        refusal(&self.knowledge.known())
     }
 
     /// The highest revision seen: what an answer to a call sent now must
@@ -297,7 +311,9 @@ impl Inner {
             // No hold left: it ended before this replica saw the
             // confirmation (it was not reaching etcd), and is not brought back.
             let Some(held) = &found else { return Ok(()) };
-            if self.held_left(held).await? >= hold {
+            // `held_left` may say up to a second more than is left (etcd's
+            // whole seconds): long enough only with that second taken off.
+            if self.held_left(held).await?.saturating_sub(Duration::from_secs(1)) >= hold {
                 return Ok(());
             }
             let ttl = hold.as_secs() as i64 + i64::from(hold.subsec_nanos() > 0);
