@@ -34,11 +34,15 @@ pub struct ResponseFuture {
 }
 
 impl ResponseFuture {
-    pub(super) fn new(
-        taken: Option<SlotTaken>,
-        inner: impl Future<Output = Result<Response<ProxyBody>, Rejection>> + Send + 'static,
-    ) -> Self {
-        ResponseFuture { inner: Some(Box::pin(inner)), taken }
+    /// The future `make` makes, made where it is kept: in its box. A future
+    /// handed over already made is copied in whole, with the room of every
+    /// state it may reach; made in place, only what it starts with is written.
+    pub(super) fn new<Fut>(taken: Option<SlotTaken>, make: impl FnOnce() -> Fut) -> Self
+    where
+        Fut: Future<Output = Result<Response<ProxyBody>, Rejection>> + Send + 'static,
+    {
+        let inner: Box<Fut> = Box::write(Box::new_uninit(), make());
+        ResponseFuture { inner: Some(Box::into_pin(inner)), taken }
     }
 }
 

@@ -34,7 +34,7 @@ where
 {
     // Only a fenced forward must run to its end (future.rs). The two are
     // futures of their own: the larger one would size the other's box.
-    ResponseFuture::new(None, forward_unfenced(forward, routed))
+    ResponseFuture::new(None, || forward_unfenced(forward, routed))
 }
 
 /// A fenced request with its body ready (read whole, or streaming): it
@@ -56,7 +56,7 @@ where
         return unfenced(forward, routed);
     };
     let taken = forward.slot_flag(routed.request.version());
-    ResponseFuture::new(Some(taken.clone()), take_turn_and_forward(forward, store, gate, routed, fence, taken))
+    ResponseFuture::new(Some(taken.clone()), || take_turn_and_forward(forward, store, gate, routed, fence, taken))
 }
 
 /// [`fenced`], for a request over HTTP `version` that `ready` must make
@@ -75,17 +75,14 @@ where
     B: Send + 'static,
 {
     let taken = forward.slot_flag(version);
-    let future = {
-        let taken = taken.clone();
-        async move {
-            let Checked { routed, fence } = ready.await?;
-            match fence {
-                Some(fence) => take_turn_and_forward(forward, store, gate, routed, fence, taken).await,
-                None => forward_unfenced(forward, routed).await,
-            }
+    let slot = taken.clone();
+    ResponseFuture::new(Some(taken), move || async move {
+        let Checked { routed, fence } = ready.await?;
+        match fence {
+            Some(fence) => take_turn_and_forward(forward, store, gate, routed, fence, slot).await,
+            None => forward_unfenced(forward, routed).await,
         }
-    };
-    ResponseFuture::new(Some(taken), future)
+    })
 }
 
 /// A fenced request's way through: its keys' turns, its marks raised, its
