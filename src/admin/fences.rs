@@ -43,12 +43,12 @@ const MAX_BODY: usize = 4096;
 
 /// The query parameters of `/fences`, each at most once.
 #[derive(Debug, Default)]
-struct Query {
-    key: Option<String>,
-    prefix: Option<String>,
-    after: Option<String>,
-    limit: Option<String>,
-    all: Option<String>,
+pub(super) struct Query {
+    pub(super) key: Option<String>,
+    pub(super) prefix: Option<String>,
+    pub(super) after: Option<String>,
+    pub(super) limit: Option<String>,
+    pub(super) all: Option<String>,
 }
 
 /// Why a query string was refused (400 either way); the Display is the
@@ -189,43 +189,61 @@ fn unauthorized<B>(state: &AdminState, peer: SocketAddr, req: &Request<B>) -> Op
             "no [admin] auth_token is configured, so the fence API is read-only",
         ));
     };
-    // Two credentials are refused whatever they hold: answering as if only
-    // one counted lets whatever sits in front (a proxy that checks or adds
-    // one of them) and fencegate disagree on who is asking.
+    let presented = match presented_bearer(peer, req, "fence change") {
+        Ok(presented) => presented,
+        Err(refused) => return Some(*refused),
+    };
+    if !presented.is_some_and(|p| same_secret(p, expected)) {
+        crate::telemetry::warn_limited!(target: "fencegate::audit", caller = %peer, "fence change refused: missing or wrong bearer token");
+        return Some(needs_bearer("fence changes need 'Authorization: Bearer <[admin] auth_token>'"));
+    }
+    None
+}
+
+/// The bearer token `req` presents, if any; a request with more than one
+/// `Authorization` header is refused (400) whatever they hold: answering as
+/// if only one counted lets whatever sits in front (a proxy that checks or
+/// adds one of them) and fencegate disagree on who is asking. `what` names
+/// the call in the audit line.
+pub(super) fn presented_bearer<'r, B>(
+    peer: SocketAddr,
+    req: &'r Request<B>,
+    what: &str,
+) -> Result<Option<&'r str>, Box<Response<Full<Bytes>>>> {
     if req.headers().get_all(AUTHORIZATION).iter().nth(1).is_some() {
-        crate::telemetry::warn_limited!(target: "fencegate::audit", caller = %peer, "fence change refused: more than one Authorization header");
-        return Some(problem(
+        crate::telemetry::warn_limited!(target: "fencegate::audit", caller = %peer, "{what} refused: more than one Authorization header");
+        return Err(Box::new(problem(
             StatusCode::BAD_REQUEST,
             "Bad request",
-            "more than one Authorization header; send one: 'Authorization: Bearer <[admin] auth_token>'",
-        ));
+            "more than one Authorization header; send one: 'Authorization: Bearer <token>'",
+        )));
     }
     // The scheme name is case-insensitive (RFC 9110 §11.1); the token is not.
-    let presented = req
+    Ok(req
         .headers()
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    // Constant time over the token bytes: a mismatch does not tell how much matched.
-    let authorized = presented.is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes())));
-    if !authorized {
-        crate::telemetry::warn_limited!(target: "fencegate::audit", caller = %peer, "fence change refused: missing or wrong bearer token");
-        let mut r = problem(
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized",
-            "fence changes need 'Authorization: Bearer <[admin] auth_token>'",
-        );
-        r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return Some(r);
-    }
-    None
+        .map(|(_, token)| token.trim()))
+}
+
+/// Whether a presented token is `expected`, compared in constant time over
+/// the bytes: a mismatch does not tell how much matched.
+pub(super) fn same_secret(presented: &str, expected: &str) -> bool {
+    bool::from(presented.as_bytes().ct_eq(expected.as_bytes()))
+}
+
+/// 401 with `WWW-Authenticate: Bearer`.
+pub(super) fn needs_bearer(detail: &str) -> Response<Full<Bytes>> {
+    let mut r = problem(StatusCode::UNAUTHORIZED, "Unauthorized", detail.to_owned());
+    r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    r
 }
 
 /// The request's query, parsed, with its key, prefix and cursor within
 /// `max_key_bytes`; or the refusal to answer with.
-fn checked_query<B>(state: &AdminState, req: &Request<B>) -> Result<Query, Box<Response<Full<Bytes>>>> {
+pub(super) fn checked_query<B>(state: &AdminState, req: &Request<B>) -> Result<Query, Box<Response<Full<Bytes>>>> {
     let query = parse_query(req.uri().query().unwrap_or("")).map_err(|e| Box::new(e.into_response()))?;
     match too_long(&query, state.max_key_bytes) {
         Some(refused) => Err(Box::new(refused)),
@@ -422,7 +440,7 @@ async fn delete_and_log(store: &impl FenceStore, peer: SocketAddr, which: &Selec
     }
 }
 
-fn unavailable(detail: String) -> Response<Full<Bytes>> {
+pub(super) fn unavailable(detail: String) -> Response<Full<Bytes>> {
     Problem::new(ProblemType::STORE_UNAVAILABLE, detail).retry_soon().into_response()
 }
 

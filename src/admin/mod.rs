@@ -1,4 +1,5 @@
-//! The admin listener: health, readiness, metrics and the fence API.
+//! The admin listener: health, readiness, metrics, the fence API and the
+//! lease API.
 //!
 //! The CLI's client of the fence API lives here too ([`client`]), beside the
 //! endpoints it calls.
@@ -9,6 +10,7 @@
 pub mod client;
 mod fences;
 mod json;
+pub mod leases;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -40,6 +42,8 @@ pub(crate) struct AdminState {
     /// Bearer token for fence changes; `None` disables them (403). A config
     /// reload may change it.
     pub auth_token: Arc<arc_swap::ArcSwapOption<String>>,
+    /// Bearer tokens for the lease API on some keys; a reload may change them.
+    pub lease_tokens: Arc<arc_swap::ArcSwap<Vec<crate::config::LeaseToken>>>,
     /// Longest key the fence API takes (`[fences] max_key_bytes`), as the proxy.
     pub max_key_bytes: usize,
 }
@@ -55,6 +59,7 @@ pub(crate) async fn handle(
         "/healthz" | "/readyz" | "/metrics" => &[Method::GET, Method::HEAD],
         "/fences" => &[Method::GET, Method::HEAD, Method::PUT, Method::DELETE],
         "/fences/store/confirm" => &[Method::POST],
+        "/leases" => &[Method::GET, Method::HEAD, Method::POST, Method::PUT, Method::DELETE],
         _ => return Ok(problem(StatusCode::NOT_FOUND, "Not found", format!("no admin endpoint at '{path}'"))),
     };
     if !allowed.contains(req.method()) {
@@ -72,6 +77,7 @@ pub(crate) async fn handle(
         "/readyz" => readiness(&state, verbose(req.uri().query())),
         "/metrics" => metrics(&state),
         "/fences/store/confirm" => fences::confirm_store(&state, peer, &req).await,
+        "/leases" => leases::handle(&state, peer, req).await,
         _ => fences::handle(&state, peer, req).await,
     })
 }
@@ -182,6 +188,7 @@ mod tests {
             buffers: BufferBudget::new(1 << 20),
             draining: AtomicBool::new(false),
             auth_token: Arc::new(arc_swap::ArcSwapOption::empty()),
+            lease_tokens: Arc::new(arc_swap::ArcSwap::from_pointee(Vec::new())),
             max_key_bytes: 1024,
         }
     }

@@ -66,6 +66,15 @@ pub struct AdminSection {
     pub auth_token: Option<String>,
     pub auth_token_file: Option<String>,
     pub max_connections: Option<u64>,
+    pub lease_tokens: Option<Vec<LeaseTokenSection>>,
+}
+
+/// `[[admin.lease_tokens]]`: a bearer token for the lease API on some keys.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseTokenSection {
+    pub token: Option<String>,
+    pub prefixes: Option<Vec<String>>,
 }
 
 /// `[fences]`: where marks are kept.

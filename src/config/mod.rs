@@ -37,8 +37,8 @@ use std::path::Path;
 pub use defaults::{DEFAULT_CACHE_KEYS, DEFAULT_FENCES_PATH};
 pub use file::FileConfig;
 pub use model::{
-    AdminConfig, Config, EtcdConfig, FencesConfig, LogConfig, LogFormat, RedisConfig, RefusalDrain, ServerConfig,
-    StoreKind, TlsFiles,
+    AdminConfig, Config, EtcdConfig, FencesConfig, LeaseToken, LogConfig, LogFormat, RedisConfig, RefusalDrain,
+    ServerConfig, StoreKind, TlsFiles,
 };
 pub use problems::{ConfigError, ConfigProblem, MAX_DURATION};
 #[cfg(test)]

@@ -103,6 +103,24 @@ pub struct AdminConfig {
     pub auth_token: Option<String>,
     /// Most admin connections open at once; further ones wait in the backlog.
     pub max_connections: usize,
+    /// Bearer tokens for the lease API on the keys under their prefixes
+    /// (`auth_token` takes leases on every key).
+    pub lease_tokens: Vec<LeaseToken>,
+}
+
+/// A bearer token for the lease API on the keys that start with one of its
+/// prefixes (as the lease API makes keys canonical).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseToken {
+    pub token: String,
+    pub prefixes: Vec<String>,
+}
+
+impl LeaseToken {
+    /// Whether it covers `key`.
+    pub fn covers(&self, key: &str) -> bool {
+        self.prefixes.iter().any(|p| key.starts_with(p.as_str()))
+    }
 }
 
 /// Where fence marks live.

@@ -3,6 +3,7 @@
 //! (`stack/head`, `stack/turn`) puts it in front of the upstream.
 
 pub mod gate;
+pub mod lease;
 pub mod signature;
 pub mod store;
 pub mod token;

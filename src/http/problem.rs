@@ -89,6 +89,9 @@ impl ProblemType {
         "urn:fencegate:problem:store-unavailable",
         "Fence store unavailable",
     );
+    pub const LEASE_HELD: Self = Self::urn(StatusCode::LOCKED, "urn:fencegate:problem:lease-held", "Lease held");
+    pub const LEASE_LOST: Self =
+        Self::urn(StatusCode::CONFLICT, "urn:fencegate:problem:lease-lost", "Lease not held with this token");
     pub const INTERNAL: Self =
         Self::urn(StatusCode::INTERNAL_SERVER_ERROR, "urn:fencegate:problem:internal", "Internal error");
 

@@ -150,7 +150,9 @@ impl Fencegate {
             gate: Arc::new(gate),
         });
         let auth_token = Arc::new(arc_swap::ArcSwapOption::from(config.admin.auth_token.clone().map(Arc::new)));
-        let reloader = Arc::new(Reloader::new(shared.clone(), auth_token.clone(), config.clone()));
+        let lease_tokens = Arc::new(arc_swap::ArcSwap::from_pointee(config.admin.lease_tokens.clone()));
+        let reloader =
+            Arc::new(Reloader::new(shared.clone(), auth_token.clone(), lease_tokens.clone(), config.clone()));
         let state = Arc::new(AdminState {
             store: shared.store.clone(),
             gate: shared.gate.clone(),
@@ -158,6 +160,7 @@ impl Fencegate {
             buffers: shared.buffers.clone(),
             draining: AtomicBool::new(false),
             auth_token,
+            lease_tokens,
             max_key_bytes: config.fences.max_key_bytes,
         });
         Ok(Fencegate { config, proxy, admin, state, shared, tls, reloader, reloads: None })

@@ -24,11 +24,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use tracing::{info, warn};
 
 use super::descriptors::{self, Account};
-use crate::config::{secret_files, AdminConfig, Config, ConfigError, ConfigProblem};
+use crate::config::{secret_files, AdminConfig, Config, ConfigError, ConfigProblem, LeaseToken};
 use crate::fence::store::{longest_write_lease, FenceStore, WriteBounds};
 use crate::metrics::Reloads;
 use crate::route::{Route, RouteTable};
@@ -76,6 +76,8 @@ pub struct Reloader {
     shared: Arc<Shared>,
     /// The fence API's bearer token: a reload may change it.
     admin_token: Arc<ArcSwapOption<String>>,
+    /// The lease API's scoped tokens: a reload may change them too.
+    lease_tokens: Arc<ArcSwap<Vec<LeaseToken>>>,
     /// The config in service: what the next one is compared with.
     running: Mutex<Config>,
     /// Held through each reload, so two never interleave (a SIGHUP and a
@@ -88,9 +90,14 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    pub(super) fn new(shared: Arc<Shared>, admin_token: Arc<ArcSwapOption<String>>, running: Config) -> Reloader {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        admin_token: Arc<ArcSwapOption<String>>,
+        lease_tokens: Arc<ArcSwap<Vec<LeaseToken>>>,
+        running: Config,
+    ) -> Reloader {
         let counts = shared.metrics.reloads();
-        Reloader { shared, admin_token, running: Mutex::new(running), last: Mutex::new(None), counts }
+        Reloader { shared, admin_token, lease_tokens, running: Mutex::new(running), last: Mutex::new(None), counts }
     }
 
     /// Puts `new`'s routes (and admin token) in service if nothing else in it
@@ -124,6 +131,10 @@ impl Reloader {
         if new.admin.auth_token != running.admin.auth_token {
             self.admin_token.store(new.admin.auth_token.clone().map(Arc::new));
             info!("config reload: the fence API's admin token changed");
+        }
+        if new.admin.lease_tokens != running.admin.lease_tokens {
+            self.lease_tokens.store(Arc::new(new.admin.lease_tokens.clone()));
+            info!("config reload: the lease API's tokens changed");
         }
         let routes = new.routes.len();
         *running = new;
@@ -199,8 +210,9 @@ fn restart_needed(running: &Config, new: &mut Config) -> Vec<&'static str> {
     if *was != *is {
         changed.push("[server]");
     }
-    // The admin token is a secret a reload may change.
-    let without_token = |admin: &AdminConfig| AdminConfig { auth_token: None, ..admin.clone() };
+    // The admin token and the lease tokens are secrets a reload may change.
+    let without_token =
+        |admin: &AdminConfig| AdminConfig { auth_token: None, lease_tokens: Vec::new(), ..admin.clone() };
     if without_token(&running.admin) != without_token(&new.admin) {
         changed.push("[admin]");
     }

@@ -29,6 +29,7 @@ mod etcd_tls;
 mod faults;
 mod fence_api;
 mod fuzz_regressions;
+mod leases;
 mod limits;
 mod no_way_around;
 mod ordering;

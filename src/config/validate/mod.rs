@@ -15,8 +15,8 @@ mod server;
 mod store;
 
 use super::defaults::*;
-use super::file::{AdminSection, FileConfig, LogSection};
-use super::model::{AdminConfig, Config, LogConfig, LogFormat, ServerConfig};
+use super::file::{AdminSection, FileConfig, LeaseTokenSection, LogSection};
+use super::model::{AdminConfig, Config, LeaseToken, LogConfig, LogFormat, ServerConfig};
 use super::problems::{ConfigProblem, Problems};
 use super::route::validate_route;
 use super::route::RouteConfig;
@@ -67,7 +67,33 @@ fn admin(s: &AdminSection, p: &mut Problems) -> AdminConfig {
             }
             Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
         },
+        lease_tokens: lease_tokens(s.lease_tokens.as_deref().unwrap_or_default(), p),
     }
+}
+
+/// `[[admin.lease_tokens]]`: each a non-empty token and at least one
+/// non-empty prefix (a token for every key is `auth_token`).
+fn lease_tokens(sections: &[LeaseTokenSection], p: &mut Problems) -> Vec<LeaseToken> {
+    let mut tokens = Vec::with_capacity(sections.len());
+    for (i, s) in sections.iter().enumerate() {
+        let field = |name: &str| format!("admin.lease_tokens[{i}].{name}");
+        let token = s.token.clone().filter(|t| !t.is_empty());
+        if token.is_none() {
+            p.add(field("token"), "a bearer token is required (a non-empty string)");
+        } else if sections[..i].iter().any(|before| before.token == s.token) {
+            p.add(field("token"), "the same token is given twice: give it once, with all its prefixes");
+        }
+        let prefixes = s.prefixes.clone().unwrap_or_default();
+        if prefixes.is_empty() {
+            p.add(field("prefixes"), "at least one key prefix is required");
+        } else if prefixes.iter().any(String::is_empty) {
+            p.add(field("prefixes"), "an empty prefix would cover every key: use [admin] auth_token for that");
+        }
+        if let Some(token) = token {
+            tokens.push(LeaseToken { token, prefixes });
+        }
+    }
+    tokens
 }
 
 fn log(s: LogSection, p: &mut Problems) -> LogConfig {
@@ -146,6 +172,26 @@ mod tests {
         assert_eq!(c.routes[0].upstream_idle_timeout, Duration::from_secs(5));
         let text = format!("{MINIMAL}upstream_idle_timeout = \"0s\"\n");
         assert_eq!(fields(&text), ["route[0] 'objects'.upstream_idle_timeout"]);
+    }
+
+    #[test]
+    fn lease_tokens_need_a_token_and_prefixes_and_each_problem_names_its_field() {
+        let text = format!(
+            "[[admin.lease_tokens]]\nprefixes = [\"/jobs/\"]\n[[admin.lease_tokens]]\ntoken = \"t\"\n\
+             [[admin.lease_tokens]]\ntoken = \"t\"\nprefixes = [\"\"]\n{MINIMAL}"
+        );
+        assert_eq!(
+            fields(&text),
+            [
+                "admin.lease_tokens[0].token",
+                "admin.lease_tokens[1].prefixes",
+                "admin.lease_tokens[2].token",
+                "admin.lease_tokens[2].prefixes"
+            ]
+        );
+        let text = format!("[[admin.lease_tokens]]\ntoken = \"t\"\nprefixes = [\"/jobs/\", \"/q/\"]\n{MINIMAL}");
+        let c = Config::from_toml_str(&text).unwrap();
+        assert!(c.admin.lease_tokens[0].covers("/q/1") && !c.admin.lease_tokens[0].covers("/other"));
     }
 
     #[test]

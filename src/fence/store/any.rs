@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use super::{
-    Advance, AtHand, CommitStats, Confirmed, Deleted, Entered, EtcdStore, FenceStore, FileStore, MemoryStore,
-    RedisStore, Selection, StoreError,
+    Advance, AtHand, CommitStats, Confirmed, Deleted, Entered, EtcdStore, FenceStore, FileStore, LeaseRecord,
+    MemoryStore, RedisStore, Selection, StoreError,
 };
 use crate::fence::gate::Ask;
 
@@ -90,6 +90,29 @@ impl FenceStore for AnyStore {
             AnyStore::File(s) => s.delete(which).await,
             AnyStore::Redis(s) => Box::pin(s.delete(which)).await,
             AnyStore::Etcd(s) => Box::pin(s.delete(which)).await,
+        }
+    }
+
+    async fn lease(&self, key: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.lease(key).await,
+            AnyStore::File(s) => s.lease(key).await,
+            AnyStore::Redis(s) => Box::pin(s.lease(key)).await,
+            AnyStore::Etcd(s) => Box::pin(s.lease(key)).await,
+        }
+    }
+
+    async fn swap_lease(
+        &self,
+        key: &str,
+        expected: Option<&LeaseRecord>,
+        new: Option<&LeaseRecord>,
+    ) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.swap_lease(key, expected, new).await,
+            AnyStore::File(s) => s.swap_lease(key, expected, new).await,
+            AnyStore::Redis(s) => Box::pin(s.swap_lease(key, expected, new)).await,
+            AnyStore::Etcd(s) => Box::pin(s.swap_lease(key, expected, new)).await,
         }
     }
 

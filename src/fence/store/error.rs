@@ -222,6 +222,9 @@ pub enum Found {
     /// A verdict the call never gives.
     #[error("{0}")]
     Verdict(String),
+    /// A lease record that is not one.
+    #[error("a lease record that is not one ({0})")]
+    Lease(String),
 }
 
 #[cfg(test)]

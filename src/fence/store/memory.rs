@@ -9,7 +9,7 @@ use dashmap::mapref::entry::Entry;
 
 use crate::fence::KeyMap;
 
-use super::{Advance, Deleted, FenceStore, Selection, StoreError};
+use super::{Advance, Deleted, FenceStore, LeaseRecord, LocalLeases, Selection, StoreError};
 
 /// Marks in a [`DashMap`](dashmap::DashMap): fast, and every fence dies with the process.
 ///
@@ -43,6 +43,8 @@ pub struct MemoryStore {
     /// existing key never touches it. A copy of each key rather than a shared
     /// one, so the map's keys, and the hot path's lookups, stay as they were.
     order: Mutex<BTreeSet<Box<str>>>,
+    /// Lease records, which die with the process as the marks do.
+    leases: LocalLeases,
 }
 
 impl MemoryStore {
@@ -148,6 +150,19 @@ impl FenceStore for MemoryStore {
                 Ok(Deleted { count, token: None })
             }
         }
+    }
+
+    async fn lease(&self, key: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        Ok(self.leases.get(key))
+    }
+
+    async fn swap_lease(
+        &self,
+        key: &str,
+        expected: Option<&LeaseRecord>,
+        new: Option<&LeaseRecord>,
+    ) -> Result<bool, StoreError> {
+        Ok(self.leases.swap(key, expected, new))
     }
 
     fn tracked_keys(&self) -> usize {

@@ -19,6 +19,7 @@ mod etcd;
 mod file;
 mod in_flight;
 mod knowledge;
+mod leases;
 mod memory;
 pub mod redis;
 mod stats;
@@ -31,6 +32,7 @@ pub use error::{Distrust, Doubt, Found, StoreError, Unexpected};
 pub use etcd::EtcdStore;
 pub use file::{journal, CacheBounds, FileStore, OpenError};
 pub use in_flight::{longest_write_lease, InFlight, WriteBounds, WriteRecord};
+pub use leases::{LeaseRecord, LocalLeases};
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
 pub use stats::CommitStats;
@@ -198,6 +200,25 @@ pub trait FenceStore: Send + Sync + 'static {
         async { Ok(None) }
     }
 
+    /// The lease record of `key` (`fence/lease.rs` makes leases of it), held
+    /// or run out, if it has one. Stores of one process keep records in a
+    /// [`LocalLeases`]; a store replicas share keeps them beside the marks.
+    fn lease(&self, _key: &str) -> impl Future<Output = Result<Option<LeaseRecord>, StoreError>> + Send {
+        async { Err(no_leases()) }
+    }
+
+    /// Atomically puts `new` in place of `key`'s lease record (`None`:
+    /// removes it) if the record is exactly `expected` now (`None`: it has
+    /// none); says whether it did.
+    fn swap_lease(
+        &self,
+        _key: &str,
+        _expected: Option<&LeaseRecord>,
+        _new: Option<&LeaseRecord>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async { Err(no_leases()) }
+    }
+
     /// The longest lease the routes give a write now
     /// ([`longest_write_lease`]): how long a store that records writes in
     /// flight holds fenced writes after a [`confirm`](Self::confirm). Set at
@@ -235,4 +256,9 @@ pub trait FenceStore: Send + Sync + 'static {
     fn close(&self) -> impl Future<Output = ()> + Send {
         async {}
     }
+}
+
+/// The refusal of a store that keeps no lease records (test stores).
+fn no_leases() -> StoreError {
+    StoreError::Failed { store: "this", context: "leases", message: "the store keeps no lease records".into() }
 }

@@ -23,6 +23,7 @@
 mod batch;
 mod client;
 mod lease;
+mod lease_records;
 mod names;
 mod share;
 mod trust;
@@ -40,7 +41,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::knowledge::Knowledge;
-use super::{Advance, AtHand, Confirmed, Deleted, Entered, FenceStore, Found, Selection, StoreError, Unexpected};
+use super::{
+    Advance, AtHand, Confirmed, Deleted, Entered, FenceStore, Found, LeaseRecord, Selection, StoreError, Unexpected,
+};
 use crate::config::EtcdConfig;
 use crate::fence::gate::Ask;
 use client::{c_get, c_txn, Member};
@@ -293,6 +296,19 @@ impl FenceStore for EtcdStore {
         let mark = state.mark()?;
         inner.observe(key, mark, before, state.deletions)?;
         Ok(mark)
+    }
+
+    async fn lease(&self, key: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.inner.lease_record(key).await
+    }
+
+    async fn swap_lease(
+        &self,
+        key: &str,
+        expected: Option<&LeaseRecord>,
+        new: Option<&LeaseRecord>,
+    ) -> Result<bool, StoreError> {
+        self.inner.swap_lease_record(key, expected, new).await
     }
 
     /// The mark this replica last saw for `key`: a token below it is stale

@@ -10,6 +10,7 @@
 //!   of another key the first begins (`/a` and `/a/b`);
 //! - `P wait/<key>`: the highest token waiting to raise the key, under a
 //!   lease of the wait's own, as long as the wait;
+//! - `P lease/<key>`: the key's lease record (fence/lease.rs), as JSON;
 //! - `P identity`: the store's identity, `<id> <previous id or ->`;
 //! - `P held`: present while writes are held after an operator's
 //!   confirmation, under a lease as long as the hold;
@@ -54,6 +55,10 @@ impl Names {
 
     pub fn wait(&self, key: &str) -> String {
         format!("{}wait/{key}", self.prefix)
+    }
+
+    pub fn lease(&self, key: &str) -> String {
+        format!("{}lease/{key}", self.prefix)
     }
 
     pub fn identity(&self) -> String {

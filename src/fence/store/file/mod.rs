@@ -46,7 +46,7 @@ use std::time::Duration;
 use redb::{Database, TableDefinition};
 use tokio::sync::Semaphore;
 
-use super::{Advance, CommitStats, Deleted, FenceStore, Selection, StoreError};
+use super::{Advance, CommitStats, Deleted, FenceStore, LeaseRecord, LocalLeases, Selection, StoreError};
 use crate::fence::KeyMap;
 use cache::{Cached, Sweeper};
 use commit::Queue;
@@ -164,6 +164,9 @@ struct Inner {
     /// a burst of new keys must not fill tokio's blocking pool (512 threads, each
     /// with its own allocator heap) or starve other blocking work.
     readers: Semaphore,
+    /// Lease records, in memory: a restart ends every lease, and the marks
+    /// on disk keep every token issued (fence/lease.rs).
+    leases: LocalLeases,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -304,6 +307,19 @@ impl FenceStore for FileStore {
 
     fn disk_bytes(&self) -> Option<u64> {
         Some(self.size_on_disk())
+    }
+
+    async fn lease(&self, key: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        Ok(self.inner.leases.get(key))
+    }
+
+    async fn swap_lease(
+        &self,
+        key: &str,
+        expected: Option<&LeaseRecord>,
+        new: Option<&LeaseRecord>,
+    ) -> Result<bool, StoreError> {
+        Ok(self.inner.leases.swap(key, expected, new))
     }
 
     fn tracked_keys(&self) -> usize {

@@ -18,7 +18,7 @@ use super::fold::{fold, set_clean, Folder, Unfolded};
 use super::journal::{self, Journal, Marks};
 use super::upgrade;
 use super::{CacheBounds, FileStore, Inner, Tuning, CLEAN, DB_FILE, FENCES, META};
-use crate::fence::store::CommitStats;
+use crate::fence::store::{CommitStats, LocalLeases};
 use crate::fence::KeyMap;
 
 /// redb's own page cache. The mark cache in front of it does the heavy lifting.
@@ -286,6 +286,7 @@ fn start(
         unfolded,
         sweeper: sweeper.clone(),
         readers: Semaphore::new(MAX_READERS),
+        leases: LocalLeases::default(),
     });
     let weak = Arc::downgrade(&inner);
     // Built before the last thread starts: if it can't, dropping the store stops the others.

@@ -41,8 +41,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
 use super::{
-    Advance, AtHand, Confirmed, Deleted, Distrust, Doubt, Entered, FenceStore, Found, InFlight, Selection, StoreError,
-    Unexpected,
+    Advance, AtHand, Confirmed, Deleted, Distrust, Doubt, Entered, FenceStore, Found, InFlight, LeaseRecord, Selection,
+    StoreError, Unexpected,
 };
 use crate::config::RedisConfig;
 use crate::fence::gate::Ask;
@@ -146,6 +146,9 @@ impl RedisStore {
     }
 }
 
+/// How long a lease record stays in Redis after its lease ends.
+const LEASE_KEPT_MS: u64 = 3_600_000;
+
 impl FenceStore for RedisStore {
     async fn get(&self, key: &str) -> Result<Option<u64>, StoreError> {
         let inner = &self.inner;
@@ -180,6 +183,47 @@ impl FenceStore for RedisStore {
                 Ok(Advance::Accepted { previous: mark })
             }
             Verdict::Stale => Ok(Advance::Stale { current: mark.unwrap_or_default() }),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    async fn lease(&self, key: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        let inner = &self.inner;
+        let reply =
+            inner.run_bytes(&inner.scripts.lease, &[inner.names.lease(key), inner.names.identity()], &[]).await?;
+        match reply.verdict {
+            Verdict::Ok => match reply.rest.first().map(String::as_str) {
+                None | Some("") => Ok(None),
+                Some(text) => LeaseRecord::decode(STORE, text.as_bytes()).map(Some),
+            },
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// Compared whole, as JSON: a record is written once and read back as
+    /// it was, so it encodes to the same text.
+    async fn swap_lease(
+        &self,
+        key: &str,
+        expected: Option<&LeaseRecord>,
+        new: Option<&LeaseRecord>,
+    ) -> Result<bool, StoreError> {
+        let inner = &self.inner;
+        let keys = [inner.names.lease(key), inner.names.identity()];
+        let keep = new.map_or(0, |r| r.expires_ms.saturating_sub(crate::fence::lease::now_ms())) + LEASE_KEPT_MS;
+        let args = [
+            expected.map(LeaseRecord::encode).unwrap_or_default(),
+            new.map(LeaseRecord::encode).unwrap_or_default(),
+            keep.to_string(),
+        ];
+        let (reply, acked) = inner.run_waiting(&inner.scripts.swap_lease, &keys, &args).await?;
+        match reply.verdict {
+            Verdict::Ok => {
+                // A record a failover could lose would let two hold the lease.
+                inner.replicas_acked(acked)?;
+                Ok(true)
+            }
+            Verdict::Busy => Ok(false),
             other => Err(other.unexpected()),
         }
     }

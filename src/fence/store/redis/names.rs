@@ -14,6 +14,8 @@ const FLIGHT: &str = "flight:";
 const WAIT: &str = "wait:";
 /// The token the writes in flight carry.
 const SHARED: &str = "shared:";
+/// The key's lease record (fence/lease.rs), as JSON.
+const LEASE: &str = "lease:";
 /// Every key with a mark (a sorted set, read by lexicographic range).
 const INDEX: &str = "keys";
 /// The store's identity (a hash).
@@ -62,6 +64,10 @@ impl Names {
 
     pub fn shared(&self, key: &str) -> String {
         self.of(SHARED, key)
+    }
+
+    pub fn lease(&self, key: &str) -> String {
+        self.of(LEASE, key)
     }
 
     pub fn index(&self) -> String {

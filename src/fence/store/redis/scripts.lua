@@ -197,3 +197,28 @@ return {'ok', deletions, ms(math.max(held - now, 0))}
 -- ARGV: (none used)
 local held = tonumber(redis.call('HGET', KEYS[1], 'held') or '0')
 return {'ok', redis.call('HGET', KEYS[1], 'deletions') or '0', ms(math.max(held - now_ms(), 0))}
+
+-- script: lease
+-- A key's lease record (JSON, '' for none).
+-- KEYS: lease, identity
+-- ARGV: identity
+local refused, deletions = identity(KEYS[2], ARGV[1])
+if refused then return refused end
+return {'ok', deletions, redis.call('GET', KEYS[1]) or ''}
+
+-- script: swap_lease
+-- Puts a new lease record in place of the one expected (compared whole, ''
+-- for none), or removes it ('' new); 'busy' when another is there. The
+-- record lives ARGV[4] ms, past its lease's end: long enough for a late
+-- holder to be told it ran out.
+-- KEYS: lease, identity
+-- ARGV: identity, expected, new, keep ms
+local refused, deletions = identity(KEYS[2], ARGV[1])
+if refused then return refused end
+if (redis.call('GET', KEYS[1]) or '') ~= ARGV[2] then return {'busy', deletions} end
+if ARGV[3] == '' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
+end
+return {'ok', deletions}

@@ -28,6 +28,8 @@ pub(super) struct Scripts {
     pub confirm: Script,
     pub hold: Script,
     pub held: Script,
+    pub lease: Script,
+    pub swap_lease: Script,
 }
 
 impl Scripts {
@@ -44,6 +46,8 @@ impl Scripts {
             confirm: take("confirm"),
             hold: take("hold"),
             held: take("held"),
+            lease: take("lease"),
+            swap_lease: take("swap_lease"),
         }
     }
 }
