@@ -76,6 +76,19 @@ enum Command {
         #[command(subcommand)]
         action: FenceAction,
     },
+    /// Take, renew, release or show a lease through the admin API of a
+    /// running fencegate: the token a lease gets is above every token issued
+    /// or seen for KEY, and the fence is raised to it before it is printed.
+    ///
+    /// The admin URL and bearer token come as for `fence` (--token-file may
+    /// hold a token of [[admin.lease_tokens]]). Exit 1: the lease is held by
+    /// another, or not held with the token given; exit 2: any other error.
+    Lease {
+        #[command(flatten)]
+        admin: AdminArgs,
+        #[command(subcommand)]
+        action: LeaseAction,
+    },
     /// Print the X-Fencing-Signature value for TOKEN on fence KEY: base64url
     /// (no padding) of HMAC-SHA256 over KEY, a newline, and TOKEN in base 10.
     ///
@@ -170,6 +183,35 @@ enum FenceAction {
     ConfirmStore,
 }
 
+#[derive(Debug, Subcommand)]
+enum LeaseAction {
+    /// Take the lease of KEY and print its token alone (for X-Fencing-Token).
+    Acquire {
+        /// The fence key, e.g. "/objects/report.csv".
+        key: String,
+        /// Who takes it: shown to whoever finds the lease held.
+        #[arg(long, env = "FENCEGATE_LEASE_HOLDER")]
+        holder: String,
+        /// How long the lease lasts unless renewed (100ms to 1h).
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        ttl: std::time::Duration,
+        /// How long to wait for a lease another holds (at most 60s).
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        wait: Option<std::time::Duration>,
+    },
+    /// Lengthen the lease of KEY held with TOKEN to TTL from now.
+    Renew {
+        key: String,
+        token: u64,
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        ttl: std::time::Duration,
+    },
+    /// End the lease of KEY held with TOKEN (the fence stays).
+    Release { key: String, token: u64 },
+    /// Print "HOLDER<TAB>TOKEN<TAB>MS_LEFT" of the lease held on KEY, or "none".
+    Show { key: String },
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormatArg {
     Human,
@@ -184,7 +226,12 @@ fn main() -> ExitCode {
             return fencegate::demo::run(fencegate::demo::DemoOptions { listen, admin_listen, store_listen })
         }
         Some(Command::Sign { key, token, key_file }) => return sign(&key, token, &key_file),
-        Some(Command::Fence { admin, action }) => return fence_command(&cli.config, admin, action),
+        Some(Command::Fence { admin, action }) => {
+            return admin_command(&cli.config, &admin, |client| fence_command(client, action))
+        }
+        Some(Command::Lease { admin, action }) => {
+            return admin_command(&cli.config, &admin, |client| lease_command(client, action))
+        }
         Some(Command::Completions { shell }) => {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "fencegate", &mut script);
@@ -357,10 +404,24 @@ fn admin_target(
     }
 }
 
-/// Runs `fencegate fence ...` against the admin listener.
-fn fence_command(config: &std::path::Path, args: AdminArgs, action: FenceAction) -> ExitCode {
-    use fencegate::admin::client::{AdminClient, CliError, SetOutcome};
-    let (url, token) = match admin_target(config, &args) {
+/// A line to stdout; a failed write (a full disk, a closed pipe) ends the
+/// command with an error instead of println!'s panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        writeln!(std::io::stdout().lock(), $($arg)*).map_err(fencegate::admin::client::CliError::Output)?
+    }};
+}
+
+/// Runs a command of the admin API (`fence`, `lease`) with its client:
+/// exit 2 on any error it meets.
+fn admin_command<F, Fut>(config: &std::path::Path, args: &AdminArgs, run: F) -> ExitCode
+where
+    F: FnOnce(fencegate::admin::client::AdminClient) -> Fut,
+    Fut: std::future::Future<Output = Result<ExitCode, fencegate::admin::client::CliError>>,
+{
+    use fencegate::admin::client::{AdminClient, CliError};
+    let (url, token) = match admin_target(config, args) {
         Ok(target) => target,
         Err(e) => {
             eprintln!("{e}");
@@ -374,76 +435,118 @@ fn fence_command(config: &std::path::Path, args: AdminArgs, action: FenceAction)
             return ExitCode::FAILURE;
         }
     };
-    let client = AdminClient::new(url, token, args.timeout);
-    // A line to stdout; a failed write (a full disk, a closed pipe) ends
-    // the command with an error instead of println!'s panic.
-    macro_rules! say {
-        ($($arg:tt)*) => {{
-            use std::io::Write;
-            writeln!(std::io::stdout().lock(), $($arg)*).map_err(CliError::Output)?
-        }};
-    }
-    let result = runtime.block_on(async {
-        match action {
-            FenceAction::Get { key } => {
-                let token = client.get(&key).await?;
-                say!("{}", token.map_or_else(|| "none".to_string(), |t| t.to_string()));
-                Ok(ExitCode::SUCCESS)
-            }
-            FenceAction::Set { key, token } => match client.set(&key, token).await? {
-                SetOutcome::Raised { previous } => {
-                    let was = previous.map_or_else(|| "none".to_string(), |p| p.to_string());
-                    say!("{key}: fence raised to {token} (was {was})");
-                    Ok(ExitCode::SUCCESS)
-                }
-                SetOutcome::Refused { current } => {
-                    eprintln!("{key}: refused, the fence is already {current}, above {token}; a fence never goes back");
-                    Ok(ExitCode::FAILURE)
-                }
-            },
-            FenceAction::List { prefix } => {
-                client
-                    .list(&prefix, |key, token| {
-                        say!("{token}\t{key}");
-                        Ok(())
-                    })
-                    .await?;
-                Ok(ExitCode::SUCCESS)
-            }
-            FenceAction::Delete { key: Some(key), .. } => {
-                let (deleted, token) = client.delete_key(&key).await?;
-                match token {
-                    Some(token) if deleted > 0 => say!("{key}: fence {token} deleted"),
-                    _ => say!("{key}: had no fence"),
-                };
-                Ok(ExitCode::SUCCESS)
-            }
-            FenceAction::ConfirmStore => {
-                let done = client.confirm_store().await?;
-                say!(
-                    "fence store confirmed: identity {}, {} mark(s) this replica remembered restored; fenced writes \
-                     held for {} ms while writes admitted before the loss may still reach the upstream",
-                    done["identity"].as_str().unwrap_or("?"),
-                    done["restored"].as_u64().unwrap_or(0),
-                    done["held_ms"].as_u64().unwrap_or(0)
-                );
-                Ok(ExitCode::SUCCESS)
-            }
-            FenceAction::Delete { key: None, prefix, all } => {
-                let prefix = prefix.unwrap_or_default();
-                let deleted = client.delete_prefix(&prefix, all).await?;
-                say!("{prefix}: {deleted} fence{} deleted", if deleted == 1 { "" } else { "s" });
-                Ok(ExitCode::SUCCESS)
-            }
-        }
-    });
-    match result {
+    match runtime.block_on(run(AdminClient::new(url, token, args.timeout))) {
         Ok(code) => code,
         // The reader went away (`fence list | head`): nothing left to say.
         Err(CliError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{e}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// `fencegate fence ...`.
+async fn fence_command(
+    client: fencegate::admin::client::AdminClient,
+    action: FenceAction,
+) -> Result<ExitCode, fencegate::admin::client::CliError> {
+    use fencegate::admin::client::SetOutcome;
+    match action {
+        FenceAction::Get { key } => {
+            let token = client.get(&key).await?;
+            say!("{}", token.map_or_else(|| "none".to_string(), |t| t.to_string()));
+            Ok(ExitCode::SUCCESS)
+        }
+        FenceAction::Set { key, token } => match client.set(&key, token).await? {
+            SetOutcome::Raised { previous } => {
+                let was = previous.map_or_else(|| "none".to_string(), |p| p.to_string());
+                say!("{key}: fence raised to {token} (was {was})");
+                Ok(ExitCode::SUCCESS)
+            }
+            SetOutcome::Refused { current } => {
+                eprintln!("{key}: refused, the fence is already {current}, above {token}; a fence never goes back");
+                Ok(ExitCode::FAILURE)
+            }
+        },
+        FenceAction::List { prefix } => {
+            client
+                .list(&prefix, |key, token| {
+                    say!("{token}\t{key}");
+                    Ok(())
+                })
+                .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        FenceAction::Delete { key: Some(key), .. } => {
+            let (deleted, token) = client.delete_key(&key).await?;
+            match token {
+                Some(token) if deleted > 0 => say!("{key}: fence {token} deleted"),
+                _ => say!("{key}: had no fence"),
+            };
+            Ok(ExitCode::SUCCESS)
+        }
+        FenceAction::ConfirmStore => {
+            let done = client.confirm_store().await?;
+            say!(
+                "fence store confirmed: identity {}, {} mark(s) this replica remembered restored; fenced writes \
+                 held for {} ms while writes admitted before the loss may still reach the upstream",
+                done["identity"].as_str().unwrap_or("?"),
+                done["restored"].as_u64().unwrap_or(0),
+                done["held_ms"].as_u64().unwrap_or(0)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        FenceAction::Delete { key: None, prefix, all } => {
+            let prefix = prefix.unwrap_or_default();
+            let deleted = client.delete_prefix(&prefix, all).await?;
+            say!("{prefix}: {deleted} fence{} deleted", if deleted == 1 { "" } else { "s" });
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `fencegate lease ...`: exit 1 when the lease is held by another or not
+/// held with the token given.
+async fn lease_command(
+    client: fencegate::admin::client::AdminClient,
+    action: LeaseAction,
+) -> Result<ExitCode, fencegate::admin::client::CliError> {
+    let refused = |key: &str, problem: serde_json::Value| {
+        eprintln!("{key}: {}", problem["detail"].as_str().unwrap_or("refused"));
+        Ok(ExitCode::FAILURE)
+    };
+    match action {
+        LeaseAction::Acquire { key, holder, ttl, wait } => {
+            match client.lease_acquire(&key, &holder, ttl, wait).await? {
+                Ok(lease) => {
+                    say!("{}", lease["token"]);
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(problem) => refused(&key, problem),
+            }
+        }
+        LeaseAction::Renew { key, token, ttl } => match client.lease_renew(&key, token, ttl).await? {
+            Ok(lease) => {
+                say!("{key}: lease {token} renewed, {} ms left", lease["expires_in_ms"]);
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(problem) => refused(&key, problem),
+        },
+        LeaseAction::Release { key, token } => match client.lease_release(&key, token).await? {
+            Ok(_) => {
+                say!("{key}: lease {token} released");
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(problem) => refused(&key, problem),
+        },
+        LeaseAction::Show { key } => {
+            let (lease, _) = client.lease_show(&key).await?;
+            match lease["holder"].as_str() {
+                Some(holder) => say!("{holder}\t{}\t{}", lease["token"], lease["expires_in_ms"]),
+                None => say!("none"),
+            }
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -1,5 +1,6 @@
-//! `fencegate fence get|set|list|delete|confirm-store`: a small client of the
-//! admin fence API, for scripts and on-call humans. It talks to the admin URL
+//! `fencegate fence get|set|list|delete|confirm-store` and `fencegate lease
+//! acquire|renew|release|show`: a small client of the admin fence and lease
+//! APIs, for scripts and on-call humans. It talks to the admin URL
 //! it is given ([`AdminUrl`]), with the bearer token it is given; `main`
 //! decides where both come from (flags, environment, or the config).
 
@@ -211,9 +212,13 @@ impl AdminClient {
         let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         match status {
             StatusCode::UNAUTHORIZED => Err(CliError::Unauthorized { sent: self.token.is_some() }),
-            StatusCode::FORBIDDEN => Err(CliError::ChangesDisabled {
+            StatusCode::FORBIDDEN if target.starts_with("/fences") => Err(CliError::ChangesDisabled {
                 detail: value["detail"].as_str().unwrap_or("403 Forbidden").to_string(),
             }),
+            StatusCode::FORBIDDEN => Err(CliError::Refused(format!(
+                "the admin API answered 403 Forbidden: {}",
+                value["detail"].as_str().unwrap_or("no detail")
+            ))),
             _ => Ok((status, value)),
         }
     }
@@ -297,6 +302,66 @@ impl AdminClient {
         Ok(body["deleted"].as_u64().unwrap_or(0))
     }
 
+    /// `GET /leases?key=K`: the lease held now (JSON) or `Null`, and the mark.
+    pub async fn lease_show(&self, key: &str) -> Result<(Value, Option<u64>), CliError> {
+        let (status, body) = self.lease_call(Method::GET, key, None).await?;
+        if status != StatusCode::OK {
+            return Err(self.refused(status, &body));
+        }
+        Ok((body["lease"].clone(), body["mark"].as_u64()))
+    }
+
+    /// `POST /leases?key=K`: the lease granted, or the problem of one held
+    /// (423).
+    pub async fn lease_acquire(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Result<Value, Value>, CliError> {
+        let mut body = serde_json::json!({ "holder": holder, "ttl": show(ttl) });
+        if let Some(wait) = wait {
+            body["wait"] = show(wait).into();
+        }
+        self.lease_change(Method::POST, key, body, StatusCode::LOCKED).await
+    }
+
+    /// `PUT /leases?key=K`: the lease renewed, or the problem of one lost (409).
+    pub async fn lease_renew(&self, key: &str, token: u64, ttl: Duration) -> Result<Result<Value, Value>, CliError> {
+        let body = serde_json::json!({ "token": token, "ttl": show(ttl) });
+        self.lease_change(Method::PUT, key, body, StatusCode::CONFLICT).await
+    }
+
+    /// `DELETE /leases?key=K`: released, or the problem of one lost (409).
+    pub async fn lease_release(&self, key: &str, token: u64) -> Result<Result<Value, Value>, CliError> {
+        self.lease_change(Method::DELETE, key, serde_json::json!({ "token": token }), StatusCode::CONFLICT).await
+    }
+
+    async fn lease_change(
+        &self,
+        method: Method,
+        key: &str,
+        body: Value,
+        refusal: StatusCode,
+    ) -> Result<Result<Value, Value>, CliError> {
+        let (status, body) = self.lease_call(method, key, Some(body)).await?;
+        match status {
+            StatusCode::OK => Ok(Ok(body)),
+            s if s == refusal => Ok(Err(body)),
+            _ => Err(self.refused(status, &body)),
+        }
+    }
+
+    async fn lease_call(
+        &self,
+        method: Method,
+        key: &str,
+        body: Option<Value>,
+    ) -> Result<(StatusCode, Value), CliError> {
+        self.call_at(method, &format!("/leases?{}", encode(&[("key", key)])), body).await
+    }
+
     /// Every mark whose key starts with `prefix`, in key order, page by page.
     /// `each` may stop the listing with an error.
     pub async fn list(
@@ -325,6 +390,11 @@ impl AdminClient {
             }
         }
     }
+}
+
+/// A duration as the lease API reads it (`"1500ms"`).
+fn show(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
 }
 
 fn encode(params: &[(&str, &str)]) -> String {

@@ -308,3 +308,97 @@ async fn a_kill_during_acquisitions_never_lets_a_token_go_back() {
         drop(fg);
     }
 }
+
+/// `examples/lease_client.rs`, built by `cargo test` beside the binary.
+fn lease_client() -> std::path::PathBuf {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_fencegate"));
+    bin.parent().unwrap().join("examples").join("lease_client")
+}
+
+/// Two copies of the example worker add to one counter at once, in front of
+/// the demo's legacy store: every write lands on the value the one before
+/// left, so the counter ends at the sum of their writes, and each worker's
+/// tokens only go up.
+#[tokio::test]
+async fn the_example_workers_share_a_counter_and_lose_no_write() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let store = listener.local_addr().unwrap();
+    tokio::spawn(fencegate::demo::Store::default().serve(listener));
+    let routes = format!("[[route]]\nname = \"objects\"\nprefix = \"/objects/\"\nupstream = \"http://{store}\"\n");
+    let proxy = start_in_process(&config_text(&admin(), MEMORY_STORE, &routes)).await;
+    let workers: Vec<_> = ["w1", "w2"]
+        .into_iter()
+        .map(|holder| {
+            let child = std::process::Command::new(lease_client())
+                .args(["/objects/counter", holder, "15"])
+                .env("FENCEGATE_PROXY", proxy.url(""))
+                .env("FENCEGATE_ADMIN_URL", proxy.admin_url(""))
+                .env("FENCEGATE_ADMIN_TOKEN", SECRET)
+                .env("LEASE_TTL", "2s")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("run examples/lease_client (built by cargo test)");
+            tokio::task::spawn_blocking(move || child.wait_with_output())
+        })
+        .collect();
+    let mut values = Vec::new();
+    for worker in workers {
+        let out = tokio::time::timeout(Duration::from_secs(60), worker).await.expect("a worker hung").unwrap().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let lines = String::from_utf8(out.stdout).unwrap();
+        let writes: Vec<(u64, u64)> = lines
+            .lines()
+            .map(|l| {
+                let (token, value) = l.split_once(' ').unwrap();
+                (token.parse().unwrap(), value.parse().unwrap())
+            })
+            .collect();
+        assert_eq!(writes.len(), 15, "{lines}");
+        assert!(writes.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 < w[1].1), "{writes:?}");
+        values.extend(writes.into_iter().map(|(_, v)| v));
+    }
+    values.sort_unstable();
+    assert_eq!(values, (1..=30).collect::<Vec<_>>(), "every write built on the one before it");
+    let r = get(&proxy.url("/objects/counter")).await;
+    assert_eq!(r.text().trim(), "30");
+}
+
+/// `fencegate lease ...` as a shell script uses it: `acquire` prints the
+/// token alone, the proxy takes it, and a refusal is exit 1 with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_cli_prints_a_token_a_script_can_send() {
+    let up = RecordingUpstream::start().await;
+    let fg = Running::start(&config_text(&admin(), MEMORY_STORE, &objects(&up))).await;
+    let dir = TempDir::new();
+    let url = format!("http://{}", fg.admin);
+    let lease = |token: &str, args: &[&str]| {
+        let mut cmd = fencegate(dir.path());
+        cmd.env("FENCEGATE_ADMIN_URL", &url).env("FENCEGATE_ADMIN_TOKEN", token).arg("lease").args(args);
+        run_to_exit(&mut cmd)
+    };
+    let exited = |out: &std::process::Output, code: i32| {
+        assert_eq!(out.status.code(), Some(code), "stdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
+        (text(&out.stdout), text(&out.stderr))
+    };
+    assert_eq!(put(&fg.url(KEY), 9, "before").await.status, 200);
+    let (token, _) = exited(&lease(SECRET, &["acquire", KEY, "--holder", "script", "--ttl", "30s"]), 0);
+    assert_eq!(token, "10\n");
+    assert_eq!(put(&fg.url(KEY), 10, "with-the-lease").await.status, 200);
+    let (shown, _) = exited(&lease(SECRET, &["show", KEY]), 0);
+    assert!(shown.starts_with("script\t10\t"), "{shown}");
+    // Held: exit 1, who holds it on stderr; a wait that ends first, too.
+    let (_, why) = exited(&lease(SECRET, &["acquire", KEY, "--holder", "other", "--ttl", "5s", "--wait", "200ms"]), 1);
+    assert!(why.contains("'script' holds the lease"), "{why}");
+    let (said, _) = exited(&lease(SECRET, &["renew", KEY, "10", "--ttl", "40s"]), 0);
+    assert!(said.contains("lease 10 renewed"), "{said}");
+    let (_, why) = exited(&lease(SECRET, &["release", KEY, "9"]), 1);
+    assert!(why.contains("held by 'script' with token 10, not 9"), "{why}");
+    exited(&lease(SECRET, &["release", KEY, "10"]), 0);
+    assert_eq!(exited(&lease(SECRET, &["show", KEY]), 0).0, "none\n");
+    // A scoped token outside its prefixes: exit 2, the server's reason.
+    let (_, why) = exited(&lease(SCOPED, &["acquire", KEY, "--holder", "x", "--ttl", "1s"]), 2);
+    assert!(why.contains("403") && why.contains("prefixes"), "{why}");
+    let (token, _) = exited(&lease(SCOPED, &["acquire", "/objects/jobs/7", "--holder", "x", "--ttl", "1s"]), 0);
+    assert_eq!(token, "1\n");
+}

@@ -35,6 +35,7 @@ mod no_way_around;
 mod ordering;
 mod proxying;
 mod readiness;
+mod recipes;
 mod redis_shared;
 mod redis_tls;
 mod reload;

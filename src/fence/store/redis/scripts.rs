@@ -338,7 +338,10 @@ mod tests {
     fn every_script_is_found_and_carries_the_shared_part() {
         let scripts = split(SOURCE);
         let names: Vec<&str> = scripts.iter().map(|(name, _)| *name).collect();
-        assert_eq!(names, ["enter", "raise", "get", "list", "delete", "confirm", "hold", "held"]);
+        assert_eq!(
+            names,
+            ["enter", "raise", "get", "list", "delete", "confirm", "hold", "held", "lease", "swap_lease"]
+        );
         for (name, body) in &scripts {
             assert!(body.contains("local function below(a, b)"), "{name} lacks the shared part");
             assert!(!body.contains(HEADING), "{name} holds another script");
