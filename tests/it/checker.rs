@@ -14,6 +14,10 @@
 //! what it applied, in order. fencegate is killed with SIGKILL and started
 //! again on the same store in the middle of the run.
 //!
+//! One acquisition in ten takes its token from fencegate's lease API
+//! (`POST /leases`, a 300 ms lease, no wait) instead of the counter, through
+//! a replica at random; a lease held already is no lock this time.
+//!
 //! Then the history is checked:
 //! - per key, the upstream received and applied tokens in non-decreasing order
 //!   (no stale write), and never had writes of two different tokens to one
@@ -27,7 +31,11 @@
 //! - a fence never goes back: a request that got past the fence carried a token
 //!   at least as high as every token known to be fenced before it was sent;
 //! - nothing accepted is lost in a crash: after each restart, for each key, the
-//!   highest token the upstream applied minus one is refused with 409.
+//!   highest token the upstream applied minus one is refused with 409;
+//! - a lease's token is above every token known raised before it was asked
+//!   for, and no token is granted twice, whichever replica granted it (an
+//!   acquisition left without an answer may have raised the mark to a token
+//!   nobody saw: a 409 citing such a mark is explained by it).
 //!
 //! Two replicas (`two_replicas_on_redis`): the same, with two fencegate
 //! processes sharing their fences on one durable Redis the test starts
@@ -344,6 +352,10 @@ enum Kind {
     Write,
     /// A raise through the fence API (pre-fencing at lock acquisition).
     Fence,
+    /// A lease taken through the lease API (`POST /leases`): its token,
+    /// from the answer, is the mark once it is answered 200; an acquisition
+    /// with no answer may have raised the mark to a token nobody saw.
+    Lease,
     /// The checker's own write with a token that must be refused.
     Probe,
     /// A write whose client hangs up once the request is sent, answer unread.
@@ -414,7 +426,7 @@ impl Op {
     /// failed at the upstream after the fence let it pass, or raised through the API.
     fn raised(&self) -> bool {
         match (self.kind, self.code()) {
-            (Kind::Fence, Some(code)) => code == 200,
+            (Kind::Fence | Kind::Lease, Some(code)) => code == 200,
             (_, Some(200 | 500 | 502 | 504)) => true,
             _ => false,
         }
@@ -580,6 +592,46 @@ async fn prefence(
     finish(shared, op, result)
 }
 
+/// Takes the lease of `key` through the lease API of replica `via`: a short
+/// one (it runs out on its own), no wait. The op's token is the one granted
+/// (0 when none was).
+async fn lease(client: &Client<HttpConnector, Full<Bytes>>, shared: &Shared, via: usize, key: usize) -> Op {
+    let id = shared.next_op.fetch_add(1, Ordering::Relaxed);
+    let query = form_urlencoded::Serializer::new(String::new()).append_pair("key", &key_path(key)).finish();
+    let req = Request::post(format!("http://{}/leases?{query}", shared.target(via).admin))
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .body(Full::new(Bytes::from(format!("{{\"holder\": \"w{id}\", \"ttl\": \"300ms\"}}"))))
+        .unwrap();
+    let sent = Instant::now();
+    let exchange = async {
+        let resp = client.request(req).await.map_err(|e| format!("{e:?}"))?;
+        let code = resp.status().as_u16();
+        let body = resp.into_body().collect().await.map_err(|e| format!("reading the body: {e}"))?.to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        Ok::<_, String>((code, body["token"].as_u64(), body["type"].as_str().map(str::to_owned)))
+    };
+    let answer =
+        tokio::time::timeout(Duration::from_secs(20), exchange).await.map_err(|_| "no answer in 20 s".to_string());
+    let (token, result) = match answer.and_then(|a| a) {
+        Ok((code, token, problem)) => (
+            token.filter(|_| code == 200).unwrap_or(0),
+            Ok(Answer::Status { code, current: None, problem, waiting: None }),
+        ),
+        Err(e) => (0, Err(e)),
+    };
+    let op = Op {
+        id,
+        kind: Kind::Lease,
+        key,
+        token,
+        via,
+        sent,
+        done: Instant::now(),
+        answer: Answer::Failed(String::new()),
+    };
+    finish(shared, op, result)
+}
+
 fn finish(shared: &Shared, mut op: Op, result: Result<Answer, String>) -> Op {
     op.answer = match result {
         Ok(answer) => {
@@ -602,6 +654,22 @@ async fn writer(shared: Arc<Shared>, mut rng: StdRng) -> Vec<Op> {
         let (key, token, acquired, pause, fence_first, rude) = {
             let (key, token, acquired) = match held {
                 Some((key, token)) if rng.random_bool(0.6) => (key, token, false),
+                // Now and then the lock comes from fencegate's lease API:
+                // its token is the mark already (no pre-fencing needed).
+                _ if rng.random_bool(0.1) => {
+                    let key = rng.random_range(0..KEYS);
+                    let op = lease(&client, &shared, shared.pick(&mut rng), key).await;
+                    let granted = (op.code() == Some(200)).then_some(op.token);
+                    ops.push(op);
+                    let Some(token) = granted else {
+                        // Held, or no answer: no lock this time.
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    };
+                    // The lock service's tokens go on above the lease's.
+                    shared.lock_service[key].fetch_max(token, Ordering::SeqCst);
+                    (key, token, false)
+                }
                 _ => {
                     let key = rng.random_range(0..KEYS);
                     (key, shared.lock_service[key].fetch_add(1, Ordering::SeqCst) + 1, true)
@@ -1101,6 +1169,7 @@ async fn check_a_run(mode: Mode) {
     assert!(count(&|o| o.code() == Some(502)) > 0, "no hang-up: {report}");
     assert!(count(&|o| o.code() == Some(504)) > 0, "no timeout: {report}");
     assert!(count(&|o| o.kind == Kind::Fence && o.code() == Some(200)) > 0, "{report}");
+    assert!(count(&|o| o.kind == Kind::Lease && o.code() == Some(200)) > 0, "no lease was granted: {report}");
     assert!(history.shared > 0, "a holder's writes were never in flight together: {report}");
     if mode.replicas > 1 {
         assert!(handoffs(&ops, &history) > 0, "no key went from one token to another across replicas: {report}");
@@ -1133,8 +1202,15 @@ fn check(ops: &[Op], history: &History, marks: &[Option<Option<u64>>; KEYS]) -> 
         // that follow must still wait for the old holder's.
         let prefenced = ops
             .iter()
-            .filter(|o| o.kind == Kind::Fence && o.key == write.key && o.token == write.token && o.raised())
-            .map(|o| format!(", its token raised through the fence API of replica {} first (op {})", o.via, o.id))
+            .filter(|o| {
+                matches!(o.kind, Kind::Fence | Kind::Lease)
+                    && o.key == write.key
+                    && o.token == write.token
+                    && o.raised()
+            })
+            .map(|o| {
+                format!(", its token raised through the {:?} API of replica {} first (op {})", o.kind, o.via, o.id)
+            })
             .next()
             .unwrap_or_default();
         violations.push(format!(
@@ -1179,7 +1255,7 @@ fn check(ops: &[Op], history: &History, marks: &[Option<Option<u64>>; KEYS]) -> 
             violations.push(format!("sent twice: {w:?} reached the upstream again"));
         }
         match by_id.get(&w.op) {
-            Some(op) if op.turned_away() || op.kind == Kind::Fence => {
+            Some(op) if op.turned_away() || matches!(op.kind, Kind::Fence | Kind::Lease) => {
                 violations.push(format!("refused yet forwarded: {op:?} reached the upstream"))
             }
             Some(op) if op.kind == Kind::HalfBody => {
@@ -1196,7 +1272,7 @@ fn check(ops: &[Op], history: &History, marks: &[Option<Option<u64>>; KEYS]) -> 
         // Only the upstream answers a write with 200 or 500.
         let fate = history.fates.get(&op.id);
         match (op.kind, op.code(), fate) {
-            (Kind::Fence, ..)
+            (Kind::Fence | Kind::Lease, ..)
             | (_, Some(200), Some(Fate::Ok | Fate::TooSlow | Fate::Slow))
             | (_, Some(500), Some(Fate::Error { .. })) => {}
             (_, Some(200 | 500), _) => {
@@ -1223,6 +1299,12 @@ fn check(ops: &[Op], history: &History, marks: &[Option<Option<u64>>; KEYS]) -> 
         let first = first_sent.entry((op.key, op.token)).or_insert(op.sent);
         *first = (*first).min(op.sent);
     }
+    // A lease taken with no answer (fencegate killed, the store failing) may
+    // have raised the mark to a token no client saw.
+    let unseen_lease = |key: usize, before: Instant| {
+        ops.iter()
+            .any(|o| o.kind == Kind::Lease && o.key == key && o.sent < before && !matches!(o.code(), Some(200 | 423)))
+    };
     for op in ops.iter().filter(|o| o.code() == Some(409)) {
         let Answer::Status { current, waiting, .. } = op.answer else { unreachable!() };
         if let (None, Some(waiting)) = (current, waiting) {
@@ -1245,6 +1327,7 @@ fn check(ops: &[Op], history: &History, marks: &[Option<Option<u64>>; KEYS]) -> 
             Some(sent) if *sent < op.done => {}
             Some(_) => violations
                 .push(format!("unexplained 409: mark {current} was sent only after the 409 came back: {op:?}")),
+            None if unseen_lease(op.key, op.done) => {}
             None => {
                 // What became of the requests that carried it, if any did.
                 let carried: Vec<String> = ops
@@ -1257,6 +1340,20 @@ fn check(ops: &[Op], history: &History, marks: &[Option<Option<u64>>; KEYS]) -> 
                      the requests with token {current}: {carried:?}"
                 ))
             }
+        }
+    }
+
+    // A lease's token is above every token known raised before it was asked
+    // for, a lease's included: on any replica, none is granted twice.
+    let mut granted: HashMap<(usize, u64), &Op> = HashMap::new();
+    for lease in ops.iter().filter(|o| o.kind == Kind::Lease && o.code() == Some(200)) {
+        if let Some(other) = granted.insert((lease.key, lease.token), lease) {
+            violations.push(format!("lease token granted twice: {other:?} and {lease:?}"));
+        }
+        let before =
+            ops.iter().filter(|o| o.key == lease.key && o.raised() && o.done < lease.sent).max_by_key(|o| o.token);
+        if let Some(higher) = before.filter(|o| o.token >= lease.token) {
+            violations.push(format!("lease token not above a raised one: {lease:?} after {higher:?}"));
         }
     }
 
@@ -1277,7 +1374,9 @@ fn check(ops: &[Op], history: &History, marks: &[Option<Option<u64>>; KEYS]) -> 
         known.sort_by_key(|k| k.0);
         let mut passing: Vec<&Op> = ops
             .iter()
-            .filter(|o| o.key == key && o.kind != Kind::Fence && (passed.contains(&o.id) || o.raised()))
+            .filter(|o| {
+                o.key == key && !matches!(o.kind, Kind::Fence | Kind::Lease) && (passed.contains(&o.id) || o.raised())
+            })
             .collect();
         passing.sort_by_key(|o| o.sent);
         let (mut i, mut mark, mut proof) = (0, 0, None);
@@ -1304,7 +1403,8 @@ fn check(ops: &[Op], history: &History, marks: &[Option<Option<u64>>; KEYS]) -> 
         let Some(final_mark) = final_mark else { continue };
         let raised = ops.iter().filter(|o| o.key == key && o.raised()).map(|o| o.token).max();
         let possible = ops.iter().filter(|o| o.key == key && !o.refused()).map(|o| o.token).max();
-        if final_mark < raised || final_mark > possible {
+        let unbounded = unseen_lease(key, Instant::now());
+        if final_mark < raised || (final_mark > possible && !unbounded) {
             violations.push(format!(
                 "final mark: key {key} is at {final_mark:?}, but tokens raised reach {raised:?} and tokens sent \
                  {possible:?}"
