@@ -198,6 +198,10 @@ enum LeaseAction {
         /// How long to wait for a lease another holds (at most 60s).
         #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
         wait: Option<std::time::Duration>,
+        /// For a key written through a `strict` route: the fence is raised to
+        /// one below the token, so the holder's first write is above it.
+        #[arg(long)]
+        strict: bool,
     },
     /// Lengthen the lease of KEY held with TOKEN to TTL from now.
     Renew {
@@ -517,8 +521,8 @@ async fn lease_command(
         Ok(ExitCode::FAILURE)
     };
     match action {
-        LeaseAction::Acquire { key, holder, ttl, wait } => {
-            match client.lease_acquire(&key, &holder, ttl, wait).await? {
+        LeaseAction::Acquire { key, holder, ttl, wait, strict } => {
+            match client.lease_acquire(&key, &holder, (ttl, wait), strict).await? {
                 Ok(lease) => {
                     say!("{}", lease["token"]);
                     Ok(ExitCode::SUCCESS)

@@ -317,10 +317,10 @@ impl AdminClient {
         &self,
         key: &str,
         holder: &str,
-        ttl: Duration,
-        wait: Option<Duration>,
+        (ttl, wait): (Duration, Option<Duration>),
+        strict: bool,
     ) -> Result<Result<Value, Value>, CliError> {
-        let mut body = serde_json::json!({ "holder": holder, "ttl": show(ttl) });
+        let mut body = serde_json::json!({ "holder": holder, "ttl": show(ttl), "strict": strict });
         if let Some(wait) = wait {
             body["wait"] = show(wait).into();
         }

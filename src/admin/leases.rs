@@ -3,8 +3,8 @@
 //! the new one's first write.
 //!
 //! - `GET /leases?key=K` → `{"key", "lease": {...} | null, "mark": N | null}`
-//! - `POST /leases?key=K` with `{"holder": H, "ttl": "10s", "wait": "2s"}`
-//!   (`wait` optional) → 200 with the lease; a lease another holds → 423
+//! - `POST /leases?key=K` with `{"holder": H, "ttl": "10s", "wait": "2s",
+//!   "strict": false}` (`wait`, `strict` optional) → 200 with the lease; a lease another holds → 423
 //!   `lease-held` with who holds it and until when, and `Retry-After`.
 //! - `PUT /leases?key=K` with `{"token": N, "ttl": "10s"}` → renews; not the
 //!   holder's token, or a lease that ran out → 409 `lease-lost`.
@@ -178,10 +178,15 @@ async fn acquire(state: &AdminState, peer: SocketAddr, key: String, body: &[u8])
         holder: String,
         ttl: String,
         wait: Option<String>,
+        strict: Option<bool>,
     }
     let b = match super::json::object::<AcquireBody>(body) {
         Ok(b) => b,
-        Err(e) => return bad_body("{\"holder\": \"name\", \"ttl\": \"10s\", \"wait\": \"2s\"} (wait optional)", e),
+        Err(e) => {
+            let expected =
+                "{\"holder\": \"name\", \"ttl\": \"10s\", \"wait\": \"2s\", \"strict\": false} (wait, strict optional)";
+            return bad_body(expected, e);
+        }
     };
     if b.holder.is_empty() || b.holder.len() > MAX_HOLDER_BYTES || b.holder.chars().any(char::is_control) {
         let detail = format!("holder must be 1 to {MAX_HOLDER_BYTES} bytes of text with no control characters");
@@ -195,13 +200,14 @@ async fn acquire(state: &AdminState, peer: SocketAddr, key: String, body: &[u8])
         Ok(d) => d.unwrap_or_default(),
         Err(detail) => return problem(StatusCode::BAD_REQUEST, "Bad body", detail),
     };
-    match lease::acquire(&*state.store, &key, &b.holder, ttl, wait).await {
+    let asked = lease::Asked { holder: b.holder, ttl, wait, strict: b.strict.unwrap_or(false) };
+    match lease::acquire(&*state.store, &state.gate, &key, &asked).await {
         Ok(Acquired::Granted(record)) => {
             tracing::info!(target: "fencegate::audit", caller = %peer, key, holder = %record.holder, token = record.token, ttl_ms = ttl.as_millis() as u64, "lease acquired");
             json_response(StatusCode::OK, &lease_json(&key, &record))
         }
         Ok(Acquired::Held(record)) => {
-            tracing::info!(target: "fencegate::audit", caller = %peer, key, holder = %b.holder, held_by = %record.holder, "lease held by another");
+            tracing::info!(target: "fencegate::audit", caller = %peer, key, holder = %asked.holder, held_by = %record.holder, "lease held by another");
             let left = record.expires_ms.saturating_sub(now_ms());
             let detail = format!("'{}' holds the lease of '{key}' for {left} ms more", record.holder);
             Problem::new(ProblemType::LEASE_HELD, detail)
@@ -268,7 +274,6 @@ fn lost(peer: SocketAddr, what: &str, key: String, token: u64, now: Option<Lease
     tracing::info!(target: "fencegate::audit", caller = %peer, key, token, "lease {what} refused: not held with this token");
     let held = now.filter(|r| is_held(r, now_ms()));
     let detail = match &held {
-        Some(r) if r.token == token => format!("the lease of '{key}' with token {token} has run out"),
         Some(r) => format!("the lease of '{key}' is held by '{}' with token {}, not {token}", r.holder, r.token),
         None => format!("no lease of '{key}' is held with token {token}: it ran out or was released"),
     };
@@ -282,6 +287,6 @@ fn lost(peer: SocketAddr, what: &str, key: String, token: u64, now: Option<Lease
 fn failed(e: LeaseError) -> Response<Full<Bytes>> {
     match e {
         LeaseError::Exhausted => problem(StatusCode::CONFLICT, "No token left", e.to_string()),
-        LeaseError::Store(_) | LeaseError::Contended => unavailable(e.to_string()),
+        LeaseError::Store(_) | LeaseError::Contended | LeaseError::Busy => unavailable(e.to_string()),
     }
 }

@@ -402,3 +402,25 @@ async fn the_lease_cli_prints_a_token_a_script_can_send() {
     let (token, _) = exited(&lease(SCOPED, &["acquire", "/objects/jobs/7", "--holder", "x", "--ttl", "1s"]), 0);
     assert_eq!(token, "1\n");
 }
+
+/// On a `strict` route a token equal to the mark is refused: a lease taken
+/// with `"strict": true` leaves the mark one below its token, so the holder's
+/// write passes; one taken without it has no write to make.
+#[tokio::test]
+async fn a_strict_lease_lets_its_holder_write_through_a_strict_route() {
+    let up = RecordingUpstream::start().await;
+    let strict = route("objects", "/objects/", &up, "strict = true");
+    let proxy = start_in_process(&config_text(&admin(), MEMORY_STORE, &strict)).await;
+    let url = leases_url(&proxy.admin_url(""), KEY);
+    let plain = granted(&acquire(&url, "plain", "1s").await, KEY, "plain");
+    assert_stale(&put(&proxy.url(KEY), plain, "equal to the mark").await);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = call("POST", &url, SECRET, json!({ "holder": "strict", "ttl": "30s", "strict": true })).await;
+    let token = granted(&r, KEY, "strict");
+    assert_eq!(token, plain + 2);
+    assert_eq!(get(&url).await.json()["mark"], plain + 1);
+    assert_eq!(put(&proxy.url(KEY), token, "above the mark").await.status, 200);
+    assert_stale(&put(&proxy.url(KEY), token, "once per token").await);
+    assert_stale(&put(&proxy.url(KEY), plain, "the old holder").await);
+    assert_eq!(applied_tokens(&up), [token]);
+}

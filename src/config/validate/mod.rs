@@ -67,13 +67,13 @@ fn admin(s: &AdminSection, p: &mut Problems) -> AdminConfig {
             }
             Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
         },
-        lease_tokens: lease_tokens(s.lease_tokens.as_deref().unwrap_or_default(), p),
+        lease_tokens: lease_tokens(s.lease_tokens.as_deref().unwrap_or_default(), s.auth_token.as_ref(), p),
     }
 }
 
 /// `[[admin.lease_tokens]]`: each a non-empty token and at least one
 /// non-empty prefix (a token for every key is `auth_token`).
-fn lease_tokens(sections: &[LeaseTokenSection], p: &mut Problems) -> Vec<LeaseToken> {
+fn lease_tokens(sections: &[LeaseTokenSection], admin_token: Option<&String>, p: &mut Problems) -> Vec<LeaseToken> {
     let mut tokens = Vec::with_capacity(sections.len());
     for (i, s) in sections.iter().enumerate() {
         let field = |name: &str| format!("admin.lease_tokens[{i}].{name}");
@@ -82,6 +82,8 @@ fn lease_tokens(sections: &[LeaseTokenSection], p: &mut Problems) -> Vec<LeaseTo
             p.add(field("token"), "a bearer token is required (a non-empty string)");
         } else if sections[..i].iter().any(|before| before.token == s.token) {
             p.add(field("token"), "the same token is given twice: give it once, with all its prefixes");
+        } else if token.is_some() && token.as_ref() == admin_token {
+            p.add(field("token"), "is the admin auth_token, which takes leases on every key (and changes fences)");
         }
         let prefixes = s.prefixes.clone().unwrap_or_default();
         if prefixes.is_empty() {
@@ -189,6 +191,10 @@ mod tests {
                 "admin.lease_tokens[2].prefixes"
             ]
         );
+        let text = format!(
+            "[admin]\nauth_token = \"t\"\n[[admin.lease_tokens]]\ntoken = \"t\"\nprefixes = [\"/j/\"]\n{MINIMAL}"
+        );
+        assert_eq!(fields(&text), ["admin.lease_tokens[0].token"], "the admin token is no lease token");
         let text = format!("[[admin.lease_tokens]]\ntoken = \"t\"\nprefixes = [\"/jobs/\", \"/q/\"]\n{MINIMAL}");
         let c = Config::from_toml_str(&text).unwrap();
         assert!(c.admin.lease_tokens[0].covers("/q/1") && !c.admin.lease_tokens[0].covers("/other"));

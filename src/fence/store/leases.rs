@@ -102,6 +102,18 @@ mod tests {
         assert!(leases.is_empty());
     }
 
+    /// The swap compares a record read back, encoded again, with the bytes
+    /// the store holds: they must be the bytes written, whatever the holder.
+    #[test]
+    fn a_record_read_back_encodes_to_the_bytes_written() {
+        for holder in ["w1", "wörker \u{1F512}", "tab\there \"quoted\" back\\slash", "\u{7f}\u{2028}"] {
+            let written =
+                LeaseRecord { token: u64::MAX - 1, holder: holder.into(), expires_ms: 1_700_000_000_123 }.encode();
+            let read = LeaseRecord::decode("etcd", written.as_bytes()).unwrap();
+            assert_eq!(read.encode(), written, "{holder:?}");
+        }
+    }
+
     #[test]
     fn a_record_reads_back_as_written_and_anything_else_is_refused() {
         let r = LeaseRecord { token: u64::MAX, holder: "w \"1\"".into(), expires_ms: 7 };

@@ -102,7 +102,7 @@ pub(super) fn upper_bound(prefix: &str) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    const TAGS: [&str; 6] = [MARK, FLIGHT, WAIT, SHARED, INDEX, IDENTITY];
+    const TAGS: [&str; 7] = [MARK, FLIGHT, WAIT, SHARED, LEASE, INDEX, IDENTITY];
 
     #[test]
     fn names_are_the_prefix_a_tag_and_the_key_as_it_is() {
