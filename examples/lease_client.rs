@@ -22,7 +22,8 @@
 //! Environment: `FENCEGATE_PROXY` (default `http://127.0.0.1:8080`),
 //! `FENCEGATE_ADMIN_URL` (default `http://127.0.0.1:9901`),
 //! `FENCEGATE_ADMIN_TOKEN` (a bearer token that covers KEY: the admin token
-//! or one of `[[admin.lease_tokens]]`), `LEASE_TTL` (default `5s`).
+//! or one of `[[admin.lease_tokens]]`), `LEASE_TTL` (default `5s`), `WORK`
+//! (how long each step's work takes before its write, default none).
 //! It prints one line per write, `TOKEN VALUE`, and exits 0 once WRITES
 //! writes have landed.
 
@@ -50,6 +51,7 @@ struct Worker {
     key: String,
     holder: String,
     ttl: Duration,
+    work: Duration,
 }
 
 /// An answer: its status and body.
@@ -161,8 +163,9 @@ impl Worker {
                     eprintln!("renewal failed: stop writing with token {token}, take a new lease");
                     break;
                 }
-                // Read, then compute from what was read.
+                // Read, then compute from what was read (and work on it).
                 let value = self.read().await? + 1;
+                tokio::time::sleep(self.work).await;
                 if !self.write(token, value).await? {
                     // (3) A newer holder: no retry of this write, ever.
                     eprintln!("write with token {token} refused as stale: take a new lease and read again");
@@ -205,6 +208,13 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let work = match humantime::parse_duration(&env_or("WORK", "0s")) {
+        Ok(work) => work,
+        Err(e) => {
+            eprintln!("WORK: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let worker = Arc::new(Worker {
         http: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
         proxy: env_or("FENCEGATE_PROXY", "http://127.0.0.1:8080"),
@@ -213,6 +223,7 @@ async fn main() -> ExitCode {
         key: key.clone(),
         holder: holder.clone(),
         ttl,
+        work,
     });
     match worker.run(writes).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -315,6 +315,59 @@ fn lease_client() -> std::path::PathBuf {
     bin.parent().unwrap().join("examples").join("lease_client")
 }
 
+/// The example worker's lease is taken from it mid-run (released with its
+/// token, which is no secret, and acquired by another who writes): its next
+/// write is refused, or its renewal fails, and it takes a new lease and reads
+/// again. Nothing it computed before the theft lands after it.
+#[tokio::test]
+async fn the_example_worker_that_loses_its_lease_reads_again_and_loses_no_write() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let store = listener.local_addr().unwrap();
+    tokio::spawn(fencegate::demo::Store::default().serve(listener));
+    let routes = format!("[[route]]\nname = \"objects\"\nprefix = \"/objects/\"\nupstream = \"http://{store}\"\n");
+    let proxy = start_in_process(&config_text(&admin(), MEMORY_STORE, &routes)).await;
+    let key = "/objects/counter";
+    let child = std::process::Command::new(lease_client())
+        .args([key, "worker", "20"])
+        .env("FENCEGATE_PROXY", proxy.url(""))
+        .env("FENCEGATE_ADMIN_URL", proxy.admin_url(""))
+        .env("FENCEGATE_ADMIN_TOKEN", SECRET)
+        .env("LEASE_TTL", "3s")
+        .env("WORK", "40ms")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run examples/lease_client (built by cargo test)");
+    let worker = tokio::task::spawn_blocking(move || child.wait_with_output());
+    // Mid-run: the lease changes hands, and the new holder sets the counter.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let url = leases_url(&proxy.admin_url(""), key);
+    let held = get(&url).await.json()["lease"]["token"].as_u64().expect("the worker holds the lease");
+    assert_eq!(call("DELETE", &url, SECRET, json!({ "token": held })).await.status, 200);
+    let thief = granted(&acquire(&url, "thief", "30s").await, key, "thief");
+    assert_eq!(put(&proxy.url(key), thief, "1000").await.status, 200);
+    assert_eq!(call("DELETE", &url, SECRET, json!({ "token": thief })).await.status, 200);
+
+    let out = tokio::time::timeout(Duration::from_secs(60), worker).await.expect("the worker hung").unwrap().unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("take a new lease"), "the worker never noticed: {stderr}");
+    let values: Vec<u64> = stdout.lines().map(|l| l.split_once(' ').unwrap().1.parse().unwrap()).collect();
+    assert_eq!(values.len(), 20, "{stdout}");
+    let after = values.iter().position(|v| *v > 1000).expect("no write after the theft");
+    assert_eq!(values[after], 1001, "the first write after the theft read the thief's value: {values:?}");
+    assert!(
+        values[..after].iter().all(|v| *v < 1000) && values[after..].windows(2).all(|w| w[1] == w[0] + 1),
+        "{values:?}"
+    );
+    let last = *values.last().unwrap();
+    assert_eq!(
+        get(&proxy.url(key)).await.text().trim(),
+        last.to_string(),
+        "a write computed before the theft landed after it"
+    );
+}
+
 /// Two copies of the example worker add to one counter at once, in front of
 /// the demo's legacy store: every write lands on the value the one before
 /// left, so the counter ends at the sum of their writes, and each worker's
