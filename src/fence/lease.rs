@@ -192,7 +192,9 @@ async fn raise<St: FenceStore + ?Sized>(
                     Ok(Entered::TimedOut) => return Err((LeaseError::Busy, record)),
                     Err(e) => return Err((e.into(), record)),
                 };
-                // The write in flight this raise recorded, and the turn, end here.
+                // The record of this raise in the store ends before the turn
+                // passes on: the next write of the key finds neither.
+                drop(entered);
                 drop(turn);
                 match ahead {
                     None => return Ok(Some(record)),
