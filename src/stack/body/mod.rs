@@ -23,7 +23,7 @@ mod plan;
 use crate::http::{BudgetFull, ReadError};
 use crate::stack::error::ProxyError;
 
-pub(crate) use plan::{plan, Budgets, Plan, Reading};
+pub(crate) use plan::{plan, Budgets, Plan};
 
 impl From<BudgetFull> for ProxyError {
     fn from(full: BudgetFull) -> Self {

@@ -2,8 +2,8 @@
 //! streams), or a read of the whole body within the budgets and the route's
 //! `timeout`.
 
-use std::future::{poll_fn, Future};
-use std::pin::{pin, Pin};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
@@ -72,48 +72,48 @@ pub(crate) fn plan(checked: Checked<ClientBody>, budgets: &Budgets) -> Result<Pl
 }
 
 impl Plan {
-    /// The request with its body ready to go on.
-    pub(crate) async fn ready(self) -> Result<Checked<RequestBody>, Rejection> {
-        match self {
-            Plan::Ready(checked) => Ok(checked),
-            Plan::Read(reading) => reading.read().await,
-        }
+    /// The request with its body ready to go on: a future that holds the
+    /// plan itself, so awaiting it moves nothing but its answer.
+    pub(crate) fn ready(self) -> Ready {
+        Ready { plan: Some(self), deadline: None }
     }
 }
 
-impl Reading {
-    /// Reads on. The deadline is made at the read's first wait, in
-    /// `deadline` (the caller's, kept beside the reading so it is polled in
-    /// place): most bodies come with their head, and need no timer at all.
-    /// Ready with `Ok` once the body is whole: then [`into_checked`](Self::into_checked).
-    pub(crate) fn poll_read(
-        &mut self,
-        mut deadline: Pin<&mut Option<Sleep>>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(), Rejection>> {
-        let failed = match self.reader.poll_read(cx) {
-            Poll::Ready(Ok(())) => return Poll::Ready(Ok(())),
-            Poll::Ready(Err(e)) => ProxyError::from(e),
-            Poll::Pending => {
-                if deadline.is_none() {
-                    deadline.set(Some(tokio::time::sleep(self.timeout)));
+/// [`Plan::ready`]'s future. Its deadline is made at the read's first wait,
+/// boxed: most bodies come with their head and need no timer at all, and
+/// without one inline the future is `Unpin`, so its owner polls it where it
+/// is rather than moving it to await it.
+pub(crate) struct Ready {
+    plan: Option<Plan>,
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl Future for Ready {
+    type Output = Result<Checked<RequestBody>, Rejection>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let Some(Plan::Read(reading)) = this.plan.as_mut() {
+            let failed = match reading.reader.poll_read(cx) {
+                Poll::Ready(Ok(())) => None,
+                Poll::Ready(Err(e)) => Some(ProxyError::from(e)),
+                Poll::Pending => {
+                    let timeout = reading.timeout;
+                    ready!(this
+                        .deadline
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)))
+                        .as_mut()
+                        .poll(cx));
+                    Some(ProxyError::BodyTimeout(timeout))
                 }
-                ready!(deadline.as_mut().as_pin_mut().expect("set just above").poll(cx));
-                ProxyError::BodyTimeout(self.timeout)
+            };
+            if let Some(failed) = failed {
+                return Poll::Ready(Err(reading.checked.rejection(failed)));
             }
-        };
-        Poll::Ready(Err(self.checked.rejection(failed)))
-    }
-
-    /// The request with the body read whole.
-    pub(crate) fn into_checked(self) -> Checked<RequestBody> {
-        let Reading { reader, checked, .. } = self;
-        checked.with_body(reader.into_body())
-    }
-
-    async fn read(mut self) -> Result<Checked<RequestBody>, Rejection> {
-        let mut deadline = pin!(None::<Sleep>);
-        poll_fn(|cx| self.poll_read(deadline.as_mut(), cx)).await?;
-        Ok(self.into_checked())
+        }
+        Poll::Ready(match this.plan.take().expect("Ready polled after it was done") {
+            Plan::Ready(checked) => Ok(checked),
+            Plan::Read(Reading { reader, checked, .. }) => Ok(checked.with_body(reader.into_body())),
+        })
     }
 }

@@ -41,10 +41,10 @@ use http::{Request, Response};
 use tokio::time::Sleep;
 use tower::Service;
 
-use super::body::{plan, Budgets, Plan, Reading};
+use super::body::{plan, Budgets, Plan};
 use super::error::Rejection;
 use super::forward::Forwarder;
-use super::head::{check_head, check_marks, marks_at_hand, Checked};
+use super::head::{check_head, check_marks, marks_at_hand};
 use super::header_rate::HeaderRate;
 use super::router::route_request;
 use super::turn::{self, ResponseFuture};
@@ -114,13 +114,13 @@ where
 {
     type Response = Response<ProxyBody>;
     type Error = Rejection;
-    type Future = PipelineFuture<F, St>;
+    type Future = PipelineFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<ClientBody>) -> PipelineFuture<F, St> {
+    fn call(&mut self, request: Request<ClientBody>) -> PipelineFuture {
         let connection = &*self.connection;
         if let Err(e) = header_count::check(request.headers(), connection.max_headers) {
             return PipelineFuture::refused(e.into(), None);
@@ -141,116 +141,77 @@ where
             Ok(checked) => checked,
             Err(rejection) => return PipelineFuture::refused(on_route(rejection, &tag), None),
         };
-        match marks_at_hand(&*connection.store, checked.fence.as_mut(), &checked.routed.route) {
-            Some(Err(rejection)) => PipelineFuture::refused(on_route(rejection, &tag), None),
+        let version = checked.routed.request.version();
+        let inner = match marks_at_hand(&*connection.store, checked.fence.as_mut(), &checked.routed.route) {
+            Some(Err(rejection)) => return PipelineFuture::refused(on_route(rejection, &tag), None),
             Some(Ok(())) => match plan(checked, &connection.budgets) {
-                Err(rejection) => PipelineFuture::refused(on_route(rejection, &tag), None),
-                Ok(Plan::Ready(checked)) => PipelineFuture::Deciding { inner: self.fenced(checked), tag },
-                Ok(Plan::Read(reading)) => {
-                    PipelineFuture::Reading { reading: Some(reading), deadline: None, next: Some(self.next()), tag }
+                Err(rejection) => return PipelineFuture::refused(on_route(rejection, &tag), None),
+                Ok(Plan::Ready(checked)) => turn::fenced(self.forward.clone(), self.store(), self.gate(), checked),
+                // A body to read whole: read in the fence's own future, which
+                // is boxed, so the one every layer above moves stays small.
+                Ok(reading) => {
+                    turn::fenced_after(self.forward.clone(), self.store(), self.gate(), version, reading.ready())
                 }
             },
-            // A mark to read first: the rest waits for it, in one future.
+            // A mark to read first: the rest waits for it, in one future
+            // (boxed, as the fence's future polls what it waits for in place).
             None => {
                 let connection = self.connection.clone();
-                let version = checked.routed.request.version();
-                let ready = async move {
+                let ready = Box::pin(async move {
                     check_marks(&*connection.store, checked.fence.as_ref(), &checked.routed.route).await?;
                     plan(checked, &connection.budgets)?.ready().await
-                };
-                let connection = &*self.connection;
-                let (store, gate) = (connection.store.clone(), connection.gate.clone());
-                let inner = turn::fenced_after(self.forward.clone(), store, gate, version, ready);
-                PipelineFuture::Deciding { inner, tag }
+                });
+                turn::fenced_after(self.forward.clone(), self.store(), self.gate(), version, ready)
             }
-        }
+        };
+        PipelineFuture::Deciding { inner, tag }
     }
 }
 
-impl<F, St> Pipeline<F, St>
-where
-    F: Forwarder<RequestBody>,
-    St: FenceStore,
-{
-    /// The turn and the forward of a request whose body is ready.
-    fn fenced(&self, checked: Checked<RequestBody>) -> ResponseFuture {
-        let Next { forward, store, gate } = self.next();
-        turn::fenced(forward, store, gate, checked)
+impl<F, St> Pipeline<F, St> {
+    fn store(&self) -> Arc<St> {
+        self.connection.store.clone()
     }
 
-    /// What the turn and the forward take, for a request whose body is read
-    /// first: taken once, not the pipeline's handles and then these.
-    fn next(&self) -> Next<F, St> {
-        let connection = &*self.connection;
-        Next { forward: self.forward.clone(), store: connection.store.clone(), gate: connection.gate.clone() }
+    fn gate(&self) -> Arc<KeyGate> {
+        self.connection.gate.clone()
     }
-}
-
-/// What the turn and the forward of one request take: the connection's
-/// forwarder and the process's store and gate.
-pub(crate) struct Next<F, St> {
-    forward: F,
-    store: Arc<St>,
-    gate: Arc<KeyGate>,
 }
 
 pin_project_lite::pin_project! {
-    /// The response future: a refusal made from the head, a fenced body
-    /// being read (polled in place: most come with their head), or the
-    /// fence's own future. Every answer from routing on is tagged with the
-    /// request's route.
+    /// The response future: a refusal made from the head, or the fence's
+    /// own future (boxed: it reads a fenced body, waits for the key's turn
+    /// and forwards). Every answer from routing on is tagged with the
+    /// request's route. Small, as every layer above moves it: the refusal
+    /// is boxed too.
     #[project = PipelineProj]
-    pub(crate) enum PipelineFuture<F, St> {
-        Refused { rejection: Option<Rejection>, after: Option<Pin<Box<Sleep>>> },
-        Reading {
-            reading: Option<Reading>,
-            #[pin]
-            deadline: Option<Sleep>,
-            next: Option<Next<F, St>>,
-            tag: Option<RouteTag>,
-        },
+    pub(crate) enum PipelineFuture {
+        Refused { rejection: Option<Box<Rejection>>, after: Option<Pin<Box<Sleep>>> },
         Deciding { #[pin] inner: ResponseFuture, tag: Option<RouteTag> },
     }
 }
 
-impl<F, St> PipelineFuture<F, St> {
+impl PipelineFuture {
     /// Refused, the refusal held back `after` a while (the header rate's).
     fn refused(rejection: Rejection, after: Option<Duration>) -> Self {
         let after = after.map(|wait| Box::pin(tokio::time::sleep(wait)));
-        PipelineFuture::Refused { rejection: Some(rejection), after }
+        PipelineFuture::Refused { rejection: Some(Box::new(rejection)), after }
     }
 }
 
-impl<F, St> Future for PipelineFuture<F, St>
-where
-    F: Forwarder<RequestBody>,
-    St: FenceStore,
-{
+impl Future for PipelineFuture {
     type Output = Result<Response<ProxyBody>, Rejection>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let (inner, tag) = match self.as_mut().project() {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
             PipelineProj::Refused { rejection, after } => {
                 if let Some(after) = after {
                     ready!(after.as_mut().poll(cx));
                 }
-                return Poll::Ready(Err(rejection.take().expect("the fence's future polled after it was done")));
+                Poll::Ready(Err(*rejection.take().expect("the fence's future polled after it was done")))
             }
-            PipelineProj::Deciding { inner, tag } => return tagged(ready!(inner.poll(cx)), tag),
-            PipelineProj::Reading { reading, deadline, next, tag } => {
-                let read =
-                    reading.as_mut().expect("the fence's future polled after it was done").poll_read(deadline, cx);
-                let read = ready!(read);
-                let reading = reading.take().expect("taken only here");
-                if let Err(rejection) = read {
-                    return tagged(Err(rejection), tag);
-                }
-                let Next { forward, store, gate } = next.take().expect("taken only here");
-                (turn::fenced(forward, store, gate, reading.into_checked()), tag.take())
-            }
-        };
-        self.set(PipelineFuture::Deciding { inner, tag });
-        self.poll(cx)
+            PipelineProj::Deciding { inner, tag } => tagged(ready!(inner.poll(cx)), tag),
+        }
     }
 }
 

@@ -14,11 +14,12 @@ use crate::http::ProxyBody;
 use crate::stack::error::Rejection;
 
 pin_project_lite::pin_project! {
-    /// [`Rescue`]'s response future.
+    /// [`Rescue`]'s response future. (The rare answer to a panic in `call`
+    /// is boxed: every layer above moves this future.)
     #[project = RescueProj]
     pub enum RescueFuture<F> {
         Running { #[pin] inner: F },
-        Panicked { response: Option<Response<ProxyBody>> },
+        Panicked { response: Option<Box<Response<ProxyBody>>> },
     }
 }
 
@@ -38,7 +39,7 @@ where
                 Err(panic) => Poll::Ready(Ok(panic_response(panic))),
             },
             RescueProj::Panicked { response } => {
-                Poll::Ready(Ok(response.take().expect("RescueFuture polled after it was done")))
+                Poll::Ready(Ok(*response.take().expect("RescueFuture polled after it was done")))
             }
         }
     }

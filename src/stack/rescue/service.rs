@@ -45,7 +45,7 @@ where
     fn call(&mut self, req: R) -> Self::Future {
         match catch_unwind(AssertUnwindSafe(|| self.inner.call(req))) {
             Ok(inner) => RescueFuture::Running { inner },
-            Err(panic) => RescueFuture::Panicked { response: Some(panic_response(panic)) },
+            Err(panic) => RescueFuture::Panicked { response: Some(Box::new(panic_response(panic))) },
         }
     }
 }

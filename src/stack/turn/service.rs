@@ -5,7 +5,7 @@
 //! when the outcome is unknown.
 
 use std::future::{poll_fn, Future};
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,14 +60,14 @@ where
 }
 
 /// [`fenced`], for a request over HTTP `version` that `ready` must make
-/// ready first (a mark read from the store, a body read whole): the rare
-/// path, in one future with the rest.
+/// ready first (a fenced body read whole, a mark read from the store), in
+/// one future with the rest.
 pub(crate) fn fenced_after<F, St, B>(
     forward: F,
     store: Arc<St>,
     gate: Arc<KeyGate>,
     version: http::Version,
-    ready: impl Future<Output = Result<Checked<B>, Rejection>> + Send + 'static,
+    mut ready: impl Future<Output = Result<Checked<B>, Rejection>> + Send + Unpin + 'static,
 ) -> ResponseFuture
 where
     F: Forwarder<B>,
@@ -77,7 +77,8 @@ where
     let taken = forward.slot_flag(version);
     let slot = taken.clone();
     ResponseFuture::new(Some(taken), move || async move {
-        let Checked { routed, fence } = ready.await?;
+        // Polled where the block keeps it: an `.await` would move it first.
+        let Checked { routed, fence } = poll_fn(|cx| Pin::new(&mut ready).poll(cx)).await?;
         match fence {
             Some(fence) => take_turn_and_forward(forward, store, gate, routed, fence, slot).await,
             None => forward_unfenced(forward, routed).await,
