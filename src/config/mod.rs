@@ -50,7 +50,10 @@ pub use route::{
 pub use secrets::{load_admin_token, load_signing_key, SecretError, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};
 pub use signing_key::SigningKey;
 pub use size::{parse_size, Size, SizeError};
-pub use tls::{pem_certificates, pem_private_key, PemError, PlatformRoots, TlsError, UpstreamTls, UpstreamTlsFiles};
+pub use tls::{
+    earliest_expiry, pem_certificates, pem_private_key, PemError, PlatformRoots, TlsError, UpstreamExpiry, UpstreamTls,
+    UpstreamTlsFiles,
+};
 
 use secrets::SecretSources;
 

@@ -133,7 +133,9 @@ impl Fencegate {
             }
             _ => KeyGate::default(),
         };
-        let metrics = Metrics::new(config.routes.iter().map(|r| &*r.name), store.stats());
+        let metrics =
+            Metrics::new(config.routes.iter().map(|r| &*r.name), store.stats()).with_store_calls(store.call_stats());
+        metrics.certificates().upstreams(&config.routes);
         let routes = RouteTable::new(config.routes.iter().map(|r| Route::in_service(r, &metrics, None)));
         let shared = Arc::new(Shared {
             metrics: Arc::new(metrics),
@@ -219,8 +221,10 @@ impl Fencegate {
         // connections cannot take the proxy's descriptors. One spare
         // descriptor lets either answer when the process runs out.
         let spare = Arc::new(Spare::new());
-        let proxy_connections = Connections::new("proxy", server.max_connections, spare.clone());
-        let admin_connections = Connections::new("admin", config.admin.max_connections, spare);
+        let proxy_connections = Connections::new("proxy", server.max_connections, spare.clone())
+            .counted(shared.metrics.connections("proxy"));
+        let admin_connections =
+            Connections::new("admin", config.admin.max_connections, spare).counted(shared.metrics.connections("admin"));
 
         // The admin listener answers throughout, on its own thread (`/readyz`
         // says 503 once draining).

@@ -125,6 +125,7 @@ impl Reloader {
             new.routes.iter().map(|route| Route::in_service(route, metrics, serving.named(&route.name).map(|r| &**r))),
         );
         self.shared.routes.replace(table);
+        metrics.certificates().upstreams(&new.routes);
         // After a confirm of a shared store, writes are held as long as a
         // write of these routes may be in flight.
         self.shared.store.set_write_lease(longest_write_lease(new.routes.iter().map(WriteBounds::from)));

@@ -30,9 +30,10 @@ impl AccessLog {
         let route = decision.and_then(|d| d.route.as_ref());
         let outcome = decision.map(|d| d.outcome).unwrap_or(Outcome::Internal);
         let settled = decision.is_some_and(|d| d.settled);
+        let status = response.status().as_u16();
         match route {
-            Some(route) => route.0.record(outcome, latency.as_secs_f64(), settled),
-            None => self.metrics.record_unrouted(outcome, latency.as_secs_f64(), settled),
+            Some(route) => route.0.record(outcome, status, latency.as_secs_f64(), settled),
+            None => self.metrics.record_unrouted(outcome, status, latency.as_secs_f64(), settled),
         }
         let line = Line {
             route: route.map(|r| r.0.name()).unwrap_or(NO_ROUTE_LABEL),
