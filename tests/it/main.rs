@@ -32,6 +32,7 @@ mod fuzz_regressions;
 mod leases;
 mod limits;
 mod no_way_around;
+mod observability;
 mod ordering;
 mod proxying;
 mod readiness;
