@@ -15,6 +15,7 @@ mod descriptors;
 mod guard;
 mod listener;
 mod penalty;
+mod proxy_header;
 mod reload;
 mod signals;
 mod watch;
