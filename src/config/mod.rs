@@ -21,6 +21,7 @@
 //! [`Config::load`], the binary's loader, runs both.
 
 mod defaults;
+mod effective;
 mod file;
 mod model;
 mod problems;
@@ -35,10 +36,11 @@ use std::ops::Deref;
 use std::path::Path;
 
 pub use defaults::{DEFAULT_CACHE_KEYS, DEFAULT_FENCES_PATH};
+pub use effective::{Written, PUBLIC_FIELDS, REDACTED, SECRET_FIELDS};
 pub use file::FileConfig;
 pub use model::{
-    AdminConfig, Config, EtcdConfig, FencesConfig, LeaseToken, LogConfig, LogFormat, RedisConfig, RefusalDrain,
-    ServerConfig, StoreKind, TlsFiles,
+    AdminConfig, Config, EtcdConfig, FencesConfig, LeaseToken, LogConfig, LogFormat, ProxyProtocol, RedisConfig,
+    RefusalDrain, ServerConfig, StoreKind, TlsFiles,
 };
 pub use problems::{ConfigError, ConfigProblem, MAX_DURATION};
 #[cfg(test)]

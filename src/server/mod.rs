@@ -15,6 +15,7 @@ mod descriptors;
 mod guard;
 mod listener;
 mod penalty;
+mod proxy_header;
 mod reload;
 mod signals;
 mod watch;
@@ -153,8 +154,14 @@ impl Fencegate {
         });
         let auth_token = Arc::new(arc_swap::ArcSwapOption::from(config.admin.auth_token.clone().map(Arc::new)));
         let lease_tokens = Arc::new(arc_swap::ArcSwap::from_pointee(config.admin.lease_tokens.clone()));
-        let reloader =
-            Arc::new(Reloader::new(shared.clone(), auth_token.clone(), lease_tokens.clone(), config.clone()));
+        let in_force = Arc::new(arc_swap::ArcSwap::from_pointee(config.clone()));
+        let reloader = Arc::new(Reloader::new(
+            shared.clone(),
+            auth_token.clone(),
+            lease_tokens.clone(),
+            in_force.clone(),
+            config.clone(),
+        ));
         let state = Arc::new(AdminState {
             store: shared.store.clone(),
             gate: shared.gate.clone(),
@@ -163,6 +170,7 @@ impl Fencegate {
             draining: AtomicBool::new(false),
             auth_token,
             lease_tokens,
+            in_force,
             max_key_bytes: config.fences.max_key_bytes,
         });
         Ok(Fencegate { config, proxy, admin, state, shared, tls, reloader, reloads: None })
