@@ -3,6 +3,8 @@
 // The global allocator, shared with the benchmarks and the hyper floor so
 // they measure what ships.
 mod allocator;
+// `--check` and `--print`.
+mod config_command;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,6 +40,11 @@ struct Cli {
     /// Validate the config, print every problem with its field, and exit.
     #[arg(long)]
     check: bool,
+    /// Print the configuration in force (every field, defaults filled in,
+    /// secrets redacted) as TOML, and exit; a config that does not validate
+    /// fails as with --check.
+    #[arg(long)]
+    print: bool,
     /// Log format; overrides `[log] format`.
     #[arg(long, value_enum)]
     log_format: Option<LogFormatArg>,
@@ -251,32 +258,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if cli.check {
-        // The TLS files are read as at start: a certificate that does not
-        // load fails the check.
-        if let Some(files) = &config.server.tls {
-            if let Err(e) = fencegate::ServerTls::load(files) {
-                eprintln!("{}: {e}", cli.config.display());
-                return ExitCode::from(2);
-            }
-        }
-        for route in &config.routes {
-            if let Some(why) = route.upstream_tls.as_ref().and_then(|t| t.no_roots()) {
-                eprintln!(
-                    "{}: warning: route '{}': {why}; its https upstream cannot be verified until ca_file is set \
-                     or the system's CA certificates are installed",
-                    cli.config.display(),
-                    route.name
-                );
-            }
-        }
-        let ok = format!(
-            "{}: OK ({} route{})\n",
-            cli.config.display(),
-            config.routes.len(),
-            if config.routes.len() == 1 { "" } else { "s" }
-        );
-        return print_bytes(ok.as_bytes(), "the check's answer");
+    if cli.check || cli.print {
+        return config_command::check_or_print(&cli.config, &config, cli.print);
     }
     let format = match cli.log_format {
         Some(LogFormatArg::Json) => LogFormat::Json,

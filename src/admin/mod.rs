@@ -1,5 +1,5 @@
-//! The admin listener: health, readiness, metrics, the fence API and the
-//! lease API.
+//! The admin listener: health, readiness, metrics, the configuration in
+//! force, the fence API and the lease API.
 //!
 //! The CLI's client of the fence API lives here too ([`client`]), beside the
 //! endpoints it calls.
@@ -8,6 +8,7 @@
 //! probes never share a port, a connection limit or a failure mode with traffic.
 
 pub mod client;
+mod config;
 mod fences;
 mod json;
 pub mod leases;
@@ -44,6 +45,9 @@ pub(crate) struct AdminState {
     pub auth_token: Arc<arc_swap::ArcSwapOption<String>>,
     /// Bearer tokens for the lease API on some keys; a reload may change them.
     pub lease_tokens: Arc<arc_swap::ArcSwap<Vec<crate::config::LeaseToken>>>,
+    /// The configuration in force, for `GET /config`: a reload that is
+    /// applied replaces it.
+    pub in_force: Arc<arc_swap::ArcSwap<crate::config::Config>>,
     /// Longest key the fence API takes (`[fences] max_key_bytes`), as the proxy.
     pub max_key_bytes: usize,
 }
@@ -56,7 +60,7 @@ pub(crate) async fn handle(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path();
     let allowed: &[Method] = match path {
-        "/healthz" | "/readyz" | "/metrics" => &[Method::GET, Method::HEAD],
+        "/healthz" | "/readyz" | "/metrics" | "/config" => &[Method::GET, Method::HEAD],
         "/fences" => &[Method::GET, Method::HEAD, Method::PUT, Method::DELETE],
         "/fences/store/confirm" => &[Method::POST],
         "/leases" => &[Method::GET, Method::HEAD, Method::POST, Method::PUT, Method::DELETE],
@@ -76,6 +80,7 @@ pub(crate) async fn handle(
         "/healthz" => text(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into()),
         "/readyz" => readiness(&state, verbose(req.uri().query())),
         "/metrics" => metrics(&state),
+        "/config" => config::handle(&state, peer, &req),
         "/fences/store/confirm" => fences::confirm_store(&state, peer, &req).await,
         "/leases" => leases::handle(&state, peer, req).await,
         _ => fences::handle(&state, peer, req).await,
@@ -189,6 +194,12 @@ mod tests {
             draining: AtomicBool::new(false),
             auth_token: Arc::new(arc_swap::ArcSwapOption::empty()),
             lease_tokens: Arc::new(arc_swap::ArcSwap::from_pointee(Vec::new())),
+            in_force: Arc::new(arc_swap::ArcSwap::from_pointee(
+                crate::config::Config::from_toml_str(crate::config::tests::MINIMAL)
+                    .unwrap()
+                    .read_secrets_with(None)
+                    .unwrap(),
+            )),
             max_key_bytes: 1024,
         }
     }

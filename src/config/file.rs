@@ -4,13 +4,16 @@
 //! instead of silently falling back to a default. Values stay close to their text
 //! form here (durations and addresses are strings, sizes a [`Size`] as written);
 //! validation turns them into typed values and reports every problem at once.
+//!
+//! The same structs, serialized, are the effective configuration that
+//! `fencegate --print` and the admin `GET /config` show (effective.rs).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::size::Size;
 
 /// The whole file.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     #[serde(default)]
@@ -26,7 +29,7 @@ pub struct FileConfig {
 }
 
 /// `[server]`: the proxy listener.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSection {
     pub listen: Option<String>,
@@ -46,11 +49,13 @@ pub struct ServerSection {
     pub refusal_drain_bytes: Option<Size>,
     pub refusal_drain_time: Option<String>,
     pub refusal_drain_silence: Option<String>,
+    pub proxy_protocol: Option<String>,
+    pub trusted_proxies: Option<Vec<String>>,
     pub tls: Option<TlsSection>,
 }
 
 /// `[server.tls]`: TLS for client connections.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsSection {
     pub cert: Option<String>,
@@ -59,7 +64,7 @@ pub struct TlsSection {
 }
 
 /// `[admin]`: health, readiness, metrics.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminSection {
     pub listen: Option<String>,
@@ -70,7 +75,7 @@ pub struct AdminSection {
 }
 
 /// `[[admin.lease_tokens]]`: a bearer token for the lease API on some keys.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseTokenSection {
     pub token: Option<String>,
@@ -78,7 +83,7 @@ pub struct LeaseTokenSection {
 }
 
 /// `[fences]`: where marks are kept.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FencesSection {
     pub store: Option<String>,
@@ -101,7 +106,7 @@ pub struct FencesSection {
 }
 
 /// `[log]`: tracing output.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSection {
     pub format: Option<String>,
@@ -109,7 +114,7 @@ pub struct LogSection {
 }
 
 /// One `[[route]]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteSection {
     pub name: Option<String>,
@@ -118,6 +123,7 @@ pub struct RouteSection {
     pub pattern: Option<String>,
     pub key: Option<String>,
     /// Replaced by `safe_methods`; still read so the problem can say so.
+    #[serde(skip_serializing)]
     pub fenced_methods: Option<toml::Value>,
     pub safe_methods: Option<Vec<String>>,
     pub escaped_slashes: Option<String>,

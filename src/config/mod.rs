@@ -21,6 +21,7 @@
 //! [`Config::load`], the binary's loader, runs both.
 
 mod defaults;
+mod effective;
 mod file;
 mod model;
 mod problems;
@@ -35,10 +36,11 @@ use std::ops::Deref;
 use std::path::Path;
 
 pub use defaults::{DEFAULT_CACHE_KEYS, DEFAULT_FENCES_PATH};
+pub use effective::{Written, PUBLIC_FIELDS, REDACTED, SECRET_FIELDS};
 pub use file::FileConfig;
 pub use model::{
-    AdminConfig, Config, EtcdConfig, FencesConfig, LeaseToken, LogConfig, LogFormat, RedisConfig, RefusalDrain,
-    ServerConfig, StoreKind, TlsFiles,
+    AdminConfig, Config, EtcdConfig, FencesConfig, LeaseToken, LogConfig, LogFormat, ProxyProtocol, RedisConfig,
+    RefusalDrain, ServerConfig, StoreKind, TlsFiles,
 };
 pub use problems::{ConfigError, ConfigProblem, MAX_DURATION};
 #[cfg(test)]
@@ -50,7 +52,10 @@ pub use route::{
 pub use secrets::{load_admin_token, load_signing_key, SecretError, ADMIN_TOKEN_ENV, MIN_SIGNING_KEY_BYTES};
 pub use signing_key::SigningKey;
 pub use size::{parse_size, Size, SizeError};
-pub use tls::{pem_certificates, pem_private_key, PemError, PlatformRoots, TlsError, UpstreamTls, UpstreamTlsFiles};
+pub use tls::{
+    earliest_expiry, pem_certificates, pem_private_key, PemError, PlatformRoots, TlsError, UpstreamExpiry, UpstreamTls,
+    UpstreamTlsFiles,
+};
 
 use secrets::SecretSources;
 

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::effective::Written;
 use super::route::RouteConfig;
 
 /// A validated configuration: everything here is known to be usable.
@@ -18,6 +19,8 @@ pub struct Config {
     pub fences: FencesConfig,
     pub log: LogConfig,
     pub routes: Vec<RouteConfig>,
+    /// The file this was validated from, for [`Config::effective`].
+    pub written: Written,
 }
 
 /// The proxy listener.
@@ -63,8 +66,45 @@ pub struct ServerConfig {
     /// How much of a request body fencegate reads and discards after refusing
     /// the request before its body ended, so the client reads the refusal.
     pub refusal_drain: RefusalDrain,
+    /// Whether each proxy connection starts with a PROXY protocol header,
+    /// whose source address is then the connection's client.
+    pub proxy_protocol: ProxyProtocol,
+    /// Addresses whose `X-Forwarded-For` is believed: a request from one
+    /// (its peer, or its PROXY header's source) is the client's that the
+    /// rightmost address of `X-Forwarded-For` outside these names.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     /// TLS for client connections; `None`: plain HTTP.
     pub tls: Option<TlsFiles>,
+}
+
+/// `[server] proxy_protocol`: which PROXY protocol header (HAProxy's) every
+/// proxy connection must start with. Not `Off`, a connection without one (or
+/// with one of the other version, malformed, or too long) is closed before
+/// anything else is read, as HAProxy's `accept-proxy` and nginx's
+/// `proxy_protocol` do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProxyProtocol {
+    /// No header: the TCP peer is the client.
+    #[default]
+    Off,
+    /// The text header, `PROXY TCP4 ...\r\n`.
+    V1,
+    /// The binary header.
+    V2,
+    /// Either.
+    Any,
+}
+
+impl ProxyProtocol {
+    /// The config file's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyProtocol::Off => "off",
+            ProxyProtocol::V1 => "v1",
+            ProxyProtocol::V2 => "v2",
+            ProxyProtocol::Any => "any",
+        }
+    }
 }
 
 /// The bounds of the drain that follows a refusal sent before its request's

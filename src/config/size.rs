@@ -11,7 +11,7 @@
 use std::fmt;
 
 use serde::de::{self, Deserializer, Visitor};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize, Serializer};
 
 /// A size field as written, before validation reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,6 +99,21 @@ impl<'de> Deserialize<'de> for Size {
         }
 
         deserializer.deserialize_any(SizeVisitor)
+    }
+}
+
+/// As written: an integer stays an integer (a string when past what a TOML
+/// integer holds, which [`parse_size`] reads back), a string a string.
+impl Serialize for Size {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Size::Bytes(n) => match i64::try_from(*n) {
+                Ok(n) => serializer.serialize_i64(n),
+                Err(_) => serializer.serialize_str(&n.to_string()),
+            },
+            Size::Negative(n) => serializer.serialize_i64(*n),
+            Size::Text(text) => serializer.serialize_str(text),
+        }
     }
 }
 

@@ -59,6 +59,18 @@ pub fn pem_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, PemE
     Ok(certs)
 }
 
+/// The earliest notAfter of `certs`, in seconds since the Unix epoch: when
+/// the first of them expires (a chain stops verifying when any link does).
+/// `None` when none of them parses as X.509, which rustls would then refuse
+/// anyway.
+pub fn earliest_expiry(certs: &[CertificateDer<'_>]) -> Option<i64> {
+    certs
+        .iter()
+        .filter_map(|der| x509_parser::parse_x509_certificate(der).ok())
+        .map(|(_, cert)| cert.validity().not_after.timestamp())
+        .min()
+}
+
 /// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
 pub fn pem_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, PemError> {
     PrivateKeyDer::from_pem_slice(pem).map_err(PemError::PrivateKey)
@@ -91,6 +103,18 @@ pub struct UpstreamTls {
     /// Set when the route trusts the platform's roots and none were found:
     /// what was wrong, for the start-up warning and each failure's log line.
     no_roots: Option<Arc<str>>,
+    /// When the certificates of the files read expire, for the metrics.
+    expiry: UpstreamExpiry,
+}
+
+/// When an https route's certificate files expire: the earliest notAfter of
+/// each file's certificates, in seconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UpstreamExpiry {
+    /// `ca_file`'s, when the route names one.
+    pub ca_file: Option<i64>,
+    /// `client_cert`'s, when the route names one.
+    pub client_cert: Option<i64>,
 }
 
 impl std::fmt::Debug for UpstreamTls {
@@ -110,7 +134,7 @@ impl UpstreamTls {
     /// validation makes, so it never touches the disk. With `http2`, ALPN
     /// offers `h2` alone, and a handshake that does not select it fails.
     pub fn named(name: ServerName<'static>, files: UpstreamTlsFiles, http2: bool) -> UpstreamTls {
-        UpstreamTls { name, files, http2, client: None, no_roots: None }
+        UpstreamTls { name, files, http2, client: None, no_roots: None, expiry: UpstreamExpiry::default() }
     }
 
     /// Whether the route speaks HTTP/2 to the upstream.
@@ -134,6 +158,11 @@ impl UpstreamTls {
         self.client.is_some()
     }
 
+    /// When the certificates of the files read expire (nothing before they are read).
+    pub fn expiry(&self) -> UpstreamExpiry {
+        self.expiry
+    }
+
     /// The reason every handshake of this route will fail, if there is one
     /// known at start: it trusts the platform's roots, and there are none.
     pub fn no_roots(&self) -> Option<&str> {
@@ -145,10 +174,13 @@ impl UpstreamTls {
     /// field whose file it is.
     pub fn read(&self, platform: &mut PlatformRoots) -> Result<UpstreamTls, TlsError> {
         let files = &self.files;
+        let mut expiry = UpstreamExpiry::default();
         let (roots, no_roots) = match &files.ca_file {
             Some(path) => {
                 let mut roots = RootCertStore::empty();
-                for ca in pem_certificates(&read("ca_file", path)?).map_err(|e| TlsError::new("ca_file", e))? {
+                let cas = pem_certificates(&read("ca_file", path)?).map_err(|e| TlsError::new("ca_file", e))?;
+                expiry.ca_file = earliest_expiry(&cas);
+                for ca in cas {
                     roots.add(ca).map_err(|e| {
                         TlsError::new("ca_file", format!("'{}': not a usable CA certificate: {e}", path.display()))
                     })?;
@@ -166,6 +198,7 @@ impl UpstreamTls {
             (Some(cert), Some(key)) => {
                 let chain = pem_certificates(&read("client_cert", cert)?)
                     .map_err(|e| TlsError::new("client_cert", format!("'{}': {e}", cert.display())))?;
+                expiry.client_cert = earliest_expiry(&chain);
                 let key_der = pem_private_key(&read("client_key", key)?)
                     .map_err(|e| TlsError::new("client_key", format!("'{}': {e}", key.display())))?;
                 builder.with_client_auth_cert(chain, key_der).map_err(|e| {
@@ -181,7 +214,7 @@ impl UpstreamTls {
             (None, Some(_)) => return Err(TlsError::new("client_cert", "is required with client_key")),
         };
         config.alpn_protocols = vec![if self.http2 { b"h2".to_vec() } else { b"http/1.1".to_vec() }];
-        Ok(UpstreamTls { client: Some(Arc::new(config)), no_roots, ..self.clone() })
+        Ok(UpstreamTls { client: Some(Arc::new(config)), no_roots, expiry, ..self.clone() })
     }
 }
 
@@ -263,7 +296,9 @@ mod tests {
             Some(path)
         };
         let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["client".to_string()]).unwrap().self_signed(&key).unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["client".to_string()]).unwrap();
+        params.not_after = rcgen::date_time_ymd(2031, 5, 6);
+        let cert = params.self_signed(&key).unwrap();
         let other_key = rcgen::KeyPair::generate().unwrap();
         let field = |files: UpstreamTlsFiles| {
             let mut roots = PlatformRoots::from_certs(Vec::new(), Vec::new());
@@ -275,6 +310,11 @@ mod tests {
             client_key: write("k.pem", &key.serialize_pem()),
         };
         assert_eq!(field(good.clone()), Ok(()));
+        let mut roots = PlatformRoots::from_certs(Vec::new(), Vec::new());
+        let read = UpstreamTls::named(name(), good.clone(), false).read(&mut roots).unwrap();
+        // 2031-05-06T00:00:00Z
+        let not_after = 1_935_792_000;
+        assert_eq!(read.expiry(), UpstreamExpiry { ca_file: Some(not_after), client_cert: Some(not_after) });
         let missing = Some(tmp.path().join("missing.pem"));
         assert_eq!(field(UpstreamTlsFiles { ca_file: missing.clone(), ..good.clone() }), Err("ca_file"));
         assert_eq!(field(UpstreamTlsFiles { ca_file: write("bad.pem", "not PEM"), ..good.clone() }), Err("ca_file"));

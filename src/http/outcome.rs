@@ -129,7 +129,7 @@ pub struct RouteTag(pub Arc<dyn RouteLabel>);
 pub trait RouteLabel: std::fmt::Debug + Send + Sync {
     fn name(&self) -> &str;
 
-    /// Counts one finished request of this route; `settled`: its key was
-    /// held for a settle period after it.
-    fn record(&self, outcome: Outcome, seconds: f64, settled: bool);
+    /// Counts one finished request of this route, answered with `status`;
+    /// `settled`: its key was held for a settle period after it.
+    fn record(&self, outcome: Outcome, status: u16, seconds: f64, settled: bool);
 }

@@ -1,9 +1,10 @@
 //! Prometheus metrics, all named `fencegate_*`.
 //!
 //! Per-route handles are made when a route table is put in service and ride
-//! with each request's route, so recording a request costs three atomic adds
-//! to its worker's own shard (shards.rs) and no label hashing or lock, and a
-//! request routed by a table a reload has since replaced is still counted
+//! with each request's route, so recording a request costs four atomic adds
+//! to its worker's own shard (shards.rs: its outcome, its status class and
+//! the latency histogram's bucket and sum) and no label hashing or lock, and
+//! a request routed by a table a reload has since replaced is still counted
 //! under its own route.
 
 use std::sync::atomic::AtomicI64;
@@ -15,11 +16,15 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::fence::store::CommitStats;
+use crate::fence::store::{CallStats, CommitStats};
 use crate::http::Outcome;
 
+mod certificates;
+mod handles;
 mod latency;
 mod shards;
+pub use certificates::CertificateExpiry;
+pub use handles::{ConnectionCount, HeldBack, OpenConnection, Reloads, TlsReloads};
 use latency::Latency;
 use shards::Count;
 
@@ -34,22 +39,48 @@ struct RouteLabel {
     route: String,
 }
 
+/// The status classes of `fencegate_responses_total`, in the order of
+/// [`RouteMetrics::by_class`]: a status's hundreds digit, less one.
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResponseLabels {
+    route: String,
+    status_class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabel {
+    listener: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    arch: &'static str,
+    os: &'static str,
+}
+
 /// The label used for requests that matched no route.
 pub const NO_ROUTE_LABEL: &str = "none";
 
 /// One route's request counters, latency histogram and settles.
 pub struct RouteMetrics {
     by_outcome: Vec<Count>,
+    /// In [`STATUS_CLASSES`] order.
+    by_class: [Count; 5],
     duration: Latency,
     settles: Count,
 }
 
 impl RouteMetrics {
-    /// Records one finished request; `settled`: its key was held for a
-    /// settle period after it.
-    pub fn record(&self, outcome: Outcome, seconds: f64, settled: bool) {
+    /// Records one finished request, answered with `status`; `settled`: its
+    /// key was held for a settle period after it.
+    pub fn record(&self, outcome: Outcome, status: u16, seconds: f64, settled: bool) {
         // `by_outcome` is in `Outcome::ALL` order, which is declaration order.
         self.by_outcome[outcome as usize].inc();
+        // A status is 100..=999 (http's StatusCode): past 5xx counts as 5xx.
+        self.by_class[usize::from(status / 100).clamp(1, 5) - 1].inc();
         self.duration.observe(seconds);
         if settled {
             self.settles.inc();
@@ -60,6 +91,7 @@ impl RouteMetrics {
     pub fn detached() -> Arc<RouteMetrics> {
         Arc::new(RouteMetrics {
             by_outcome: Outcome::ALL.iter().map(|_| Count::default()).collect(),
+            by_class: Default::default(),
             duration: Latency::default(),
             settles: Count::default(),
         })
@@ -75,6 +107,7 @@ impl std::fmt::Debug for RouteMetrics {
 /// The series of every route, by name.
 struct RouteFamilies {
     requests: Family<RequestLabels, Count>,
+    responses: Family<ResponseLabels, Count>,
     duration: Family<RouteLabel, Latency>,
     settles: Family<RouteLabel, Count>,
 }
@@ -87,6 +120,9 @@ impl RouteFamilies {
                 .iter()
                 .map(|o| self.requests.get_or_create(&RequestLabels { route: name.to_string(), outcome: *o }).clone())
                 .collect(),
+            by_class: STATUS_CLASSES.map(|status_class| {
+                self.responses.get_or_create(&ResponseLabels { route: name.to_string(), status_class }).clone()
+            }),
             duration: self.duration.get_or_create(&label).clone(),
             settles: self.settles.get_or_create(&label).clone(),
         })
@@ -110,33 +146,8 @@ pub struct Metrics {
     tls_handshake_failures: Counter,
     reloads: Reloads,
     tls_reloads: TlsReloads,
-}
-
-/// `fencegate_tls_reloads_total{outcome}`: TLS files read again after a
-/// change, and served (`applied`) or not (`refused`: the last good ones serve).
-#[derive(Clone, Debug)]
-pub struct TlsReloads {
-    pub applied: Counter,
-    pub refused: Counter,
-}
-
-/// `fencegate_config_reloads_total{outcome}`: config reloads applied, and
-/// refused because the new config does not validate or changes what only a
-/// restart can (server/reload.rs).
-#[derive(Clone, Debug)]
-pub struct Reloads {
-    pub applied: Counter,
-    pub invalid: Counter,
-    pub restart_needed: Counter,
-}
-
-/// `fencegate_abuse_total{what}`: connections closed for abuse (`strike`),
-/// and new connections of the addresses struck held back before they were
-/// served (`held`; server/penalty.rs).
-#[derive(Clone, Debug)]
-pub struct HeldBack {
-    pub held: Counter,
-    pub strikes: Counter,
+    connections: Family<ListenerLabel, Gauge<i64, AtomicI64>>,
+    certificates: CertificateExpiry,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -189,12 +200,18 @@ impl Metrics {
     pub fn new<'a>(route_names: impl IntoIterator<Item = &'a str>, store: Option<&CommitStats>) -> Self {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Count>::default();
+        let responses = Family::<ResponseLabels, Count>::default();
         // 100 µs .. ~52 s (latency.rs)
         let duration = Family::<RouteLabel, Latency>::default();
         registry.register(
             "fencegate_requests",
             format!("Requests by route and outcome ({})", Outcome::ALL.map(Outcome::as_str).join(", ")),
             requests.clone(),
+        );
+        registry.register(
+            "fencegate_responses",
+            "Responses by route and status class (1xx .. 5xx), fencegate's own refusals and the upstream's answers alike",
+            responses.clone(),
         );
         registry.register(
             "fencegate_request_duration_seconds",
@@ -207,7 +224,7 @@ impl Metrics {
             "Fenced writes whose outcome was unknown (upstream timeout or connection lost after sending), after which the key was held for the route's settle period",
             settles.clone(),
         );
-        let families = RouteFamilies { requests, duration, settles };
+        let families = RouteFamilies { requests, responses, duration, settles };
         // Every configured route's series exist from the start, at zero.
         for name in route_names {
             families.route(name);
@@ -284,7 +301,32 @@ impl Metrics {
         let tls_reload = |outcome: &str| tls_reloads.get_or_create(&OutcomeLabel { outcome: outcome.into() }).clone();
         let applied = tls_reload("applied");
         let refused = tls_reload("refused");
-        let tls_reloads = TlsReloads { applied, refused };
+        let certificates = CertificateExpiry::register(&mut registry);
+        let tls_reloads = TlsReloads { applied, refused, certificates: certificates.clone() };
+        let build_info = Family::<BuildLabels, Gauge<i64, AtomicI64>>::default();
+        registry.register(
+            "fencegate_build_info",
+            "Always 1: the version of fencegate running, and the CPU architecture and OS it was built for",
+            build_info.clone(),
+        );
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+                arch: std::env::consts::ARCH,
+                os: std::env::consts::OS,
+            })
+            .set(1);
+        let connections = Family::<ListenerLabel, Gauge<i64, AtomicI64>>::default();
+        registry.register(
+            "fencegate_open_connections",
+            "Client connections open now, by listener (proxy, admin): from accept to close, TLS handshakes and \
+             connections held back included",
+            connections.clone(),
+        );
+        for listener in ["proxy", "admin"] {
+            // At zero from the start, so a dashboard shows the listener before its first connection.
+            let _ = connections.get_or_create(&ListenerLabel { listener });
+        }
         let tls_handshake_failures = Counter::default();
         registry.register(
             "fencegate_tls_handshake_failures",
@@ -347,7 +389,44 @@ impl Metrics {
             tls_handshake_failures,
             reloads,
             tls_reloads,
+            connections,
+            certificates,
         }
+    }
+
+    /// Adds the `fencegate_store_*{store}` series of a store reached over
+    /// the network (Redis, etcd): its round trips, reconnects and trust.
+    pub fn with_store_calls(mut self, calls: Option<&CallStats>) -> Self {
+        let Some(calls) = calls else { return self };
+        let registry = self.registry.sub_registry_with_label(("store".into(), calls.store.into()));
+        registry.register(
+            "fencegate_store_roundtrip_seconds",
+            "Time from a call to the shared fence store to its answer (Redis: with WAIT when min_replicas asks for \
+             it; etcd: one member's answer), for calls answered without error",
+            calls.roundtrip_seconds.clone(),
+        );
+        registry.register(
+            "fencegate_store_reconnects",
+            "Times the shared fence store answered again after calls to it had failed or timed out",
+            calls.reconnects.clone(),
+        );
+        registry.register(
+            "fencegate_store_trusted",
+            "1 while this replica trusts the shared fence store; 0 from the moment it finds the store lost what it \
+             acknowledged (identity lost or changed, a mark or revision gone back) until an operator confirms it",
+            calls.trusted.clone(),
+        );
+        self
+    }
+
+    /// `fencegate_open_connections{listener}` of the listener named `listener` (`proxy`, `admin`).
+    pub fn connections(&self, listener: &'static str) -> ConnectionCount {
+        ConnectionCount::new(self.connections.get_or_create(&ListenerLabel { listener }).clone())
+    }
+
+    /// `fencegate_tls_certificate_expiry_timestamp_seconds`.
+    pub fn certificates(&self) -> CertificateExpiry {
+        self.certificates.clone()
     }
 
     /// `fencegate_tls_reloads_total`, kept by the TLS files' watch.
@@ -369,8 +448,8 @@ impl Metrics {
 
     /// Records one finished request that matched no route, as
     /// [`RouteMetrics::record`] does a routed one.
-    pub fn record_unrouted(&self, outcome: Outcome, seconds: f64, settled: bool) {
-        self.no_route.record(outcome, seconds, settled);
+    pub fn record_unrouted(&self, outcome: Outcome, status: u16, seconds: f64, settled: bool) {
+        self.no_route.record(outcome, status, seconds, settled);
     }
 
     /// `fencegate_abuse_total`, kept by the proxy listener.
@@ -411,13 +490,16 @@ mod tests {
     fn records_by_route_and_outcome() {
         let m = Metrics::new(["objects", "blobs"], None);
         let (objects, blobs) = (m.route("objects"), m.route("blobs"));
-        objects.record(Outcome::Stale, 0.001, false);
-        objects.record(Outcome::Stale, 0.001, false);
-        blobs.record(Outcome::Forwarded, 0.002, false);
-        blobs.record(Outcome::UpstreamTimeout, 0.002, true);
-        m.record_unrouted(Outcome::NoRoute, 0.0001, false);
+        objects.record(Outcome::Stale, 409, 0.001, false);
+        objects.record(Outcome::Stale, 409, 0.001, false);
+        blobs.record(Outcome::Forwarded, 201, 0.002, false);
+        blobs.record(Outcome::UpstreamTimeout, 504, 0.002, true);
+        m.record_unrouted(Outcome::NoRoute, 404, 0.0001, false);
         // A route put in service again (a reload) counts on where it was.
-        m.route("objects").record(Outcome::Stale, 0.001, false);
+        m.route("objects").record(Outcome::Stale, 409, 0.001, false);
+        let proxy = m.connections("proxy");
+        let (_one, two) = (proxy.opened(), proxy.opened());
+        drop(two);
         let text = m.encode(Snapshot {
             store_writable: false,
             tracked_keys: 3,
@@ -435,5 +517,35 @@ mod tests {
         assert!(text.contains("fencegate_waiting_requests 2"), "{text}");
         assert!(text.contains("fencegate_buffered_bytes 5"), "{text}");
         assert!(text.contains(r#"fencegate_request_duration_seconds_count{route="objects"} 3"#), "{text}");
+        assert!(text.contains(r#"fencegate_responses_total{route="objects",status_class="4xx"} 3"#), "{text}");
+        assert!(text.contains(r#"fencegate_responses_total{route="blobs",status_class="5xx"} 1"#), "{text}");
+        assert!(text.contains(r#"fencegate_responses_total{route="none",status_class="4xx"} 1"#), "{text}");
+        assert!(text.contains(r#"fencegate_open_connections{listener="proxy"} 1"#), "{text}");
+        assert!(text.contains(r#"fencegate_open_connections{listener="admin"} 0"#), "{text}");
+        let version = env!("CARGO_PKG_VERSION");
+        assert!(text.contains(&format!(r#"fencegate_build_info{{version="{version}","#)), "{text}");
+    }
+
+    #[test]
+    fn a_shared_store_shows_its_calls_under_its_name_and_certificates_follow_what_is_served() {
+        let calls = CallStats::new("etcd");
+        calls.answered(std::time::Duration::from_millis(3));
+        calls.trusts(false);
+        let m = Metrics::new(["objects"], None).with_store_calls(Some(&calls));
+        m.tls_reloads().served_certificates(Some(1_900_000_000), None);
+        let text = m.encode(Snapshot {
+            store_writable: true,
+            tracked_keys: 0,
+            cached_keys: 0,
+            active_keys: 0,
+            waiting: 0,
+            buffered_bytes: 0,
+        });
+        assert!(text.contains(r#"fencegate_store_roundtrip_seconds_count{store="etcd"} 1"#), "{text}");
+        assert!(text.contains(r#"fencegate_store_trusted{store="etcd"} 0"#), "{text}");
+        assert!(text.contains(r#"fencegate_store_reconnects_total{store="etcd"} 0"#), "{text}");
+        let served = r#"fencegate_tls_certificate_expiry_timestamp_seconds{certificate="served",route=""} 1900000000"#;
+        assert!(text.contains(served), "{text}");
+        assert!(!text.contains(r#"certificate="client_ca""#), "no client CA, no series: {text}");
     }
 }

@@ -43,8 +43,8 @@ impl RouteLabel for Route {
         &self.config.name
     }
 
-    fn record(&self, outcome: Outcome, seconds: f64, settled: bool) {
-        self.metrics.record(outcome, seconds, settled);
+    fn record(&self, outcome: Outcome, status: u16, seconds: f64, settled: bool) {
+        self.metrics.record(outcome, status, seconds, settled);
     }
 }
 

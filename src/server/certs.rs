@@ -22,7 +22,7 @@ use rustls_pki_types::CertificateDer;
 use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
-use crate::config::{pem_certificates, pem_private_key, TlsError, TlsFiles};
+use crate::config::{earliest_expiry, pem_certificates, pem_private_key, TlsError, TlsFiles};
 use crate::metrics::TlsReloads;
 use crate::server::watch::{watch_dirs_of, DirWatch};
 
@@ -54,14 +54,35 @@ pub struct ServerTls {
     /// as they were changes nothing), or the last refused set (not logged
     /// again until it changes).
     seen: Mutex<Material>,
+    /// When the certificates `current` serves expire.
+    expiry: Mutex<Expiry>,
+}
+
+/// When the served chain and the client CA bundle expire: the earliest
+/// notAfter of each file's certificates, in seconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Expiry {
+    pub cert: Option<i64>,
+    /// `None` also without `client_ca`.
+    pub client_ca: Option<i64>,
 }
 
 impl ServerTls {
     /// Reads and checks the files named in `[server.tls]`.
     pub fn load(files: &TlsFiles) -> Result<ServerTls, TlsError> {
         let material = read(files)?;
-        let config = build(&material)?;
-        Ok(ServerTls { files: files.clone(), current: RwLock::new(Arc::new(config)), seen: Mutex::new(material) })
+        let (config, expiry) = build(&material)?;
+        Ok(ServerTls {
+            files: files.clone(),
+            current: RwLock::new(Arc::new(config)),
+            seen: Mutex::new(material),
+            expiry: Mutex::new(expiry),
+        })
+    }
+
+    /// When the certificates served now expire.
+    pub fn expiry(&self) -> Expiry {
+        *self.expiry.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The acceptor for the next connection.
@@ -83,8 +104,9 @@ impl ServerTls {
         let built = build(&material);
         *seen = material;
         match built {
-            Ok(config) => {
+            Ok((config, expiry)) => {
                 *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(config);
+                *self.expiry.lock().unwrap_or_else(PoisonError::into_inner) = expiry;
                 CertsReloaded::Applied
             }
             Err(e) => CertsReloaded::Refused(e),
@@ -92,8 +114,11 @@ impl ServerTls {
     }
 
     /// Reloads (and logs and counts it) whenever the files' directories
-    /// change, until the watch is dropped.
+    /// change, until the watch is dropped. The expiry of the certificates
+    /// served is shown from now, and again at each reload applied.
     pub(crate) fn watch(self: &Arc<Self>, counts: TlsReloads) -> notify::Result<DirWatch> {
+        let shown = self.expiry();
+        counts.served_certificates(shown.cert, shown.client_ca);
         let files = [Some(&self.files.cert), Some(&self.files.key), self.files.client_ca.as_ref()];
         let tls = Arc::downgrade(self);
         watch_dirs_of(files.into_iter().flatten().map(|p| p.as_path()), move || {
@@ -101,6 +126,8 @@ impl ServerTls {
             match tls.reload() {
                 CertsReloaded::Applied => {
                     counts.applied.inc();
+                    let shown = tls.expiry();
+                    counts.served_certificates(shown.cert, shown.client_ca);
                     info!("TLS certificate reloaded: new connections use it");
                 }
                 CertsReloaded::Unchanged => {}
@@ -124,9 +151,10 @@ fn read(files: &TlsFiles) -> Result<Material, TlsError> {
     })
 }
 
-fn build(material: &Material) -> Result<ServerConfig, TlsError> {
+fn build(material: &Material) -> Result<(ServerConfig, Expiry), TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let chain = certificates("server.tls.cert", &material.cert)?;
+    let mut expiry = Expiry { cert: earliest_expiry(&chain), client_ca: None };
     let key = pem_private_key(&material.key).map_err(|message| TlsError::new("server.tls.key", message))?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -135,7 +163,9 @@ fn build(material: &Material) -> Result<ServerConfig, TlsError> {
         None => builder.with_no_client_auth(),
         Some(pem) => {
             let mut roots = RootCertStore::empty();
-            for ca in certificates("server.tls.client_ca", pem)? {
+            let cas = certificates("server.tls.client_ca", pem)?;
+            expiry.client_ca = earliest_expiry(&cas);
+            for ca in cas {
                 roots
                     .add(ca)
                     .map_err(|e| TlsError::new("server.tls.client_ca", format!("not a usable CA certificate: {e}")))?;
@@ -150,7 +180,7 @@ fn build(material: &Material) -> Result<ServerConfig, TlsError> {
         .with_single_cert(chain, key)
         .map_err(|e| TlsError::new("server.tls.key", format!("does not go with the certificate: {e}")))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(config)
+    Ok((config, expiry))
 }
 
 fn certificates(field: &'static str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
@@ -167,9 +197,15 @@ mod tests {
 
     /// A self-signed certificate for localhost and its key, as PEM.
     fn pair() -> (String, String) {
+        pair_until(4096)
+    }
+
+    /// [`pair`], expiring on the first of January of `year`.
+    fn pair_until(year: i32) -> (String, String) {
         let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(vec!["localhost".to_string()]).unwrap().self_signed(&key).unwrap();
-        (cert.pem(), key.serialize_pem())
+        let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.not_after = rcgen::date_time_ymd(year, 1, 1);
+        (params.self_signed(&key).unwrap().pem(), key.serialize_pem())
     }
 
     fn files(dir: &Path, cert: &str, key: &str, client_ca: Option<&str>) -> TlsFiles {
@@ -228,5 +264,17 @@ mod tests {
         files(tmp.path(), &cert2, &key2, None);
         assert!(matches!(tls.reload(), CertsReloaded::Applied));
         assert_ne!(serving(&tls), first);
+
+        // 2031-01-01T00:00:00Z, as the metrics show it once applied.
+        let (cert3, key3) = pair_until(2031);
+        files(tmp.path(), &cert3, &key3, None);
+        assert!(matches!(tls.reload(), CertsReloaded::Applied));
+        assert_eq!(tls.expiry(), Expiry { cert: Some(1_924_992_000), client_ca: None });
+
+        // With a client CA: its own expiry.
+        let (ca, _) = pair_until(2030);
+        let tls = ServerTls::load(&files(tmp.path(), &cert3, &key3, Some(&ca))).unwrap();
+        // 2030-01-01T00:00:00Z
+        assert_eq!(tls.expiry(), Expiry { cert: Some(1_924_992_000), client_ca: Some(1_893_456_000) });
     }
 }

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::descriptors::{out_of_descriptors, refuse, Spare};
+use crate::metrics::{ConnectionCount, OpenConnection};
 
 /// One listener's open connections.
 #[derive(Debug, Clone)]
@@ -40,6 +41,8 @@ pub(crate) struct Connections {
     name: &'static str,
     /// One of this listener's connections closed: a descriptor was freed.
     freed: Arc<Notify>,
+    /// `fencegate_open_connections` of this listener.
+    open: ConnectionCount,
 }
 
 /// What an accepted connection holds until it ends: a slot of its listener's
@@ -50,6 +53,7 @@ pub(crate) struct Admission {
     closing: CancellationToken,
     cut: CancellationToken,
     freed: Arc<Notify>,
+    _open: OpenConnection,
 }
 
 impl Drop for Admission {
@@ -69,7 +73,14 @@ impl Connections {
             spare,
             name,
             freed: Arc::new(Notify::new()),
+            open: ConnectionCount::default(),
         }
+    }
+
+    /// These connections counted in `open` (a listener's
+    /// `fencegate_open_connections`) while they are open.
+    pub(crate) fn counted(self, open: ConnectionCount) -> Connections {
+        Connections { open, ..self }
     }
 
     /// Waits for a free slot, then accepts the next connection on `listener`.
@@ -89,6 +100,7 @@ impl Connections {
                         closing: self.closing.clone(),
                         cut: self.cut.clone(),
                         freed: self.freed.clone(),
+                        _open: self.open.opened(),
                     };
                     return (stream, peer, admission);
                 }

@@ -1,5 +1,6 @@
 //! The proxy listener: accept a client connection within the limit, deal it to
-//! a worker, shake hands there if it speaks TLS, and serve it through the
+//! a worker, read its PROXY header there if one is required
+//! (proxy_header.rs), shake hands if it speaks TLS, and serve it through the
 //! proxy stack, HTTP/1.1 or HTTP/2 (h2c, or h2 over TLS).
 
 use std::convert::Infallible;
@@ -21,10 +22,12 @@ use super::connection::{
 };
 use super::guard::{Admission, Connections};
 use super::penalty::Penalties;
+use super::proxy_header;
 use super::workers::Workers;
-use crate::config::ServerConfig;
+use crate::config::{ProxyProtocol, ServerConfig};
 use crate::http::stream::TcpOrTls;
-use crate::proxy::ClientAddr;
+use crate::metrics::HeldBack;
+use crate::proxy::{ClientAddr, TrustedProxies};
 use crate::server::certs::ServerTls;
 use crate::stack::forward::Forward;
 use crate::stack::{proxy_service, Shared};
@@ -42,19 +45,42 @@ pub(super) async fn accept(
     let protocols = Arc::new(protocols(server, shared.metrics.resting_connections()));
     let penalties = Penalties::new(server.abuse_penalty);
     let counts = shared.metrics.held_back();
+    let trusted = Arc::new(TrustedProxies::new(server.trusted_proxies.clone()));
+    let proxy_protocol = server.proxy_protocol;
     loop {
         let (stream, peer, admission) = connections.accept(listener).await;
         // An address whose connections were closed for abuse waits before
-        // its next one is served (penalty.rs).
-        let hold = penalties.wait(peer.ip());
-        if hold.is_some() {
-            counts.held.inc();
-            debug!(%peer, "holding a connection back: its address was struck for abuse");
-        }
-        let (shared, protocols, penalties, counts, tls) =
-            (shared.clone(), protocols.clone(), penalties.clone(), counts.clone(), tls.clone());
+        // its next one is served (penalty.rs). Behind a PROXY header, the
+        // address is the one it names, known once it is read.
+        let hold = match proxy_protocol {
+            ProxyProtocol::Off => held_back(&penalties, &counts, peer),
+            _ => None,
+        };
+        let (shared, protocols, penalties, counts, tls, trusted) =
+            (shared.clone(), protocols.clone(), penalties.clone(), counts.clone(), tls.clone(), trusted.clone());
         let (header_read_timeout, idle_timeout) = (server.header_read_timeout, server.idle_timeout);
-        workers.serve(stream, peer, connections, move |stream| async move {
+        workers.serve(stream, peer, connections, move |mut stream| async move {
+            let mut hold = hold;
+            let mut address = peer;
+            if proxy_protocol != ProxyProtocol::Off {
+                // Before anything else, within the time a request head has.
+                let read = tokio::select! {
+                    read = tokio::time::timeout(header_read_timeout, proxy_header::read(&mut stream, proxy_protocol)) => read,
+                    () = admission.closing() => return,
+                };
+                match read {
+                    Ok(Ok(source)) => address = source.unwrap_or(peer),
+                    Ok(Err(e)) => {
+                        debug!(%peer, error = %e, "closing a connection at its PROXY header");
+                        return;
+                    }
+                    Err(_) => {
+                        debug!(%peer, "closing a connection whose PROXY header did not arrive within header_read_timeout");
+                        return;
+                    }
+                }
+                hold = held_back(&penalties, &counts, address);
+            }
             if let Some(until) = hold {
                 // Unread: its client's bytes wait in the socket, and its
                 // guards start when it is served. Shutdown does not wait
@@ -65,11 +91,16 @@ pub(super) async fn accept(
                 }
             }
             let _ = stream.set_nodelay(true);
+            let client = match tls {
+                None => ClientAddr::new(address),
+                Some(_) => ClientAddr::new(address).over_tls(),
+            }
+            .trusting(&trusted);
             let stream = match tls {
                 None => TcpOrTls::Plain(stream),
                 Some(tls) => {
                     let shaken = tokio::select! {
-                        shaken = handshake(&tls, stream, peer, header_read_timeout) => shaken,
+                        shaken = handshake(&tls, stream, address, header_read_timeout) => shaken,
                         () = admission.closing() => return,
                     };
                     match shaken {
@@ -82,12 +113,26 @@ pub(super) async fn accept(
                 }
             };
             let activity = Activity::new(header_read_timeout, idle_timeout);
-            let ended = serve(stream, peer, admission, activity, &shared, protocols).await;
-            if penalties.ended(peer.ip(), ended) {
-                counts.strikes.inc();
+            let ended = serve(stream, client.clone(), address, admission, activity, &shared, protocols).await;
+            // Behind a trusted proxy, the strike falls on the client its
+            // last request named, never on the proxy.
+            if let Some(struck) = client.struck_address() {
+                if penalties.ended(struck, ended) {
+                    counts.strikes.inc();
+                }
             }
         });
     }
+}
+
+/// Until when a new connection from `address` waits, counted and logged.
+fn held_back(penalties: &Penalties, counts: &HeldBack, address: SocketAddr) -> Option<tokio::time::Instant> {
+    let hold = penalties.wait(address.ip());
+    if hold.is_some() {
+        counts.held.inc();
+        debug!(%address, "holding a connection back: its address was struck for abuse");
+    }
+    hold
 }
 
 /// The TLS handshake of a client connection, which must end within
@@ -108,19 +153,16 @@ async fn handshake(tls: &ServerTls, stream: TcpStream, peer: SocketAddr, timeout
     }
 }
 
-/// Serves one proxy connection on the worker it was dealt to.
+/// Serves one proxy connection of `client` on the worker it was dealt to.
 async fn serve(
     stream: ClientStream,
+    client: ClientAddr,
     peer: SocketAddr,
     admission: Admission,
     activity: Arc<Activity>,
     shared: &Arc<Shared>,
     protocols: Arc<Protocols>,
 ) -> Ended {
-    let client = match stream {
-        TcpOrTls::Plain(_) => ClientAddr::new(peer),
-        TcpOrTls::Tls(_) => ClientAddr::new(peer).over_tls(),
-    };
     let io = ActivityIo::new(stream, activity.clone());
     // Requests in flight, so the idle and slow-head guards never close a
     // connection that is serving a request; and every body dropped before its

@@ -15,6 +15,7 @@ mod descriptors;
 mod guard;
 mod listener;
 mod penalty;
+mod proxy_header;
 mod reload;
 mod signals;
 mod watch;
@@ -133,7 +134,9 @@ impl Fencegate {
             }
             _ => KeyGate::default(),
         };
-        let metrics = Metrics::new(config.routes.iter().map(|r| &*r.name), store.stats());
+        let metrics =
+            Metrics::new(config.routes.iter().map(|r| &*r.name), store.stats()).with_store_calls(store.call_stats());
+        metrics.certificates().upstreams(&config.routes);
         let routes = RouteTable::new(config.routes.iter().map(|r| Route::in_service(r, &metrics, None)));
         let shared = Arc::new(Shared {
             metrics: Arc::new(metrics),
@@ -151,8 +154,14 @@ impl Fencegate {
         });
         let auth_token = Arc::new(arc_swap::ArcSwapOption::from(config.admin.auth_token.clone().map(Arc::new)));
         let lease_tokens = Arc::new(arc_swap::ArcSwap::from_pointee(config.admin.lease_tokens.clone()));
-        let reloader =
-            Arc::new(Reloader::new(shared.clone(), auth_token.clone(), lease_tokens.clone(), config.clone()));
+        let in_force = Arc::new(arc_swap::ArcSwap::from_pointee(config.clone()));
+        let reloader = Arc::new(Reloader::new(
+            shared.clone(),
+            auth_token.clone(),
+            lease_tokens.clone(),
+            in_force.clone(),
+            config.clone(),
+        ));
         let state = Arc::new(AdminState {
             store: shared.store.clone(),
             gate: shared.gate.clone(),
@@ -161,6 +170,7 @@ impl Fencegate {
             draining: AtomicBool::new(false),
             auth_token,
             lease_tokens,
+            in_force,
             max_key_bytes: config.fences.max_key_bytes,
         });
         Ok(Fencegate { config, proxy, admin, state, shared, tls, reloader, reloads: None })
@@ -219,8 +229,10 @@ impl Fencegate {
         // connections cannot take the proxy's descriptors. One spare
         // descriptor lets either answer when the process runs out.
         let spare = Arc::new(Spare::new());
-        let proxy_connections = Connections::new("proxy", server.max_connections, spare.clone());
-        let admin_connections = Connections::new("admin", config.admin.max_connections, spare);
+        let proxy_connections = Connections::new("proxy", server.max_connections, spare.clone())
+            .counted(shared.metrics.connections("proxy"));
+        let admin_connections =
+            Connections::new("admin", config.admin.max_connections, spare).counted(shared.metrics.connections("admin"));
 
         // The admin listener answers throughout, on its own thread (`/readyz`
         // says 503 once draining).

@@ -12,9 +12,10 @@
 //! store, its marks and the keys' turns are not touched.
 //!
 //! The fence API's admin token (`auth_token`, its file, or the environment)
-//! changes with it.
+//! changes with it, and the admin `GET /config` shows the new config.
 //!
-//! What it does not change: `[server]` (listeners, limits, TLS files),
+//! What it does not change: `[server]` (listeners, limits, TLS files, the
+//! PROXY protocol, trusted proxies),
 //! the rest of `[admin]`, `[fences]` and `[log]`. A new config that changes any of them
 //! is refused whole, nothing applied, with a log line naming the sections
 //! that take a restart; so is a config that does not validate, with every
@@ -78,6 +79,8 @@ pub struct Reloader {
     admin_token: Arc<ArcSwapOption<String>>,
     /// The lease API's scoped tokens: a reload may change them too.
     lease_tokens: Arc<ArcSwap<Vec<LeaseToken>>>,
+    /// What the admin `GET /config` shows: the config in service.
+    in_force: Arc<ArcSwap<Config>>,
     /// The config in service: what the next one is compared with.
     running: Mutex<Config>,
     /// Held through each reload, so two never interleave (a SIGHUP and a
@@ -94,10 +97,12 @@ impl Reloader {
         shared: Arc<Shared>,
         admin_token: Arc<ArcSwapOption<String>>,
         lease_tokens: Arc<ArcSwap<Vec<LeaseToken>>>,
+        in_force: Arc<ArcSwap<Config>>,
         running: Config,
     ) -> Reloader {
         let counts = shared.metrics.reloads();
-        Reloader { shared, admin_token, lease_tokens, running: Mutex::new(running), last: Mutex::new(None), counts }
+        let (running, last) = (Mutex::new(running), Mutex::new(None));
+        Reloader { shared, admin_token, lease_tokens, in_force, running, last, counts }
     }
 
     /// Puts `new`'s routes (and admin token) in service if nothing else in it
@@ -125,6 +130,7 @@ impl Reloader {
             new.routes.iter().map(|route| Route::in_service(route, metrics, serving.named(&route.name).map(|r| &**r))),
         );
         self.shared.routes.replace(table);
+        metrics.certificates().upstreams(&new.routes);
         // After a confirm of a shared store, writes are held as long as a
         // write of these routes may be in flight.
         self.shared.store.set_write_lease(longest_write_lease(new.routes.iter().map(WriteBounds::from)));
@@ -137,6 +143,7 @@ impl Reloader {
             info!("config reload: the lease API's tokens changed");
         }
         let routes = new.routes.len();
+        self.in_force.store(Arc::new(new.clone()));
         *running = new;
         self.counts.applied.inc();
         info!(routes, "config reloaded: new requests use the new routes; requests in flight finish on theirs");

@@ -234,6 +234,7 @@ async fn json_access_log_has_one_event_per_request_with_the_decision() {
         assert_eq!(event["token"], token, "{event}");
         assert_eq!(event["status"], status, "{event}");
         assert!(event["latency_us"].is_u64(), "{event}");
+        assert_eq!(event["client"], "127.0.0.1", "{event}");
         assert_eq!(event["level"], "INFO", "{event}");
     }
     assert_eq!(fg.events().iter().filter(|e| is_access(e)).count(), 2, "one access-log event per request");

@@ -15,6 +15,7 @@ mod server;
 mod store;
 
 use super::defaults::*;
+use super::effective::Written;
 use super::file::{AdminSection, FileConfig, LeaseTokenSection, LogSection};
 use super::model::{AdminConfig, Config, LeaseToken, LogConfig, LogFormat, ServerConfig};
 use super::problems::{ConfigProblem, Problems};
@@ -29,6 +30,7 @@ use store::fences;
 /// yet: those come from the secrets step.
 pub(crate) fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
     let mut p = Problems::default();
+    let written = Written::new(file.clone());
     let server = server(&file.server, &mut p);
     let admin = admin(&file.admin, &mut p);
     let fences = fences(&file.fences, &mut p);
@@ -48,7 +50,7 @@ pub(crate) fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
     server.max_connection_buffered_bytes = connection_share(&file.server, &server, &routes, &mut p);
     header_rate(&server, &mut p);
 
-    p.or(Config { server, admin, fences, log, routes })
+    p.or(Config { server, admin, fences, log, routes, written })
 }
 
 fn admin(s: &AdminSection, p: &mut Problems) -> AdminConfig {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use crate::config::defaults::*;
 use crate::config::file::{ServerSection, TlsSection};
-use crate::config::model::{RefusalDrain, ServerConfig, TlsFiles};
+use crate::config::model::{ProxyProtocol, RefusalDrain, ServerConfig, TlsFiles};
 use crate::config::problems::Problems;
 use crate::config::route::RouteConfig;
 
@@ -88,8 +88,50 @@ pub(super) fn server(s: &ServerSection, p: &mut Problems) -> ServerConfig {
         },
         underscores_in_headers: s.underscores_in_headers.unwrap_or(false),
         refusal_drain: refusal_drain(s, p),
+        proxy_protocol: proxy_protocol(s.proxy_protocol.as_deref(), p),
+        trusted_proxies: trusted_proxies(s.trusted_proxies.as_deref().unwrap_or_default(), p),
         tls: s.tls.as_ref().and_then(|t| tls(t, p)),
     }
+}
+
+fn proxy_protocol(value: Option<&str>, p: &mut Problems) -> ProxyProtocol {
+    match value {
+        None | Some("off") => ProxyProtocol::Off,
+        Some("v1") => ProxyProtocol::V1,
+        Some("v2") => ProxyProtocol::V2,
+        Some("any") => ProxyProtocol::Any,
+        Some(other) => {
+            p.add("server.proxy_protocol", format!("'{other}' is not \"off\", \"v1\", \"v2\" or \"any\""));
+            ProxyProtocol::Off
+        }
+    }
+}
+
+/// `[server] trusted_proxies`: CIDRs, or single addresses (a /32 or /128),
+/// each once. Host bits are dropped: `10.1.2.3/8` is `10.0.0.0/8`.
+fn trusted_proxies(list: &[String], p: &mut Problems) -> Vec<ipnet::IpNet> {
+    let mut nets: Vec<ipnet::IpNet> = Vec::with_capacity(list.len());
+    for text in list {
+        let net = match text.trim().parse::<ipnet::IpNet>() {
+            Ok(net) => net.trunc(),
+            Err(_) => match text.trim().parse::<std::net::IpAddr>() {
+                Ok(ip) => ipnet::IpNet::from(ip),
+                Err(_) => {
+                    p.add(
+                        "server.trusted_proxies",
+                        format!("'{text}' is not a CIDR like \"10.0.0.0/8\" or an address like \"10.0.0.5\""),
+                    );
+                    continue;
+                }
+            },
+        };
+        if nets.contains(&net) {
+            p.add("server.trusted_proxies", format!("'{text}' is listed twice"));
+        } else {
+            nets.push(net);
+        }
+    }
+    nets
 }
 
 /// `[server] refusal_drain_*`: every bound above zero, and the silence

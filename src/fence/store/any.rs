@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use super::{
-    Advance, AtHand, CommitStats, Confirmed, Deleted, Entered, EtcdStore, FenceStore, FileStore, LeaseRecord,
-    MemoryStore, RedisStore, Selection, StoreError,
+    Advance, AtHand, CallStats, CommitStats, Confirmed, Deleted, Entered, EtcdStore, FenceStore, FileStore,
+    LeaseRecord, MemoryStore, RedisStore, Selection, StoreError,
 };
 use crate::fence::gate::Ask;
 
@@ -176,6 +176,15 @@ impl FenceStore for AnyStore {
             AnyStore::File(s) => s.stats(),
             AnyStore::Redis(s) => s.stats(),
             AnyStore::Etcd(s) => s.stats(),
+        }
+    }
+
+    fn call_stats(&self) -> Option<&CallStats> {
+        match self {
+            AnyStore::Memory(s) => s.call_stats(),
+            AnyStore::File(s) => s.call_stats(),
+            AnyStore::Redis(s) => s.call_stats(),
+            AnyStore::Etcd(s) => s.call_stats(),
         }
     }
 

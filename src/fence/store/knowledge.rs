@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::time::Instant;
 
-use super::{Distrust, Doubt, StoreError};
+use super::{CallStats, Distrust, Doubt, StoreError};
 use crate::fence::KeyMap;
 
 /// The store's identity and what it means, as this replica last judged it.
@@ -34,6 +34,8 @@ pub(in crate::fence::store) struct Knowledge {
     known: Mutex<Known>,
     seen: KeyMap<u64>,
     seen_cap: usize,
+    /// Where trust is shown (`fencegate_store_trusted`).
+    calls: Arc<CallStats>,
 }
 
 /// What this replica knew of a key before a call ([`Knowledge::before`]).
@@ -80,8 +82,9 @@ pub(in crate::fence::store) fn judge_identity(
 }
 
 impl Knowledge {
-    pub fn new(seen_cap: usize) -> Knowledge {
-        Knowledge { known: Mutex::default(), seen: KeyMap::default(), seen_cap }
+    /// Knows nothing yet; shows its trust in `calls`.
+    pub fn new(seen_cap: usize, calls: Arc<CallStats>) -> Knowledge {
+        Knowledge { known: Mutex::default(), seen: KeyMap::default(), seen_cap, calls }
     }
 
     pub fn known(&self) -> MutexGuard<'_, Known> {
@@ -163,6 +166,7 @@ impl Knowledge {
         known.id = Some(id);
         known.deletions = deletions;
         known.distrust = None;
+        self.calls.trusts(true);
     }
 
     /// Stops trusting the store; `true` the first time since it was trusted.
@@ -170,6 +174,7 @@ impl Knowledge {
         let mut known = self.known();
         let first = known.distrust.is_none();
         known.distrust = Some(distrust);
+        self.calls.trusts(false);
         first
     }
 }
@@ -213,7 +218,7 @@ mod tests {
 
     #[test]
     fn an_answer_below_a_mark_seen_is_a_loss_unless_marks_were_deleted_since() {
-        let knowledge = Knowledge::new(10);
+        let knowledge = Knowledge::new(10, Arc::new(CallStats::new("test")));
         // Nothing seen: any answer goes.
         assert_eq!(Knowledge::went_back(knowledge.before("/a"), None, 0), None);
         knowledge.remember("/a", 7, 0);
@@ -228,7 +233,7 @@ mod tests {
 
     #[test]
     fn marks_seen_only_grow_stay_within_their_cap_and_go_when_deletions_move() {
-        let knowledge = Knowledge::new(2);
+        let knowledge = Knowledge::new(2, Arc::new(CallStats::new("test")));
         knowledge.remember("/a", 5, 0);
         knowledge.remember("/a", 3, 0);
         assert_eq!(knowledge.seen("/a"), Some(5));
@@ -251,12 +256,15 @@ mod tests {
 
     #[test]
     fn distrust_lasts_until_an_identity_is_adopted() {
-        let knowledge = Knowledge::new(2);
+        let calls = Arc::new(CallStats::new("test"));
+        let knowledge = Knowledge::new(2, calls.clone());
         let lost = Distrust { store: "Redis", doubt: Doubt::IdentityLost { was: "a".into() } };
         assert!(knowledge.distrust(lost.clone()), "the first distrust is told loudly");
         assert!(!knowledge.distrust(lost.clone()), "and only the first");
         assert_eq!(knowledge.known().distrust, Some(lost));
+        assert_eq!(calls.trusted.get(), 0, "fencegate_store_trusted shows it");
         knowledge.adopt("b".into(), 4);
+        assert_eq!(calls.trusted.get(), 1);
         let known = knowledge.known();
         assert_eq!((known.id.as_deref(), known.deletions, known.distrust.is_none()), (Some("b"), 4, true));
     }

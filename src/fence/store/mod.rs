@@ -35,7 +35,7 @@ pub use in_flight::{longest_write_lease, InFlight, WriteBounds, WriteRecord};
 pub use leases::{LeaseRecord, LocalLeases};
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
-pub use stats::CommitStats;
+pub use stats::{CallStats, CommitStats};
 
 use crate::fence::gate::Ask;
 
@@ -247,6 +247,11 @@ pub trait FenceStore: Send + Sync + 'static {
 
     /// Commit counters, for stores that commit.
     fn stats(&self) -> Option<&CommitStats> {
+        None
+    }
+
+    /// Call counters, for stores reached over the network (Redis, etcd).
+    fn call_stats(&self) -> Option<&CallStats> {
         None
     }
 

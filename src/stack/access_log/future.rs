@@ -2,6 +2,7 @@
 //! response head comes, and the response body, polled in the request's span.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
@@ -24,12 +25,14 @@ pin_project_lite::pin_project! {
         span: Span,
         start: Instant,
         log: AccessLog,
+        // The client a trusted proxy named, if the connection is one's.
+        behind: Option<IpAddr>,
     }
 }
 
 impl<F> AccessLogFuture<F> {
-    pub(super) fn new(inner: F, span: Span, start: Instant, log: AccessLog) -> Self {
-        AccessLogFuture { inner, span, start, log }
+    pub(super) fn new(inner: F, span: Span, start: Instant, log: AccessLog, behind: Option<IpAddr>) -> Self {
+        AccessLogFuture { inner, span, start, log, behind }
     }
 }
 
@@ -44,7 +47,7 @@ where
         let response = {
             let _entered = this.span.enter();
             let response = ready!(this.inner.poll(cx))?;
-            this.log.on_response(&response, this.start.elapsed(), this.span);
+            this.log.on_response(&response, this.start.elapsed(), this.span, *this.behind);
             response
         };
         // The body keeps the span: it closes when the body is done.

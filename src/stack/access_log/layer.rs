@@ -10,6 +10,7 @@ use tracing::Span;
 use super::service::AccessLogService;
 use super::AccessLog;
 use crate::metrics::Metrics;
+use crate::proxy::ClientAddr;
 
 /// The layer that writes the access log: a debug span per request, and an
 /// event per response (nothing per body chunk).
@@ -18,9 +19,9 @@ pub struct AccessLogLayer {
     log: AccessLog,
 }
 
-/// The access-log layer, counting into `metrics`.
-pub fn access_log(metrics: Arc<Metrics>) -> AccessLogLayer {
-    AccessLogLayer { log: AccessLog::new(metrics) }
+/// The access-log layer of the connection of `client`, counting into `metrics`.
+pub fn access_log(metrics: Arc<Metrics>, client: ClientAddr) -> AccessLogLayer {
+    AccessLogLayer { log: AccessLog::new(metrics, client) }
 }
 
 impl<S> Layer<S> for AccessLogLayer {

@@ -21,6 +21,10 @@ pub(super) struct Line<'a> {
     pub decision: &'static str,
     pub status: u16,
     pub latency_us: u64,
+    /// The client's address: the connection's (its peer, or its PROXY
+    /// header's source), or behind a trusted proxy the one its
+    /// `X-Forwarded-For` names.
+    pub client: &'a str,
 }
 
 impl Line<'_> {
@@ -34,6 +38,7 @@ impl Line<'_> {
             decision = self.decision,
             status = self.status,
             latency_us = self.latency_us,
+            client = self.client,
         );
     }
 
@@ -73,6 +78,8 @@ impl Line<'_> {
         decimal(self.status.into(), out);
         out.extend_from_slice(S::LATENCY);
         decimal(self.latency_us, out);
+        out.extend_from_slice(S::CLIENT);
+        S::string(self.client, out);
         out.extend_from_slice(S::END);
     }
 }
@@ -88,6 +95,7 @@ trait Syntax {
     const DECISION: &'static [u8];
     const STATUS: &'static [u8];
     const LATENCY: &'static [u8];
+    const CLIENT: &'static [u8];
     const END: &'static [u8];
 
     /// Writes a string field's value.
@@ -105,6 +113,7 @@ impl Syntax for Human {
     const DECISION: &'static [u8] = b" decision=";
     const STATUS: &'static [u8] = b" status=";
     const LATENCY: &'static [u8] = b" latency_us=";
+    const CLIENT: &'static [u8] = b" client=";
     const END: &'static [u8] = b"\n";
 
     fn string(text: &str, out: &mut Vec<u8>) {
@@ -123,6 +132,7 @@ impl Syntax for Json {
     const DECISION: &'static [u8] = b",\"decision\":";
     const STATUS: &'static [u8] = b",\"status\":";
     const LATENCY: &'static [u8] = b",\"latency_us\":";
+    const CLIENT: &'static [u8] = b",\"client\":";
     const END: &'static [u8] = b",\"target\":\"fencegate::access\"}\n";
 
     fn string(text: &str, out: &mut Vec<u8>) {
@@ -320,6 +330,7 @@ mod tests {
                         decision: Outcome::Stale.as_str(),
                         status: 409,
                         latency_us: 1234,
+                        client: "2001:db8::7",
                     };
                     let theirs = through_tracing(&line, format);
                     let ours = ours(&line, format, SystemTime::now());
@@ -380,7 +391,15 @@ mod tests {
 
     #[test]
     fn the_time_is_written_as_tracing_writes_it() {
-        let line = Line { route: "r", key: None, token: None, decision: "forwarded", status: 200, latency_us: 1 };
+        let line = Line {
+            route: "r",
+            key: None,
+            token: None,
+            decision: "forwarded",
+            status: 200,
+            latency_us: 1,
+            client: "127.0.0.1",
+        };
         // Across a leap day, a year's end and the far future.
         for secs in [0u64, 951_782_399, 951_782_400, 1_704_067_199, 1_764_648_043, 4_102_444_800, 253_402_300_799] {
             for micros in [0u32, 1, 935_551, 999_999] {

@@ -40,10 +40,14 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let start = Instant::now();
         let span = request_span(&req);
+        // Behind a trusted proxy, the client is the one X-Forwarded-For
+        // names, read before the request is handed on (and changed); for
+        // any other connection, one branch.
+        let behind = self.log.client().behind_proxy(req.headers());
         let inner = {
             let _entered = span.enter();
             self.inner.call(req)
         };
-        AccessLogFuture::new(inner, span, start, self.log.clone())
+        AccessLogFuture::new(inner, span, start, self.log.clone(), behind)
     }
 }

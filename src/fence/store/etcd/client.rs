@@ -81,8 +81,10 @@ impl Inner {
                 }
                 Err(_) => break,
             };
+            let sent = Instant::now();
             match tokio::time::timeout_at(deadline, call(client)).await {
                 Ok(Ok(answer)) => {
+                    self.calls.answered(sent.elapsed());
                     self.current.store(i, Ordering::Relaxed);
                     self.note_answer(Ok(()));
                     return Ok(answer);

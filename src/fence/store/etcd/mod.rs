@@ -42,7 +42,8 @@ use tokio::time::Instant;
 
 use super::knowledge::Knowledge;
 use super::{
-    Advance, AtHand, Confirmed, Deleted, Entered, FenceStore, Found, LeaseRecord, Selection, StoreError, Unexpected,
+    Advance, AtHand, CallStats, Confirmed, Deleted, Entered, FenceStore, Found, LeaseRecord, Selection, StoreError,
+    Unexpected,
 };
 use crate::config::EtcdConfig;
 use crate::fence::gate::Ask;
@@ -118,6 +119,8 @@ struct Inner {
     guesses: std::sync::atomic::AtomicU32,
     /// The longest write lease of the routes now (the hold after a confirmation).
     longest: std::sync::Mutex<Duration>,
+    /// Round trips, reconnects and trust, for `/metrics`.
+    calls: Arc<CallStats>,
 }
 
 impl EtcdStore {
@@ -158,6 +161,7 @@ impl EtcdStore {
         }
         let (ended, ended_rx) = mpsc::unbounded_channel();
         let (batches, batches_rx) = mpsc::unbounded_channel();
+        let calls = Arc::new(CallStats::new("etcd"));
         let inner = Arc::new(Inner {
             members: config
                 .endpoints
@@ -168,7 +172,7 @@ impl EtcdStore {
             options,
             names: Names::new(&config.key_prefix),
             timeout: config.timeout,
-            knowledge: Knowledge::new(config.cache_keys),
+            knowledge: Knowledge::new(config.cache_keys, calls.clone()),
             cluster: trust::Cluster::default(),
             transition: tokio::sync::Mutex::new(()),
             reachable: Reachability::default(),
@@ -184,6 +188,7 @@ impl EtcdStore {
             last_commit: std::sync::Mutex::new(None),
             guesses: std::sync::atomic::AtomicU32::new(0),
             longest: std::sync::Mutex::new(Duration::ZERO),
+            calls,
         });
         tokio::spawn(health(Arc::downgrade(&inner)));
         tokio::spawn(keep_alive(Arc::downgrade(&inner)));
@@ -464,6 +469,10 @@ impl FenceStore for EtcdStore {
 
     fn cached_keys(&self) -> usize {
         self.inner.knowledge.seen_keys()
+    }
+
+    fn call_stats(&self) -> Option<&CallStats> {
+        Some(&self.inner.calls)
     }
 
     /// Waits (a few calls' `timeout` at most) until the records of writes

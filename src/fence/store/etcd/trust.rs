@@ -383,6 +383,7 @@ impl Inner {
         if self.reachable.0.swap(outcome.is_ok(), Ordering::AcqRel) == outcome.is_ok() {
             return;
         }
+        self.calls.reachable(outcome.is_ok());
         match outcome {
             Err(e) => warn!(error = %e, "the etcd fence store stopped answering: fenced writes get 503"),
             Ok(()) => info!("the etcd fence store answers"),

@@ -204,8 +204,9 @@ pub(super) async fn end_records(inner: Weak<Inner>, mut ended: mpsc::UnboundedRe
             pipe.cmd("ZREM").arg(flight).arg(member).ignore();
         }
         let mut con = inner.con.clone();
+        let sent = Instant::now();
         let answer = tokio::time::timeout(inner.timeout, pipe.query_async::<()>(&mut con)).await;
-        let error = match inner.answered(answer, "ending writes' records") {
+        let error = match inner.answered(answer, sent, "ending writes' records") {
             Ok(()) => {
                 inner.flights.ended(batch.len());
                 batch.clear();

@@ -109,6 +109,7 @@ impl Inner {
         if !self.reachable.note(outcome.is_ok()) {
             return;
         }
+        self.calls.reachable(outcome.is_ok());
         match outcome {
             Err(e) => warn!(error = %e, "the Redis fence store stopped answering: fenced writes get 503"),
             Ok(()) => info!("the Redis fence store answers"),

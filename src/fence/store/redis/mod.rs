@@ -41,8 +41,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
 use super::{
-    Advance, AtHand, Confirmed, Deleted, Distrust, Doubt, Entered, FenceStore, Found, InFlight, LeaseRecord, Selection,
-    StoreError, Unexpected,
+    Advance, AtHand, CallStats, Confirmed, Deleted, Distrust, Doubt, Entered, FenceStore, Found, InFlight, LeaseRecord,
+    Selection, StoreError, Unexpected,
 };
 use crate::config::RedisConfig;
 use crate::fence::gate::Ask;
@@ -100,6 +100,8 @@ struct Inner {
     tracked: AtomicUsize,
     /// This replica's writes in flight.
     flights: Flights,
+    /// Round trips, reconnects and trust, for `/metrics`.
+    calls: Arc<CallStats>,
 }
 
 impl RedisStore {
@@ -127,6 +129,7 @@ impl RedisStore {
         let con = ConnectionManager::new_lazy_with_config(client, manager)
             .map_err(|e| failed("opening the Redis connection", e))?;
         let (flights, ended) = Flights::new(new_identity()?);
+        let calls = Arc::new(CallStats::new("redis"));
         let inner = Arc::new(Inner {
             con,
             names: Names::new(&config.key_prefix),
@@ -134,11 +137,12 @@ impl RedisStore {
             timeout: config.timeout,
             min_replicas: config.min_replicas,
             replica_timeout: config.replica_timeout,
-            knowledge: Knowledge::new(config.cache_keys),
+            knowledge: Knowledge::new(config.cache_keys, calls.clone()),
             transition: tokio::sync::Mutex::new(()),
             reachable: Reachability::default(),
             tracked: AtomicUsize::new(0),
             flights,
+            calls,
         });
         tokio::spawn(health(Arc::downgrade(&inner)));
         tokio::spawn(end_records(Arc::downgrade(&inner), ended));
@@ -369,6 +373,10 @@ impl FenceStore for RedisStore {
 
     fn cached_keys(&self) -> usize {
         self.inner.knowledge.seen_keys()
+    }
+
+    fn call_stats(&self) -> Option<&CallStats> {
+        Some(&self.inner.calls)
     }
 
     /// Waits (at most a few calls' `timeout`) until the records of writes

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use redis::{Script, ScriptInvocation};
+use tokio::time::Instant;
 
 use super::{distrusted, failed, unexpected, Inner, STORE};
 use crate::fence::store::{Doubt, Found, StoreError};
@@ -193,16 +194,18 @@ impl Inner {
         context: &'static str,
     ) -> Result<T, StoreError> {
         let mut con = self.con.clone();
+        let sent = Instant::now();
         let answer = tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut con)).await;
-        self.answered(answer, context)
+        self.answered(answer, sent, context)
     }
 
     /// A call's outcome as the store's: its error, or a timeout after
     /// `[fences] timeout`. Every call passes here, so it is also where the
-    /// store's reachability is noted.
+    /// store's reachability and the round trip of a call `sent` then are noted.
     pub(super) fn answered<T>(
         &self,
         answer: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
+        sent: Instant,
         context: &'static str,
     ) -> Result<T, StoreError> {
         let result = match answer {
@@ -210,6 +213,9 @@ impl Inner {
             Ok(Err(e)) => Err(failed(context, e)),
             Err(_) => Err(StoreError::NoAnswer { store: STORE, context, after: self.timeout }),
         };
+        if result.is_ok() {
+            self.calls.answered(sent.elapsed());
+        }
         self.note_answer(result.as_ref().map(drop));
         result
     }
@@ -276,9 +282,10 @@ impl Inner {
         wait: bool,
     ) -> Result<(Vec<String>, Option<i64>), StoreError> {
         let mut con = self.con.clone();
+        let sent = Instant::now();
         if !wait {
             let answer = tokio::time::timeout(self.timeout, invocation.invoke_async::<Vec<String>>(&mut con)).await;
-            return self.answered(answer, "running a fence script").map(|v| (v, None));
+            return self.answered(answer, sent, "running a fence script").map(|v| (v, None));
         }
         let within = self.timeout + self.replica_timeout;
         let replica_ms = millis(self.replica_timeout);
@@ -291,9 +298,9 @@ impl Inner {
                     if attempt == 0 && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
                     let load = tokio::time::timeout(self.timeout, invocation.load_async(&mut con)).await;
-                    self.answered(load, "loading a fence script")?;
+                    self.answered(load, sent, "loading a fence script")?;
                 }
-                answer => return self.answered(answer, "running a fence script").map(|(v, n)| (v, Some(n))),
+                answer => return self.answered(answer, sent, "running a fence script").map(|(v, n)| (v, Some(n))),
             }
         }
         unreachable!("the second attempt returns")
@@ -304,11 +311,13 @@ impl Inner {
     /// use of a Redis that restarted, and a pipeline is not retried).
     pub(super) async fn query_pipe(&self, pipe: &redis::Pipeline, context: &'static str) -> Result<(), StoreError> {
         let mut con = self.con.clone();
+        let sent = Instant::now();
         let load = tokio::time::timeout(self.timeout, self.scripts.raise.prepare_invoke().load_async(&mut con)).await;
-        self.answered(load, context)?;
+        self.answered(load, sent, context)?;
+        let sent = Instant::now();
         let within = self.timeout * 4 + self.replica_timeout;
         let answer = tokio::time::timeout(within, pipe.query_async::<Vec<i64>>(&mut con)).await;
-        let acked = self.answered(answer, context)?;
+        let acked = self.answered(answer, sent, context)?;
         self.replicas_acked(acked.last().copied().filter(|_| self.min_replicas > 0))
     }
 
