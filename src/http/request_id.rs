@@ -60,7 +60,8 @@ fn client_id(headers: &HeaderMap) -> Option<&HeaderValue> {
 
 /// Whether a client's ID is kept: see the module's documentation.
 pub fn keeps(id: &[u8]) -> bool {
-    (1..=MAX_CLIENT_ID).contains(&id.len()) && id.iter().all(|&b| matches!(b, b'!' | b'#'..=b'+' | b'-'..=b'[' | b']'..=b'~'))
+    (1..=MAX_CLIENT_ID).contains(&id.len())
+        && id.iter().all(|&b| matches!(b, b'!' | b'#'..=b'+' | b'-'..=b'[' | b']'..=b'~'))
 }
 
 /// A new ID, cut from this thread's block.
@@ -140,7 +141,9 @@ mod tests {
 
     #[test]
     fn a_clients_id_is_kept_within_the_bound() {
-        for id in [&b"abc"[..], b"0f9b7c1e-2d4a-4c1b-9f00-1234567890ab", b"Root=1-5759e988;Parent=53995c3f", &[b'a'; 128]] {
+        for id in
+            [&b"abc"[..], b"0f9b7c1e-2d4a-4c1b-9f00-1234567890ab", b"Root=1-5759e988;Parent=53995c3f", &[b'a'; 128]]
+        {
             let (kept, made) = request_id(&with(&[id]));
             assert!(!made, "{id:?}");
             assert_eq!(kept.as_bytes(), id);

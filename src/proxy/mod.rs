@@ -39,6 +39,11 @@ impl ClientAddr {
         ClientAddr { proto: HeaderValue::from_static("https"), ..self }
     }
 
+    /// The client's IP, as `X-Forwarded-For` names it.
+    pub fn ip(&self) -> &HeaderValue {
+        &self.ip
+    }
+
     /// Whether the client speaks TLS.
     pub fn is_tls(&self) -> bool {
         self.proto == "https"

@@ -10,17 +10,19 @@ use tracing::Span;
 use super::service::AccessLogService;
 use super::AccessLog;
 use crate::metrics::Metrics;
+use crate::proxy::ClientAddr;
 
-/// The layer that writes the access log: a debug span per request, and an
-/// event per response (nothing per body chunk).
+/// The layer that writes the access log: a debug span per request, and a
+/// line per response once its body is done.
 #[derive(Clone)]
 pub struct AccessLogLayer {
     log: AccessLog,
 }
 
-/// The access-log layer, counting into `metrics`.
-pub fn access_log(metrics: Arc<Metrics>) -> AccessLogLayer {
-    AccessLogLayer { log: AccessLog::new(metrics) }
+/// The access-log layer of the connection from `client`, counting into
+/// `metrics`.
+pub fn access_log(metrics: Arc<Metrics>, client: &ClientAddr) -> AccessLogLayer {
+    AccessLogLayer { log: AccessLog::new(metrics, client.ip().clone()) }
 }
 
 impl<S> Layer<S> for AccessLogLayer {

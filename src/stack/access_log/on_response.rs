@@ -1,9 +1,12 @@
-//! What the access log does once per response: count it, and write its line.
+//! What the access log does once per response: count it when its head
+//! comes, and write its line when its body is done.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use http::Response;
+use http::header::HeaderValue;
+use http::{Method, Response, Version};
 use tracing::Span;
 
 use super::line::Line;
@@ -12,35 +15,89 @@ use crate::http::ProxyBody;
 use crate::metrics::{Metrics, NO_ROUTE_LABEL};
 use crate::telemetry::{access_sink, ACCESS_TARGET};
 
-/// One access-log event and one metrics update per request.
+/// One access-log line and one metrics update per request, for one client
+/// connection.
 #[derive(Clone)]
-pub struct AccessLog {
+pub struct AccessLog(Arc<ConnectionLog>);
+
+struct ConnectionLog {
     metrics: Arc<Metrics>,
+    /// The client's address, as `X-Forwarded-For` names it.
+    client: HeaderValue,
+    /// The request body bytes read on this connection, over HTTP/1.1: one
+    /// request at a time, so its requests share one count (no allocation
+    /// per request), each logging what it added.
+    read: Arc<AtomicU64>,
+}
+
+/// What the line of a request needs from its start.
+pub(super) struct Started {
+    pub log: AccessLog,
+    pub method: Method,
+    pub id: HeaderValue,
+    /// The count the request's body adds its bytes to, and where it stood
+    /// when the request came.
+    pub read: Arc<AtomicU64>,
+    pub read_before: u64,
+}
+
+/// What the line of a request needs once its response head has come.
+pub(super) struct Answered {
+    pub started: Started,
+    pub status: u16,
+    /// The response is the upstream's, not one fencegate made.
+    pub upstream: bool,
+    pub latency_us: u64,
 }
 
 impl AccessLog {
-    pub(super) fn new(metrics: Arc<Metrics>) -> Self {
-        AccessLog { metrics }
+    pub(super) fn new(metrics: Arc<Metrics>, client: HeaderValue) -> Self {
+        AccessLog(Arc::new(ConnectionLog { metrics, client, read: Arc::default() }))
+    }
+
+    /// The count a request of `version` adds its body's bytes to: the
+    /// connection's over HTTP/1.1, its own over HTTP/2 (streams run at once).
+    pub(super) fn read_count(&self, version: Version) -> Arc<AtomicU64> {
+        match version {
+            Version::HTTP_2 | Version::HTTP_3 => Arc::default(),
+            _ => self.0.read.clone(),
+        }
     }
 
     /// Counts `response`, answered `latency` after its request was handed
-    /// over, and writes its line (in `span`, the request's).
-    pub(super) fn on_response(&self, response: &Response<ProxyBody>, latency: Duration, span: &Span) {
+    /// over.
+    pub(super) fn on_response(&self, response: &Response<ProxyBody>, latency: Duration) {
         let decision = response.body().decision();
-        let route = decision.and_then(|d| d.route.as_ref());
         let outcome = decision.map(|d| d.outcome).unwrap_or(Outcome::Internal);
         let settled = decision.is_some_and(|d| d.settled);
-        match route {
+        match decision.and_then(|d| d.route.as_ref()) {
             Some(route) => route.0.record(outcome, latency.as_secs_f64(), settled),
-            None => self.metrics.record_unrouted(outcome, latency.as_secs_f64(), settled),
+            None => self.0.metrics.record_unrouted(outcome, latency.as_secs_f64(), settled),
         }
+    }
+}
+
+impl Answered {
+    /// Writes the line of a request whose response `body` has ended (or was
+    /// dropped) after `sent` bytes, in `span`, the request's.
+    pub(super) fn write(&self, body: &ProxyBody, sent: u64, span: &Span) {
+        let Answered { started, status, upstream, latency_us } = self;
+        let decision = body.decision();
+        let route = decision.and_then(|d| d.route.as_ref());
+        let outcome = decision.map(|d| d.outcome).unwrap_or(Outcome::Internal);
         let line = Line {
             route: route.map(|r| r.0.name()).unwrap_or(NO_ROUTE_LABEL),
+            method: started.method.as_str(),
+            client: started.log.0.client.to_str().unwrap_or_default(),
             key: decision.and_then(|d| d.key.as_deref()),
             token: decision.and_then(|d| d.token),
             decision: outcome.as_str(),
-            status: response.status().as_u16(),
-            latency_us: latency.as_micros() as u64,
+            status: *status,
+            upstream_status: upstream.then_some(*status),
+            bytes_in: started.read.load(Ordering::Relaxed).wrapping_sub(started.read_before),
+            bytes_out: sent,
+            latency_us: *latency_us,
+            request_id: started.id.to_str().unwrap_or_default(),
         };
         match access_sink() {
             Some(sink) if span.is_disabled() => {
@@ -48,7 +105,10 @@ impl AccessLog {
                     sink.writer.line(false, |out| line.write(sink.format, SystemTime::now(), out));
                 }
             }
-            _ => line.event(),
+            _ => {
+                let _entered = span.enter();
+                line.event();
+            }
         }
     }
 }

@@ -40,6 +40,11 @@ struct ClientSide {
 }
 
 impl Forward {
+    /// Its client's address.
+    pub fn client(&self) -> &ClientAddr {
+        &self.0.client
+    }
+
     /// Whether its client speaks TLS.
     pub fn over_tls(&self) -> bool {
         self.0.client.is_tls()
