@@ -1,8 +1,8 @@
 //! Request-path errors, and the one place they become responses.
 //!
 //! Every response fencegate makes itself is `application/problem+json` (RFC 9457)
-//! with `type`, `title`, `status`, `detail`, and `key`, `token`, `current` where
-//! they apply. Errors never escape as connection resets: the rescue layer turns
+//! with `type`, `title`, `status`, `detail`, `request_id`, and `key`, `token`,
+//! `current` where they apply. Errors never escape as connection resets: the rescue layer turns
 //! each [`Rejection`] into a response with [`Rejection::into_response`].
 
 use std::sync::Arc;
@@ -207,7 +207,14 @@ impl Rejection {
     }
 
     /// The problem+json response for this rejection, with its [`Decision`].
+    #[cfg(test)]
     pub fn into_response(self) -> Response<ProxyBody> {
+        self.into_response_for(None)
+    }
+
+    /// [`Rejection::into_response`], the problem naming the request's ID
+    /// (`request_id`) when it has one.
+    pub fn into_response_for(self, request_id: Option<&HeaderValue>) -> Response<ProxyBody> {
         let (outcome, kind) = self.error.answer();
         let detail = match self.settle {
             None => self.error.to_string(),
@@ -221,6 +228,9 @@ impl Rejection {
         let mut problem = Problem::new(kind, detail);
         if let Some(settle) = self.settle {
             problem = problem.member("settle_ms", settle.as_millis() as u64);
+        }
+        if let Some(id) = request_id.and_then(|id| id.to_str().ok()) {
+            problem = problem.member("request_id", id);
         }
         if let Some(key) = &self.key {
             problem = problem.member("key", &**key);

@@ -108,7 +108,8 @@ pub fn proxy_service(
     };
     ServiceBuilder::new()
         // Outermost but for the server's count of requests in flight, so the access log and metrics see every
-        // response, including the ones fencegate makes itself below.
+        // response, including the ones fencegate makes itself below; and so every request has its ID (which
+        // the rescue puts in its problems) before any step looks at it.
         .layer(access_log(shared.metrics.clone(), forward.client().clone()))
         // Rescue: every refusal from the steps below becomes its problem+json
         // response here, and a panic a 500 problem, so no error escapes to

@@ -42,6 +42,7 @@ mod recipes;
 mod redis_shared;
 mod redis_tls;
 mod reload;
+mod request_ids;
 mod server_tls;
 mod signing;
 mod third_pass;

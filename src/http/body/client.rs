@@ -3,6 +3,7 @@
 //! connection, which drains it so the client reads the answer.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -34,6 +35,8 @@ pub struct ClientBody {
     /// inviting a body nobody wants. Dropped now, hyper reads what was sent
     /// anyway and closes the connection after the answer.
     awaits_continue: bool,
+    /// Where the bytes read of it are added up, for the access log.
+    read: Option<Arc<AtomicU64>>,
 }
 
 impl ClientBody {
@@ -44,7 +47,12 @@ impl ClientBody {
             bodies.body_started();
             bodies.clone()
         });
-        ClientBody { inner: Some(inner), open, http1, awaits_continue }
+        ClientBody { inner: Some(inner), open, http1, awaits_continue, read: None }
+    }
+
+    /// From now on, adds the bytes of each data frame read to `read`.
+    pub fn count_into(&mut self, read: Arc<AtomicU64>) {
+        self.read = Some(read);
     }
 
     fn inner(&self) -> &Incoming {
@@ -83,6 +91,11 @@ impl Body for ClientBody {
         this.awaits_continue = false;
         let inner = this.inner.as_mut().expect("a body's Incoming is taken only when it is dropped");
         let frame = std::task::ready!(Pin::new(&mut *inner).poll_frame(cx));
+        if let (Some(read), Some(Ok(frame))) = (&this.read, &frame) {
+            if let Some(data) = frame.data_ref() {
+                read.fetch_add(data.len() as u64, Ordering::Relaxed);
+            }
+        }
         // The end: no more frames, or (with a declared length) the last byte
         // of it. hyper has left the body behind by then: it marks its reading
         // done before it hands over the last chunk. A reader that stops at

@@ -52,6 +52,11 @@ impl ProxyBody {
         ProxyBody { guard, ..self }
     }
 
+    /// Whether the body is the upstream's, not one made here.
+    pub fn is_upstream(&self) -> bool {
+        matches!(self.inner, Either::Left(_))
+    }
+
     /// The decision the layers below recorded, if any.
     pub fn decision(&self) -> Option<&Decision> {
         self.decision.as_ref()

@@ -1,8 +1,9 @@
-//! The access log's response future, which writes the line when the
-//! response head comes, and the response body, polled in the request's span.
+//! The access log's response future, which counts the response when its
+//! head comes and puts the request ID on it, and the response body, polled
+//! in the request's span, which counts its bytes and writes the line when
+//! it is done.
 
 use std::future::Future;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
@@ -12,27 +13,27 @@ use http::Response;
 use hyper::body::{Body, Frame, SizeHint};
 use tracing::Span;
 
-use super::AccessLog;
-use crate::http::ProxyBody;
+use super::on_response::{Answered, Started};
+use crate::http::{ProxyBody, REQUEST_ID_HEADER};
 
 pin_project_lite::pin_project! {
     /// [`AccessLogService`](super::service::AccessLogService)'s future: the
     /// inner future, polled in the request's span; its response is counted
-    /// and logged once, with the time since the request was handed over.
+    /// once, with the time since the request was handed over, and carries
+    /// the request's ID.
     pub struct AccessLogFuture<F> {
         #[pin]
         inner: F,
         span: Span,
         start: Instant,
-        log: AccessLog,
-        // The client a trusted proxy named, if the connection is one's.
-        behind: Option<IpAddr>,
+        // `None` once the response has come.
+        started: Option<Started>,
     }
 }
 
 impl<F> AccessLogFuture<F> {
-    pub(super) fn new(inner: F, span: Span, start: Instant, log: AccessLog, behind: Option<IpAddr>) -> Self {
-        AccessLogFuture { inner, span, start, log, behind }
+    pub(super) fn new(inner: F, span: Span, start: Instant, started: Started) -> Self {
+        AccessLogFuture { inner, span, start, started: Some(started) }
     }
 }
 
@@ -44,24 +45,45 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let response = {
+        let mut response = {
             let _entered = this.span.enter();
-            let response = ready!(this.inner.poll(cx))?;
-            this.log.on_response(&response, this.start.elapsed(), this.span, *this.behind);
-            response
+            ready!(this.inner.poll(cx))?
+        };
+        let latency = this.start.elapsed();
+        let started = this.started.take().expect("AccessLogFuture polled after it was done");
+        started.log.on_response(&response, latency);
+        // The upstream's own ID, if it sent one, is the request's already
+        // (it got it) or not this request's: the response carries ours.
+        response.headers_mut().insert(REQUEST_ID_HEADER, started.id.clone());
+        let answered = Answered {
+            status: response.status().as_u16(),
+            upstream: response.body().is_upstream(),
+            latency_us: latency.as_micros() as u64,
+            started,
         };
         // The body keeps the span: it closes when the body is done.
         let span = std::mem::replace(this.span, Span::none());
-        Poll::Ready(Ok(response.map(|inner| AccessLogBody { inner, span })))
+        Poll::Ready(Ok(response.map(|inner| AccessLogBody { inner, span, answered, sent: 0 })))
     }
 }
 
 pin_project_lite::pin_project! {
-    /// A response body polled in its request's span.
+    /// A response body polled in its request's span; the request's line is
+    /// written when it is dropped (sent to its end, or cut off), with the
+    /// bytes sent of it.
     pub struct AccessLogBody {
         #[pin]
         inner: ProxyBody,
         span: Span,
+        answered: Answered,
+        sent: u64,
+    }
+
+    impl PinnedDrop for AccessLogBody {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            this.answered.write(&this.inner, *this.sent, this.span);
+        }
     }
 }
 
@@ -72,7 +94,13 @@ impl Body for AccessLogBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.project();
         let _entered = this.span.enter();
-        this.inner.poll_frame(cx)
+        let polled = this.inner.poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(data) = frame.data_ref() {
+                *this.sent += data.len() as u64;
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

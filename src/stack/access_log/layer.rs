@@ -12,8 +12,8 @@ use super::AccessLog;
 use crate::metrics::Metrics;
 use crate::proxy::ClientAddr;
 
-/// The layer that writes the access log: a debug span per request, and an
-/// event per response (nothing per body chunk).
+/// The layer that writes the access log: a debug span per request, and a
+/// line per response once its body is done.
 #[derive(Clone)]
 pub struct AccessLogLayer {
     log: AccessLog,

@@ -16,15 +16,21 @@ use crate::config::LogFormat;
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Line<'a> {
     pub route: &'a str,
-    pub key: Option<&'a str>,
-    pub token: Option<u64>,
-    pub decision: &'static str,
-    pub status: u16,
-    pub latency_us: u64,
+    pub method: &'a str,
     /// The client's address: the connection's (its peer, or its PROXY
     /// header's source), or behind a trusted proxy the one its
     /// `X-Forwarded-For` names.
     pub client: &'a str,
+    pub key: Option<&'a str>,
+    pub token: Option<u64>,
+    pub decision: &'static str,
+    pub status: u16,
+    /// The upstream's status; `None` when fencegate answered itself.
+    pub upstream_status: Option<u16>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub latency_us: u64,
+    pub request_id: &'a str,
 }
 
 impl Line<'_> {
@@ -33,17 +39,22 @@ impl Line<'_> {
         tracing::info!(
             target: "fencegate::access",
             route = self.route,
+            method = self.method,
+            client = self.client,
             key = self.key,
             token = self.token,
             decision = self.decision,
             status = self.status,
+            upstream_status = self.upstream_status,
+            bytes_in = self.bytes_in,
+            bytes_out = self.bytes_out,
             latency_us = self.latency_us,
-            client = self.client,
+            request_id = self.request_id,
         );
     }
 
     /// The line as tracing's formatter writes [`Line::event`], at `now`:
-    /// `<time>  INFO fencegate::access: route="objects" key="/objects/a" ...`
+    /// `<time>  INFO fencegate::access: route="objects" method="PUT" ...`
     /// with strings as `{:?}` writes them, or
     /// `{"timestamp":"<time>","level":"INFO","route":...,"target":"fencegate::access"}`
     /// with the fields flattened in their order and strings as serde_json
@@ -64,6 +75,10 @@ impl Line<'_> {
         // What follows the time, up to the first field's value, in one append.
         out.extend_from_slice(S::ROUTE);
         S::string(self.route, out);
+        out.extend_from_slice(S::METHOD);
+        S::string(self.method, out);
+        out.extend_from_slice(S::CLIENT);
+        S::string(self.client, out);
         if let Some(value) = self.key {
             out.extend_from_slice(S::KEY);
             S::string(value, out);
@@ -76,10 +91,18 @@ impl Line<'_> {
         S::string(self.decision, out);
         out.extend_from_slice(S::STATUS);
         decimal(self.status.into(), out);
+        if let Some(value) = self.upstream_status {
+            out.extend_from_slice(S::UPSTREAM_STATUS);
+            decimal(value.into(), out);
+        }
+        out.extend_from_slice(S::BYTES_IN);
+        decimal(self.bytes_in, out);
+        out.extend_from_slice(S::BYTES_OUT);
+        decimal(self.bytes_out, out);
         out.extend_from_slice(S::LATENCY);
         decimal(self.latency_us, out);
-        out.extend_from_slice(S::CLIENT);
-        S::string(self.client, out);
+        out.extend_from_slice(S::REQUEST_ID);
+        S::string(self.request_id, out);
         out.extend_from_slice(S::END);
     }
 }
@@ -90,12 +113,17 @@ impl Line<'_> {
 trait Syntax {
     const START: &'static [u8];
     const ROUTE: &'static [u8];
+    const METHOD: &'static [u8];
+    const CLIENT: &'static [u8];
     const KEY: &'static [u8];
     const TOKEN: &'static [u8];
     const DECISION: &'static [u8];
     const STATUS: &'static [u8];
+    const UPSTREAM_STATUS: &'static [u8];
+    const BYTES_IN: &'static [u8];
+    const BYTES_OUT: &'static [u8];
     const LATENCY: &'static [u8];
-    const CLIENT: &'static [u8];
+    const REQUEST_ID: &'static [u8];
     const END: &'static [u8];
 
     /// Writes a string field's value.
@@ -108,12 +136,17 @@ struct Human;
 impl Syntax for Human {
     const START: &'static [u8] = b"";
     const ROUTE: &'static [u8] = b"  INFO fencegate::access: route=";
+    const METHOD: &'static [u8] = b" method=";
+    const CLIENT: &'static [u8] = b" client=";
     const KEY: &'static [u8] = b" key=";
     const TOKEN: &'static [u8] = b" token=";
     const DECISION: &'static [u8] = b" decision=";
     const STATUS: &'static [u8] = b" status=";
+    const UPSTREAM_STATUS: &'static [u8] = b" upstream_status=";
+    const BYTES_IN: &'static [u8] = b" bytes_in=";
+    const BYTES_OUT: &'static [u8] = b" bytes_out=";
     const LATENCY: &'static [u8] = b" latency_us=";
-    const CLIENT: &'static [u8] = b" client=";
+    const REQUEST_ID: &'static [u8] = b" request_id=";
     const END: &'static [u8] = b"\n";
 
     fn string(text: &str, out: &mut Vec<u8>) {
@@ -127,12 +160,17 @@ struct Json;
 impl Syntax for Json {
     const START: &'static [u8] = b"{\"timestamp\":\"";
     const ROUTE: &'static [u8] = b"\",\"level\":\"INFO\",\"route\":";
+    const METHOD: &'static [u8] = b",\"method\":";
+    const CLIENT: &'static [u8] = b",\"client\":";
     const KEY: &'static [u8] = b",\"key\":";
     const TOKEN: &'static [u8] = b",\"token\":";
     const DECISION: &'static [u8] = b",\"decision\":";
     const STATUS: &'static [u8] = b",\"status\":";
+    const UPSTREAM_STATUS: &'static [u8] = b",\"upstream_status\":";
+    const BYTES_IN: &'static [u8] = b",\"bytes_in\":";
+    const BYTES_OUT: &'static [u8] = b",\"bytes_out\":";
     const LATENCY: &'static [u8] = b",\"latency_us\":";
-    const CLIENT: &'static [u8] = b",\"client\":";
+    const REQUEST_ID: &'static [u8] = b",\"request_id\":";
     const END: &'static [u8] = b",\"target\":\"fencegate::access\"}\n";
 
     fn string(text: &str, out: &mut Vec<u8>) {
@@ -322,15 +360,22 @@ mod tests {
         ];
         for format in [LogFormat::Human, LogFormat::Json] {
             for key in keys {
-                for token in [None, Some(0), Some(7), Some(u64::MAX)] {
+                for (token, upstream_status) in
+                    [(None, None), (Some(0), Some(200)), (Some(7), None), (Some(u64::MAX), Some(599))]
+                {
                     let line = Line {
                         route: "objects \"odd\"",
+                        method: "PUT",
+                        client: "2001:db8::7",
                         key,
                         token,
                         decision: Outcome::Stale.as_str(),
                         status: 409,
+                        upstream_status,
+                        bytes_in: 0,
+                        bytes_out: u64::MAX,
                         latency_us: 1234,
-                        client: "2001:db8::7",
+                        request_id: key.unwrap_or("0123456789ab-000000000001"),
                     };
                     let theirs = through_tracing(&line, format);
                     let ours = ours(&line, format, SystemTime::now());
@@ -393,12 +438,17 @@ mod tests {
     fn the_time_is_written_as_tracing_writes_it() {
         let line = Line {
             route: "r",
+            method: "GET",
+            client: "192.0.2.7",
             key: None,
             token: None,
             decision: "forwarded",
             status: 200,
+            upstream_status: Some(200),
+            bytes_in: 0,
+            bytes_out: 5,
             latency_us: 1,
-            client: "127.0.0.1",
+            request_id: "id",
         };
         // Across a leap day, a year's end and the far future.
         for secs in [0u64, 951_782_399, 951_782_400, 1_704_067_199, 1_764_648_043, 4_102_444_800, 253_402_300_799] {

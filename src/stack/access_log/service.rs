@@ -1,6 +1,7 @@
-//! The access log's service: times each request from the moment it is
-//! handed over, in its span.
+//! The access log's service: gives each request its ID, counts its body's
+//! bytes, and times it from the moment it is handed over, in its span.
 
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -9,8 +10,9 @@ use tower::Service;
 
 use super::future::{AccessLogBody, AccessLogFuture};
 use super::layer::request_span;
+use super::on_response::Started;
 use super::AccessLog;
-use crate::http::ProxyBody;
+use crate::http::{request_id, ClientBody, ProxyBody, REQUEST_ID_HEADER};
 
 /// See [`AccessLogLayer`](super::layer::AccessLogLayer).
 #[derive(Clone)]
@@ -25,9 +27,9 @@ impl<S> AccessLogService<S> {
     }
 }
 
-impl<S, B> Service<Request<B>> for AccessLogService<S>
+impl<S> Service<Request<ClientBody>> for AccessLogService<S>
 where
-    S: Service<Request<B>, Response = Response<ProxyBody>>,
+    S: Service<Request<ClientBody>, Response = Response<ProxyBody>>,
 {
     type Response = Response<AccessLogBody>;
     type Error = S::Error;
@@ -37,17 +39,28 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ClientBody>) -> Self::Future {
         let start = Instant::now();
         let span = request_span(&req);
         // Behind a trusted proxy, the client is the one X-Forwarded-For
         // names, read before the request is handed on (and changed); for
         // any other connection, one branch.
         let behind = self.log.client().behind_proxy(req.headers());
+        // The ID goes upstream in the request's own head: the client's is
+        // there already; a made one replaces whatever the client sent.
+        let (id, made) = request_id(req.headers());
+        if made {
+            req.headers_mut().insert(REQUEST_ID_HEADER, id.clone());
+        }
+        let (read, own) = self.log.read_count(req.version());
+        let read_before = read.load(Ordering::Relaxed);
+        req.body_mut().count_into(read);
+        let started =
+            Started { log: self.log.clone(), method: req.method().clone(), id, behind, read: own, read_before };
         let inner = {
             let _entered = span.enter();
             self.inner.call(req)
         };
-        AccessLogFuture::new(inner, span, start, self.log.clone(), behind)
+        AccessLogFuture::new(inner, span, start, started)
     }
 }

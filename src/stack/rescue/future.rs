@@ -7,6 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use http::header::HeaderValue;
 use http::Response;
 
 use super::panic_response;
@@ -18,7 +19,7 @@ pin_project_lite::pin_project! {
     /// is boxed: every layer above moves this future.)
     #[project = RescueProj]
     pub enum RescueFuture<F> {
-        Running { #[pin] inner: F },
+        Running { #[pin] inner: F, request_id: Option<HeaderValue> },
         Panicked { response: Option<Box<Response<ProxyBody>>> },
     }
 }
@@ -34,9 +35,9 @@ where
             // A future that panicked is not polled again: the 500 is its
             // answer, and dropping it runs what its drops run (a key's turn
             // passed on or held for its settle period).
-            RescueProj::Running { inner } => match catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
-                Ok(poll) => poll.map(|result| Ok(result.unwrap_or_else(Rejection::into_response))),
-                Err(panic) => Poll::Ready(Ok(panic_response(panic))),
+            RescueProj::Running { inner, request_id } => match catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
+                Ok(poll) => poll.map(|result| Ok(result.unwrap_or_else(|r| r.into_response_for(request_id.as_ref())))),
+                Err(panic) => Poll::Ready(Ok(panic_response(panic, request_id.as_ref()))),
             },
             RescueProj::Panicked { response } => {
                 Poll::Ready(Ok(*response.take().expect("RescueFuture polled after it was done")))

@@ -4,7 +4,8 @@
 //!
 //! It sits just inside the access log: outside every layer that refuses, so
 //! it answers them all, and inside the log, so each answer is logged and
-//! counted like any other response.
+//! counted like any other response. Each problem names the request's ID
+//! (`request_id`), which the access log gave the request's head.
 
 mod future;
 mod layer;
@@ -14,6 +15,7 @@ mod tests;
 
 use std::any::Any;
 
+use http::header::HeaderValue;
 use http::Response;
 
 pub use future::RescueFuture;
@@ -23,9 +25,10 @@ pub use service::Rescue;
 use crate::http::ProxyBody;
 use crate::stack::error::{ProxyError, Rejection};
 
-/// The 500 problem for a panic below the rescue layer.
-fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<ProxyBody> {
+/// The 500 problem for a panic below the rescue layer, for the request
+/// `request_id`.
+fn panic_response(panic: Box<dyn Any + Send + 'static>, request_id: Option<&HeaderValue>) -> Response<ProxyBody> {
     crate::telemetry::error_limited!(panic = %crate::http::problem::panic_message(&*panic), "a request panicked");
     Rejection::from(ProxyError::Internal { context: "the request could not be completed", source: None })
-        .into_response()
+        .into_response_for(request_id)
 }

@@ -5,11 +5,11 @@ use std::convert::Infallible;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::task::{Context, Poll};
 
-use http::Response;
+use http::{Request, Response};
 use tower::Service;
 
 use super::{panic_response, RescueFuture};
-use crate::http::ProxyBody;
+use crate::http::{ProxyBody, REQUEST_ID_HEADER};
 use crate::stack::error::Rejection;
 
 /// See [`RescueLayer`](super::RescueLayer).
@@ -24,9 +24,9 @@ impl<S> Rescue<S> {
     }
 }
 
-impl<S, R> Service<R> for Rescue<S>
+impl<S, B> Service<Request<B>> for Rescue<S>
 where
-    S: Service<R, Response = Response<ProxyBody>, Error = Rejection>,
+    S: Service<Request<B>, Response = Response<ProxyBody>, Error = Rejection>,
     S::Future: Send + 'static,
 {
     type Response = Response<ProxyBody>;
@@ -42,10 +42,14 @@ where
         }
     }
 
-    fn call(&mut self, req: R) -> Self::Future {
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // Kept for the problem of a refusal: the request is gone by then.
+        let request_id = req.headers().get(REQUEST_ID_HEADER).cloned();
         match catch_unwind(AssertUnwindSafe(|| self.inner.call(req))) {
-            Ok(inner) => RescueFuture::Running { inner },
-            Err(panic) => RescueFuture::Panicked { response: Some(Box::new(panic_response(panic))) },
+            Ok(inner) => RescueFuture::Running { inner, request_id },
+            Err(panic) => {
+                RescueFuture::Panicked { response: Some(Box::new(panic_response(panic, request_id.as_ref()))) }
+            }
         }
     }
 }
