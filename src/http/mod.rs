@@ -21,6 +21,6 @@ pub use body::{
 };
 pub(crate) use body::{ReadError, Reader};
 pub use outcome::{Decision, Outcome, RouteLabel, RouteTag};
-pub use request_id::{request_id, REQUEST_ID_HEADER};
+pub use request_id::{request_id, REQUEST_ID};
 pub use teardown::Teardown;
 pub(crate) use woken::WokenOnly;

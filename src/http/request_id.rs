@@ -24,10 +24,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use bytes::BytesMut;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{Entry, HeaderMap, HeaderName, HeaderValue};
 
 /// The request ID's header, on the request upstream and on every response.
-pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
+pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The longest client ID kept.
 pub const MAX_CLIENT_ID: usize = 128;
@@ -42,20 +42,24 @@ const BLOCK: usize = 16 * 1024;
 /// not contend for one counter on every request.
 const BATCH: u64 = 1024;
 
-/// The request's ID: its client's if that is one to keep, else a new one.
-/// `true` with it when it was made here (the request does not carry it yet).
-pub fn request_id(headers: &HeaderMap) -> (HeaderValue, bool) {
-    match client_id(headers) {
-        Some(id) => (id.clone(), false),
-        None => (make(), true),
+/// The request's ID: its client's if that is one to keep, else a new one,
+/// which then replaces whatever the client sent. Either way `headers` carry
+/// it on, and one lookup finds the field and sets it.
+pub fn request_id(headers: &mut HeaderMap) -> HeaderValue {
+    match headers.entry(&REQUEST_ID) {
+        Entry::Occupied(mut sent) => {
+            let mut all = sent.iter();
+            if let (Some(id), None) = (all.next(), all.next()) {
+                if keeps(id.as_bytes()) {
+                    return id.clone();
+                }
+            }
+            let id = make();
+            sent.insert(id.clone());
+            id
+        }
+        Entry::Vacant(none) => none.insert(make()).clone(),
     }
-}
-
-/// The client's `X-Request-Id`, if it sent exactly one that may be kept.
-fn client_id(headers: &HeaderMap) -> Option<&HeaderValue> {
-    let mut all = headers.get_all(REQUEST_ID_HEADER).iter();
-    let id = all.next()?;
-    (all.next().is_none() && keeps(id.as_bytes())).then_some(id)
 }
 
 /// Whether a client's ID is kept: see the module's documentation.
@@ -134,7 +138,7 @@ mod tests {
     fn with(values: &[&[u8]]) -> HeaderMap {
         let mut headers = HeaderMap::new();
         for value in values {
-            headers.append(REQUEST_ID_HEADER, HeaderValue::from_bytes(value).unwrap());
+            headers.append(&REQUEST_ID, HeaderValue::from_bytes(value).unwrap());
         }
         headers
     }
@@ -144,9 +148,10 @@ mod tests {
         for id in
             [&b"abc"[..], b"0f9b7c1e-2d4a-4c1b-9f00-1234567890ab", b"Root=1-5759e988;Parent=53995c3f", &[b'a'; 128]]
         {
-            let (kept, made) = request_id(&with(&[id]));
-            assert!(!made, "{id:?}");
+            let mut headers = with(&[id]);
+            let kept = request_id(&mut headers);
             assert_eq!(kept.as_bytes(), id);
+            assert_eq!(headers.get_all(&REQUEST_ID).iter().collect::<Vec<_>>(), [&kept], "{id:?}");
         }
     }
 
@@ -156,9 +161,11 @@ mod tests {
         let cases: [&[&[u8]]; 8] =
             [&[], &[b""], &[&long], &[b"a b"], &[b"a\tb"], &[b"caf\xc3\xa9"], &[b"a\"b"], &[b"one", b"two"]];
         for values in cases {
-            let (id, made) = request_id(&with(values));
-            assert!(made, "{values:?}");
-            assert_eq!(id.len(), MADE_LEN);
+            let mut headers = with(values);
+            let id = request_id(&mut headers);
+            assert_eq!(id.len(), MADE_LEN, "{values:?}");
+            // The made one alone goes on, whatever the client sent.
+            assert_eq!(headers.get_all(&REQUEST_ID).iter().collect::<Vec<_>>(), [&id], "{values:?}");
         }
         for b in [b',', b'\\', b'"', 0x7f] {
             assert!(!keeps(&[b'a', b]), "{b:#x}");

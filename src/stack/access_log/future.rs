@@ -3,6 +3,7 @@
 //! in the request's span, which counts its bytes and writes the line when
 //! it is done.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -14,7 +15,8 @@ use hyper::body::{Body, Frame, SizeHint};
 use tracing::Span;
 
 use super::on_response::{Answered, Started};
-use crate::http::{ProxyBody, REQUEST_ID_HEADER};
+use crate::http::{ProxyBody, REQUEST_ID};
+use crate::stack::error::Rejection;
 
 pin_project_lite::pin_project! {
     /// [`AccessLogService`](super::service::AccessLogService)'s future: the
@@ -37,24 +39,27 @@ impl<F> AccessLogFuture<F> {
     }
 }
 
-impl<F, E> Future for AccessLogFuture<F>
+impl<F> Future for AccessLogFuture<F>
 where
-    F: Future<Output = Result<Response<ProxyBody>, E>>,
+    F: Future<Output = Result<Response<ProxyBody>, Rejection>>,
 {
-    type Output = Result<Response<AccessLogBody>, E>;
+    type Output = Result<Response<AccessLogBody>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let mut response = {
+        let response = {
             let _entered = this.span.enter();
-            ready!(this.inner.poll(cx))?
+            ready!(this.inner.poll(cx))
         };
         let latency = this.start.elapsed();
         let started = this.started.take().expect("AccessLogFuture polled after it was done");
+        // A refusal is answered here, where the request's ID is at hand for
+        // its problem.
+        let mut response = response.unwrap_or_else(|refusal| refusal.into_response_for(Some(&started.id)));
         started.log.on_response(&response, latency);
         // The upstream's own ID, if it sent one, is the request's already
         // (it got it) or not this request's: the response carries ours.
-        response.headers_mut().insert(REQUEST_ID_HEADER, started.id.clone());
+        response.headers_mut().insert(&REQUEST_ID, started.id.clone());
         let answered = Answered {
             status: response.status().as_u16(),
             upstream: response.body().is_upstream(),

@@ -1,6 +1,7 @@
 //! The access log's service: gives each request its ID, counts its body's
 //! bytes, and times it from the moment it is handed over, in its span.
 
+use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -12,7 +13,8 @@ use super::future::{AccessLogBody, AccessLogFuture};
 use super::layer::request_span;
 use super::on_response::Started;
 use super::AccessLog;
-use crate::http::{request_id, ClientBody, ProxyBody, REQUEST_ID_HEADER};
+use crate::http::{request_id, ClientBody, ProxyBody};
+use crate::stack::error::Rejection;
 
 /// See [`AccessLogLayer`](super::layer::AccessLogLayer).
 #[derive(Clone)]
@@ -29,14 +31,16 @@ impl<S> AccessLogService<S> {
 
 impl<S> Service<Request<ClientBody>> for AccessLogService<S>
 where
-    S: Service<Request<ClientBody>, Response = Response<ProxyBody>>,
+    S: Service<Request<ClientBody>, Response = Response<ProxyBody>, Error = Rejection>,
 {
     type Response = Response<AccessLogBody>;
-    type Error = S::Error;
+    type Error = Infallible;
     type Future = AccessLogFuture<S::Future>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The layers below are always ready; were one not, its refusal is
+        // answered with the request's response, not by closing the connection.
+        self.inner.poll_ready(cx).map(|_| Ok(()))
     }
 
     fn call(&mut self, mut req: Request<ClientBody>) -> Self::Future {
@@ -48,10 +52,7 @@ where
         let behind = self.log.client().behind_proxy(req.headers());
         // The ID goes upstream in the request's own head: the client's is
         // there already; a made one replaces whatever the client sent.
-        let (id, made) = request_id(req.headers());
-        if made {
-            req.headers_mut().insert(REQUEST_ID_HEADER, id.clone());
-        }
+        let id = request_id(req.headers_mut());
         let (read, own) = self.log.read_count(req.version());
         let read_before = read.load(Ordering::Relaxed);
         req.body_mut().count_into(read);

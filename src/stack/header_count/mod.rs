@@ -10,7 +10,7 @@
 
 use http::HeaderMap;
 
-use crate::http::REQUEST_ID_HEADER;
+use crate::http::REQUEST_ID;
 use crate::stack::error::ProxyError;
 
 /// Refuses a head with more than `max` fields (431), `X-Request-Id` not
@@ -19,7 +19,7 @@ use crate::stack::error::ProxyError;
 pub(crate) fn check(headers: &HeaderMap, max: usize) -> Result<(), ProxyError> {
     let count = headers.len();
     // The lookup only past the bound: the common case never makes it.
-    if count > max && !(count == max + 1 && headers.contains_key(REQUEST_ID_HEADER)) {
+    if count > max && !(count == max + 1 && headers.contains_key(&REQUEST_ID)) {
         return Err(ProxyError::TooManyHeaders { count, max });
     }
     Ok(())

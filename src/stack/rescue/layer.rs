@@ -4,8 +4,9 @@ use tower::Layer;
 
 use super::Rescue;
 
-/// Turns every [`Rejection`](crate::stack::error::Rejection) into its problem+json response, and a panic
-/// in the layers below (in their `call` or their future) into a 500 problem.
+/// Turns a panic in the layers below (in their `call` or their future) into
+/// a [`Rejection`](crate::stack::error::Rejection) for an internal error,
+/// which the access log answers with a 500 problem.
 /// (Caught here rather than by tower-http's catch-panic layer, which boxes
 /// every response body to give its own answer a type.)
 #[derive(Debug, Clone, Copy)]

@@ -1,15 +1,14 @@
 //! The rescue service: a panic in `call` below is caught here, and every
 //! answer from below goes through [`RescueFuture`].
 
-use std::convert::Infallible;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tower::Service;
 
-use super::{panic_response, RescueFuture};
-use crate::http::{ProxyBody, REQUEST_ID_HEADER};
+use super::{panic_rejection, RescueFuture};
+use crate::http::ProxyBody;
 use crate::stack::error::Rejection;
 
 /// See [`RescueLayer`](super::RescueLayer).
@@ -30,10 +29,10 @@ where
     S::Future: Send + 'static,
 {
     type Response = Response<ProxyBody>;
-    type Error = Infallible;
+    type Error = Rejection;
     type Future = RescueFuture<S::Future>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
         // The layers below are always ready; were one not, its refusal is
         // answered with the request's response, not by closing the connection.
         match self.inner.poll_ready(cx) {
@@ -43,13 +42,9 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        // Kept for the problem of a refusal: the request is gone by then.
-        let request_id = req.headers().get(REQUEST_ID_HEADER).cloned();
         match catch_unwind(AssertUnwindSafe(|| self.inner.call(req))) {
-            Ok(inner) => RescueFuture::Running { inner, request_id },
-            Err(panic) => {
-                RescueFuture::Panicked { response: Some(Box::new(panic_response(panic, request_id.as_ref()))) }
-            }
+            Ok(inner) => RescueFuture::Running { inner },
+            Err(panic) => RescueFuture::Panicked { rejection: Some(Box::new(panic_rejection(panic))) },
         }
     }
 }

@@ -1,5 +1,5 @@
-//! Tests of the rescue as a whole: refusals and panics, in `call` or in the
-//! future, all become responses.
+//! Tests of the rescue as a whole: panics, in `call` or in the future,
+//! become refusals, answered as every refusal is.
 
 use std::task::{Context, Poll};
 
@@ -11,8 +11,9 @@ use super::RescueLayer;
 use crate::http::{Outcome, ProxyBody};
 use crate::stack::error::{ProxyError, Rejection};
 
-/// A 500 problem with its decision, as the rescue answers a panic.
-async fn assert_internal(response: Response<ProxyBody>) {
+/// A 500 problem with its decision, as a panic is answered.
+async fn assert_internal(refusal: Result<Response<ProxyBody>, Rejection>) {
+    let response = refusal.expect_err("a panic is a refusal").into_response();
     assert_eq!(response.status(), 500);
     assert_eq!(response.headers()["content-type"], "application/problem+json");
     assert_eq!(response.body().decision().map(|d| d.outcome), Some(Outcome::Internal));
@@ -32,7 +33,7 @@ async fn a_panic_in_the_future_becomes_a_500_problem() {
         }
         Ok::<Response<ProxyBody>, Rejection>(Response::new(ProxyBody::default()))
     });
-    assert_internal(RescueLayer.layer(panicking).oneshot(Request::new(())).await.unwrap()).await;
+    assert_internal(RescueLayer.layer(panicking).oneshot(Request::new(())).await).await;
 }
 
 /// So does a panic in the service's `call`, before there is a future.
@@ -51,16 +52,17 @@ async fn a_panic_in_call_becomes_a_500_problem() {
             panic!("a bug in call")
         }
     }
-    assert_internal(RescueLayer.layer(PanicsInCall).oneshot(Request::new(())).await.unwrap()).await;
+    assert_internal(RescueLayer.layer(PanicsInCall).oneshot(Request::new(())).await).await;
 }
 
-/// The rescue answers every refusal with its problem, never an error.
+/// A refusal from below goes up as it is, for the access log to answer.
 #[tokio::test]
-async fn the_rescue_answers_refusals() {
+async fn the_rescue_passes_refusals_on() {
     let refusing = tower::service_fn(|_: Request<()>| async move {
         Err::<Response<ProxyBody>, _>(Rejection::from(ProxyError::BufferFull(1)))
     });
-    let response = RescueLayer.layer(refusing).oneshot(Request::new(())).await.unwrap();
+    let refusal = RescueLayer.layer(refusing).oneshot(Request::new(())).await.expect_err("a refusal");
+    let response = refusal.into_response();
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["retry-after"], "1");
 }
