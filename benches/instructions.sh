@@ -10,6 +10,13 @@
 #   benches/instructions.sh                     # builds, then each contender in turn: ~1.5 min once built
 #   CONTENDERS=fencegate FENCEGATE_BIN=path/to/fencegate benches/instructions.sh
 #   CONTENDERS="nginx nginx-lua" benches/instructions.sh   # no cargo build
+#   CONTENDERS="fencegate nginx-lua nginx-lua-headers" FENCEGATE_BIN=path/to/fencegate benches/instructions.sh
+#
+# `nginx-lua-headers` is `nginx-lua` made to put on the wire what fencegate's
+# contract does besides the fence: `X-Forwarded-For`, `-Proto` and `-Host`
+# upstream, and `X-Request-Id` (the client's, or nginx's `$request_id`)
+# upstream and on every response. `nginx-lua` as the load bench runs it sets
+# none of them.
 #
 # Knobs (environment): CONTENDERS ("fencegate fenced-floor hyper-floor nginx
 # nginx-lua"), SECONDS_MEASURED (10), CONNS (64), KEYS (10000), ACCESS_LOG
@@ -43,7 +50,7 @@
 # too, so the two run alike.
 #
 # Needs (Debian packages): valgrind, nginx, wrk, curl; libnginx-mod-http-lua
-# for nginx-lua.
+# for nginx-lua and nginx-lua-headers.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -66,14 +73,14 @@ for contender in $CONTENDERS; do
         fencegate) [[ -n "${FENCEGATE_BIN:-}" ]] || build+=(--bin fencegate) ;;
         fenced-floor | hyper-floor) [[ -n "${HYPER_FLOOR_BIN:-}" ]] || build+=(--example hyper_floor) ;;
         nginx) ;;
-        nginx-lua)
+        nginx-lua | nginx-lua-headers)
             # The paths proxy-nginx-lua.conf.in loads its modules from.
             for module in ndk_http_module ngx_http_lua_module; do
                 [[ -f /usr/lib/nginx/modules/$module.so ]] ||
                     die "nginx-lua needs /usr/lib/nginx/modules/$module.so: install the Debian package libnginx-mod-http-lua (apt-get install libnginx-mod-http-lua), or leave nginx-lua out of CONTENDERS"
             done
             ;;
-        *) die "unknown contender '$contender' (fencegate, fenced-floor, hyper-floor, nginx, nginx-lua)" ;;
+        *) die "unknown contender '$contender' (fencegate, fenced-floor, hyper-floor, nginx, nginx-lua, nginx-lua-headers)" ;;
     esac
 done
 
@@ -172,6 +179,19 @@ EOF
             cmd=(nginx -p "$d/" -c "$d/nginx.conf" -e "$d/error.log")
             tool+=(--smc-check=all-non-file)
             ;;
+        nginx-lua-headers)
+            nginx_contender "$here/load/proxy-nginx-lua.conf.in" "$d" "$port"
+            # The headers fencegate sets, as an nginx user sets them.
+            sed -i -e 's|^\( *\)lua_shared_dict fences|\1map $http_x_request_id $req_id { default $http_x_request_id; "" $request_id; }\n&|' \
+                -e 's|^\( *\)proxy_set_header Connection "";|&\n\1proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\1proxy_set_header X-Forwarded-Proto $scheme;\n\1proxy_set_header X-Forwarded-Host $host;\n\1proxy_set_header X-Request-Id $req_id;\n\1add_header X-Request-Id $req_id always;|' \
+                "$d/nginx.conf"
+            [[ "$(grep -c 'X-Request-Id \$req_id' "$d/nginx.conf")" == 2 ]] ||
+                die "proxy-nginx-lua.conf.in no longer has the lines nginx-lua-headers adds its headers after"
+            nginx -t -q -p "$d/" -c "$d/nginx.conf" -e "$d/error.log" >"$d/check.log" 2>&1 ||
+                die "nginx rejected $d/nginx.conf (see $d/check.log)"
+            cmd=(nginx -p "$d/" -c "$d/nginx.conf" -e "$d/error.log")
+            tool+=(--smc-check=all-non-file)
+            ;;
     esac
     # RUST_LOG: the fenced floor's log level (fencegate's config says the same).
     RUST_LOG=$level "${tool[@]}" "${cmd[@]}" >"$d/stdout.log" 2>"$d/stderr.log" &
@@ -191,7 +211,7 @@ EOF
     # The fence was there and saw the marks priming gave: a token below a
     # key's mark (7) is refused. Asked after the dump, so it is not counted.
     case $contender in
-        fencegate | fenced-floor | nginx-lua)
+        fencegate | fenced-floor | nginx-lua | nginx-lua-headers)
             stale=$(curl -s -o /dev/null -w '%{http_code}' --max-time 30 -X PUT -H 'X-Fencing-Token: 6' --data-binary x "${url}k0")
             [[ "$stale" == 409 ]] || die "$contender: a stale token got $stale, not 409: the fence did not see the primed marks (see $d)"
             ;;

@@ -14,16 +14,17 @@
 //! process; across processes as far as 48 random bits go. It is not a secret
 //! and says nothing a client may rely on but its uniqueness.
 //!
-//! Made without an allocation per request: each worker thread writes its IDs
-//! one after another into a 16 KiB block shared by reference count, and each
-//! ID is a slice of it ([`HeaderValue::from_maybe_shared`] keeps the `Bytes`
-//! as it is), so a block costs two allocations per 655 IDs.
+//! Made without an allocation per request: each worker thread writes its
+//! next 655 IDs at once into a 16 KiB block shared by reference count, and
+//! each ID is a slice of it ([`HeaderValue::from_maybe_shared`] keeps the
+//! `Bytes` as it is), so a block costs two allocations per 655 IDs and an ID
+//! a reference count.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use bytes::BytesMut;
+use bytes::Bytes;
 use http::header::{Entry, HeaderMap, HeaderName, HeaderValue};
 
 /// The request ID's header, on the request upstream and on every response.
@@ -35,12 +36,8 @@ pub const MAX_CLIENT_ID: usize = 128;
 /// Length of a made ID: 12 hex digits, `-`, 12 hex digits.
 const MADE_LEN: usize = 25;
 
-/// Bytes of the blocks made IDs are cut from.
-const BLOCK: usize = 16 * 1024;
-
-/// Counter values a thread takes from the process's at once, so threads do
-/// not contend for one counter on every request.
-const BATCH: u64 = 1024;
+/// IDs written into each block at once: 16 KiB of them.
+const PER_BLOCK: usize = 16 * 1024 / MADE_LEN;
 
 /// The request's ID: its client's if that is one to keep, else a new one,
 /// which then replaces whatever the client sent. Either way `headers` carry
@@ -71,38 +68,32 @@ pub fn keeps(id: &[u8]) -> bool {
 /// A new ID, cut from this thread's block.
 pub fn make() -> HeaderValue {
     thread_local! {
-        static MAKER: RefCell<Maker> = RefCell::new(Maker { block: BytesMut::new(), next: 0, end: 0 });
+        static BLOCK: RefCell<(Bytes, usize)> = const { RefCell::new((Bytes::new(), 0)) };
     }
-    MAKER.with_borrow_mut(Maker::make)
-}
-
-/// One thread's IDs: the block they are written into, and the counter
-/// values it has taken.
-struct Maker {
-    block: BytesMut,
-    next: u64,
-    end: u64,
-}
-
-impl Maker {
-    fn make(&mut self) -> HeaderValue {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        if self.next == self.end {
-            self.next = COUNTER.fetch_add(BATCH, Ordering::Relaxed);
-            self.end = self.next + BATCH;
+    BLOCK.with_borrow_mut(|(block, at)| {
+        if *at == block.len() {
+            *block = next_block();
+            *at = 0;
         }
-        let n = self.next;
-        self.next += 1;
-        let mut id = [0u8; MADE_LEN];
-        id[..12].copy_from_slice(prefix());
-        id[12] = b'-';
+        let id = block.slice(*at..*at + MADE_LEN);
+        *at += MADE_LEN;
+        HeaderValue::from_maybe_shared(id).expect("hex digits and a dash are a header value")
+    })
+}
+
+/// The next [`PER_BLOCK`] IDs of the process, one after another.
+fn next_block() -> Bytes {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let first = COUNTER.fetch_add(PER_BLOCK as u64, Ordering::Relaxed);
+    let mut block = Vec::with_capacity(PER_BLOCK * MADE_LEN);
+    let mut id = [0u8; MADE_LEN];
+    id[..12].copy_from_slice(prefix());
+    id[12] = b'-';
+    for n in first..first + PER_BLOCK as u64 {
         hex12(n, &mut id[13..]);
-        if self.block.capacity() - self.block.len() < MADE_LEN {
-            self.block = BytesMut::with_capacity(BLOCK);
-        }
-        self.block.extend_from_slice(&id);
-        HeaderValue::from_maybe_shared(self.block.split().freeze()).expect("hex digits and a dash are a header value")
+        block.extend_from_slice(&id);
     }
+    Bytes::from(block)
 }
 
 /// The process's prefix: 48 random bits in hex.
@@ -174,7 +165,7 @@ mod tests {
 
     #[test]
     fn made_ids_have_the_documented_form_and_do_not_repeat() {
-        let ids: Vec<HeaderValue> = (0..3 * BLOCK / MADE_LEN).map(|_| make()).collect();
+        let ids: Vec<HeaderValue> = (0..3 * PER_BLOCK + 1).map(|_| make()).collect();
         let distinct: HashSet<&[u8]> = ids.iter().map(HeaderValue::as_bytes).collect();
         assert_eq!(distinct.len(), ids.len());
         for id in &ids {
