@@ -21,6 +21,8 @@ pub struct FileConfig {
     pub fences: FencesSection,
     #[serde(default)]
     pub log: LogSection,
+    #[serde(default)]
+    pub tracing: TracingSection,
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteSection>,
 }
@@ -106,6 +108,15 @@ pub struct FencesSection {
 pub struct LogSection {
     pub format: Option<String>,
     pub level: Option<String>,
+}
+
+/// `[tracing]`: OpenTelemetry traces over OTLP.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingSection {
+    pub otlp_endpoint: Option<String>,
+    pub sample_ratio: Option<f64>,
+    pub service_name: Option<String>,
 }
 
 /// One `[[route]]`.
