@@ -11,6 +11,7 @@ use super::future::{AccessLogBody, AccessLogFuture};
 use super::layer::request_span;
 use super::AccessLog;
 use crate::http::ProxyBody;
+use crate::telemetry::traces;
 
 /// See [`AccessLogLayer`](super::layer::AccessLogLayer).
 #[derive(Clone)]
@@ -40,6 +41,7 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let start = Instant::now();
         let span = request_span(&req);
+        traces::continue_from(&span, req.headers());
         let inner = {
             let _entered = span.enter();
             self.inner.call(req)
