@@ -76,7 +76,8 @@ impl HttpClient for ExportClient {
             let body = Limited::new(body, MAX_ANSWER).collect().await?.to_bytes();
             Ok::<_, HttpError>(Response::from_parts(head, body))
         };
-        let answer = self.runtime.spawn(tokio::time::timeout(timeout, post)).await?;
+        // The timer is made on the runtime: the batch thread has none.
+        let answer = self.runtime.spawn(async move { tokio::time::timeout(timeout, post).await }).await?;
         let answer = answer.map_err(|_| HttpError::from(format!("no answer within {timeout:?}"))).and_then(|a| a);
         match &answer {
             Ok(response) if !response.status().is_success() => {
