@@ -229,6 +229,9 @@ fn restart_needed(running: &Config, new: &mut Config) -> Vec<&'static str> {
     if running.log != new.log {
         changed.push("[log]");
     }
+    if running.tracing != new.tracing {
+        changed.push("[tracing]");
+    }
     changed
 }
 

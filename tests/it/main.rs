@@ -45,5 +45,6 @@ mod reload;
 mod server_tls;
 mod signing;
 mod third_pass;
+mod traces;
 mod upstream_http2;
 mod upstream_tls;

@@ -13,7 +13,9 @@ use hyper::body::{Body, Frame, SizeHint};
 use tracing::Span;
 
 use super::AccessLog;
-use crate::http::ProxyBody;
+use crate::http::{Outcome, ProxyBody};
+use crate::metrics::NO_ROUTE_LABEL;
+use crate::telemetry::traces;
 
 pin_project_lite::pin_project! {
     /// [`AccessLogService`](super::service::AccessLogService)'s future: the
@@ -48,12 +50,25 @@ where
             let _entered = this.span.enter();
             let response = ready!(this.inner.poll(cx))?;
             this.log.on_response(&response, this.start.elapsed(), this.span, *this.behind);
+            record_decision(this.span, &response);
             response
         };
         // The body keeps the span: it closes when the body is done.
         let span = std::mem::replace(this.span, Span::none());
         Poll::Ready(Ok(response.map(|inner| AccessLogBody { inner, span })))
     }
+}
+
+/// The decision on the request's span, for traces (nothing on a disabled span).
+fn record_decision(span: &Span, response: &Response<ProxyBody>) {
+    if span.is_disabled() {
+        return;
+    }
+    let decision = response.body().decision();
+    let route = decision.and_then(|d| d.route.as_ref()).map_or(NO_ROUTE_LABEL, |r| r.0.name());
+    let outcome = decision.map_or(Outcome::Internal, |d| d.outcome);
+    let (key, token) = (decision.and_then(|d| d.key.as_deref()), decision.and_then(|d| d.token));
+    traces::record_decision(span, outcome.as_str(), route, key, token);
 }
 
 pin_project_lite::pin_project! {

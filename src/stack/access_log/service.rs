@@ -11,6 +11,7 @@ use super::future::{AccessLogBody, AccessLogFuture};
 use super::layer::request_span;
 use super::AccessLog;
 use crate::http::ProxyBody;
+use crate::telemetry::traces;
 
 /// See [`AccessLogLayer`](super::layer::AccessLogLayer).
 #[derive(Clone)]
@@ -44,6 +45,7 @@ where
         // names, read before the request is handed on (and changed); for
         // any other connection, one branch.
         let behind = self.log.client().behind_proxy(req.headers());
+        traces::continue_from(&span, req.headers());
         let inner = {
             let _entered = span.enter();
             self.inner.call(req)

@@ -19,6 +19,7 @@ use crate::http::RequestBody;
 use crate::proxy::{strip_hop_by_hop, ClientAddr, StreamHeld, UpstreamError, Upstreams};
 use crate::stack::error::ProxyError;
 use crate::stack::router::Routed;
+use crate::telemetry::traces;
 
 /// The innermost service: sends a request to its route's upstream, on an
 /// upstream connection of the worker's (HTTP/1.1 clients) or of the client
@@ -118,8 +119,11 @@ fn forward(
 ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send {
     let Routed { route, request, fenced, destination, slot_taken, .. } = req;
     let prepared = prepare(&connection.0.client, &route, request, fenced, destination);
+    // Open until the response head (or the failure): the exchange's span.
+    let exchange = traces::upstream_span();
     async move {
-        let (request, upgrade) = prepared?;
+        let (mut request, upgrade) = prepared?;
+        traces::pass_on(&exchange, request.headers_mut());
         // A way to the upstream first, outside the timeout: at the route's cap
         // the wait for a slot is bounded by `queue_timeout` and ends, if no slot
         // frees, in a refusal with nothing sent, never in an unknown outcome.

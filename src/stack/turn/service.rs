@@ -25,6 +25,7 @@ use crate::stack::forward::Forwarder;
 use crate::stack::forward::SlotTaken;
 use crate::stack::head::{check_mark, Checked, Fence};
 use crate::stack::router::Routed;
+use crate::telemetry::traces;
 
 /// A request the fence lets through unfenced: forwarded as it is.
 fn unfenced<F, B>(forward: F, routed: Routed<B>) -> ResponseFuture
@@ -117,6 +118,9 @@ where
         // that settles for 2s holds that key 2s, whatever its source route says.
         let settle = destination.as_ref().map_or(route.settle, |(_, to)| route.settle.max(to.settle));
 
+        // The spans of the wait for the turns, then of the store's reads and
+        // raises (traces).
+        let waiting = traces::turn_span();
         // After a restart on a store a previous process wrote to, that process may
         // have died with writes in flight: keys start closed for the settle period.
         if !gate.wait_reopened(settle, route.queue_timeout).await {
@@ -172,6 +176,8 @@ where
         // One key of a route without a jump limit or strictness: its advance
         // refuses exactly what the read would (a token below the mark), so the
         // read is skipped.
+        drop(waiting);
+        let storing = traces::store_span();
         let advance_decides = matches!(keys, [(_, r)] if r.max_token_jump.is_none() && !r.strict);
         if !advance_decides {
             for (k, r) in keys {
@@ -208,6 +214,7 @@ where
         // Every mark is this token now: the key's other requests carrying it may
         // go too (a no-op for turns held alone).
         turns.share();
+        drop(storing);
 
         // The forward runs to its end whatever the client does: if the client
         // goes away (its connection closes, its HTTP/2 stream is reset), this
