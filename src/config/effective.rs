@@ -163,7 +163,8 @@ impl Config {
                 level: Some(self.log.level.clone()),
             },
             // The endpoint as spans are posted to it (`/v1/traces` added):
-            // printed back, it names the same URL.
+            // printed back, it names the same URL. It holds no secret, as
+            // validation refuses a user or password in it.
             tracing: TracingSection {
                 otlp_endpoint: self.tracing.otlp_endpoint.as_ref().map(ToString::to_string),
                 sample_ratio: Some(self.tracing.sample_ratio),

@@ -294,6 +294,9 @@ pub(super) mod tests {
             "{MINIMAL}\n[tracing]\notlp_endpoint = \"https://collector\"\nsample_ratio = 1.5\nservice_name = \"\"\n"
         );
         assert_eq!(fields(&bad), ["tracing.otlp_endpoint", "tracing.sample_ratio", "tracing.service_name"]);
+        let credentials = format!("{MINIMAL}\n[tracing]\notlp_endpoint = \"http://otel:hunter2@collector:4318\"\n");
+        let msg = Config::from_toml_str(&credentials).unwrap_err().to_string();
+        assert!(msg.contains("tracing.otlp_endpoint") && !msg.contains("hunter2"), "{msg}");
     }
 
     #[test]

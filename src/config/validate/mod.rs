@@ -123,7 +123,7 @@ fn tracing(s: TracingSection, p: &mut Problems) -> TracingConfig {
     let otlp_endpoint = s.otlp_endpoint.filter(|e| !e.is_empty()).and_then(|e| match otlp_endpoint(&e) {
         Ok(uri) => Some(uri),
         Err(why) => {
-            p.add("tracing.otlp_endpoint", format!("'{e}' {why}"));
+            p.add("tracing.otlp_endpoint", format!("'{}' {why}", super::redact_userinfo(&e)));
             None
         }
     });
@@ -144,6 +144,11 @@ fn otlp_endpoint(text: &str) -> Result<http::Uri, &'static str> {
     let uri: http::Uri = text.parse().map_err(|_| "is not a URL")?;
     if uri.scheme() != Some(&http::uri::Scheme::HTTP) || uri.authority().is_none() {
         return Err("is not an http:// URL with a host (https is not supported: send to a local collector)");
+    }
+    // Credentials in the URL would never be sent, and would be shown by
+    // `--print` and `GET /config`, which take this field for public.
+    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        return Err("names a user or password, which are not sent: leave them out");
     }
     if matches!(uri.path(), "" | "/") && uri.query().is_none() {
         return format!("{}/v1/traces", text.trim_end_matches('/')).parse().map_err(|_| "is not a URL");
