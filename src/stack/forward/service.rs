@@ -118,12 +118,16 @@ fn forward(
     req: Routed<RequestBody>,
 ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send {
     let Routed { route, request, fenced, destination, slot_taken, .. } = req;
-    let prepared = prepare(&connection.0.client, &route, request, fenced, destination);
+    let mut prepared = prepare(&connection.0.client, &route, request, fenced, destination);
     // Open until the response head (or the failure): the exchange's span.
+    // Its trace context is written here, not in the future: a request the
+    // future borrows is kept apart from the send's state, not overlapped.
     let exchange = traces::upstream_span();
-    async move {
-        let (mut request, upgrade) = prepared?;
+    if let Ok((request, _)) = &mut prepared {
         traces::pass_on(&exchange, request.headers_mut());
+    }
+    async move {
+        let (request, upgrade) = prepared?;
         // A way to the upstream first, outside the timeout: at the route's cap
         // the wait for a slot is bounded by `queue_timeout` and ends, if no slot
         // frees, in a refusal with nothing sent, never in an unknown outcome.
