@@ -162,7 +162,10 @@ where
             None => {
                 let connection = self.connection.clone();
                 let ready = Box::pin(async move {
+                    // The store's read, a step of its own (traces).
+                    let reading = traces::store_span();
                     check_marks(&*connection.store, checked.fence.as_ref(), &checked.routed.route).await?;
+                    drop(reading);
                     plan(checked, &connection.budgets)?.ready().await
                 });
                 turn::fenced_after(self.forward.clone(), self.store(), self.gate(), version, ready)
