@@ -145,3 +145,40 @@ async fn with_traces_off_the_clients_trace_context_passes_through_untouched() {
     assert_eq!(sent.get("traceparent").map(|v| v.to_str().unwrap()), Some(traceparent.as_str()));
     assert_eq!(sent.get("tracestate").map(|v| v.to_str().unwrap()), Some("vendor=x"));
 }
+
+/// A collector that is down (nothing listens) or hangs (takes the connection
+/// and never answers) costs no request: every fenced write still goes
+/// through, more than a batch of spans' worth so an export is under way
+/// meanwhile, and fencegate still stops cleanly, its last flush given up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_is_down_or_never_answers_costs_no_request() {
+    let down = {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        listener.local_addr().unwrap()
+    };
+    let hung = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hung_addr = hung.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = hung.accept().await {
+            held.push(stream);
+        }
+    });
+    for (collector, what) in [(down, "down"), (hung_addr, "hung")] {
+        let up = RecordingUpstream::start().await;
+        let traces = format!("[tracing]\notlp_endpoint = \"http://{collector}\"\n");
+        let config = format!("{}\n{traces}", config_text("", MEMORY_STORE, &route("objects", "/objects/", &up, "")));
+        let mut fg = Running::start(&config).await;
+        // Five spans each: past the 512 that start an export before its timer.
+        for token in 1..=120u32 {
+            let token = token.to_string();
+            let reply = send("PUT", &fg.url("/objects/a"), &[("x-fencing-token", &token)], "body").await;
+            assert_eq!(reply.status, 200, "collector {what}, token {token}: {}", reply.text());
+        }
+        fg.signal("TERM");
+        assert_eq!(fg.wait_exit().await.code(), Some(0), "collector {what}:\n{}", fg.output());
+        if what == "down" {
+            assert!(fg.output().contains("cannot send spans to the OTLP endpoint"), "{}", fg.output());
+        }
+    }
+}
