@@ -203,7 +203,7 @@ fn main() {
     let config = fencegate::Config::from_toml_str(&config).and_then(|c| c.read_secrets()).expect("a valid config");
     // The access log goes where it goes when deployed: stdout, here /dev/null.
     silence_stdout();
-    let _log = fencegate::telemetry::init(fencegate::config::LogFormat::Human, &level);
+    let _log = fencegate::telemetry::init(fencegate::config::LogFormat::Human, &level, &config.tracing);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     let server = runtime.block_on(fencegate::Fencegate::bind(config)).expect("fencegate starts");
     let proxy = server.proxy_addr();

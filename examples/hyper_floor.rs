@@ -71,7 +71,9 @@ fn run() -> Result<(), Error> {
     };
     // The log writer fencegate ships (src/telemetry/writer.rs): per-thread
     // buffers written by a thread of its own. RUST_LOG, when set, overrides `info`.
-    let _log = fences.as_ref().map(|_| fencegate::telemetry::init(fencegate::config::LogFormat::Human, "info"));
+    let _log = fences
+        .as_ref()
+        .map(|_| fencegate::telemetry::init(fencegate::config::LogFormat::Human, "info", &Default::default()));
 
     // Every worker accepts on the same listening socket, on its own runtime.
     let listener = StdListener::bind(listen)?;

@@ -267,7 +267,7 @@ fn main() -> ExitCode {
         None => config.log.format,
     };
     // Held to the end of main: dropping it writes out the queued lines.
-    let _log = telemetry::init(format, &config.log.level);
+    let _log = telemetry::init(format, &config.log.level, &config.tracing);
 
     fencegate::give_back_memory_with(give_back_memory);
 

@@ -15,6 +15,7 @@
 //! instructions (docs/perf-log.md).
 
 mod limit;
+pub mod traces;
 mod writer;
 
 use std::sync::OnceLock;
@@ -23,7 +24,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-use crate::config::LogFormat;
+use crate::config::{LogFormat, TracingConfig};
 
 pub use crate::{error_limited, warn_limited};
 pub(crate) use limit::suppressed_counter;
@@ -62,12 +63,15 @@ pub fn dropped_lines() -> u64 {
     SINK.get().map_or(0, |s| s.writer.dropped_lines())
 }
 
-/// Keeps the writer thread; dropping it writes out every line made so far.
+/// Keeps the writer thread and the traces' exporter; dropping it sends the
+/// spans still batched, then writes out every line made so far.
 #[must_use = "dropping the guard stops the log writer"]
-pub struct LogGuard(Option<Writer>);
+pub struct LogGuard(Option<Writer>, Option<traces::Traces>);
 
 impl Drop for LogGuard {
     fn drop(&mut self) {
+        // First: the flush may log that the endpoint could not be reached.
+        drop(self.1.take());
         if let Some(writer) = &self.0 {
             writer.stop();
         }
@@ -75,8 +79,11 @@ impl Drop for LogGuard {
 }
 
 /// Installs the global subscriber. `RUST_LOG`, when set, overrides `level`.
-pub fn init(format: LogFormat, level: &str) -> LogGuard {
+/// With `tracing.otlp_endpoint` set, spans go there too ([`traces`]).
+pub fn init(format: LogFormat, level: &str, tracing: &TracingConfig) -> LogGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    // The traces' child spans are never the log's (traces/mod.rs).
+    let filter = filter.add_directive(format!("{}=off", traces::SPAN_TARGET).parse().expect("a valid directive"));
     // Colour only for a terminal: log files and collectors get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let writer = match Writer::start(std::io::stdout()) {
@@ -86,27 +93,53 @@ pub fn init(format: LogFormat, level: &str) -> LogGuard {
             std::process::exit(1);
         }
     };
-    let lines = tracing_subscriber::fmt::layer().with_writer(writer.clone()).with_ansi(ansi);
-    let lines = match format {
-        LogFormat::Human => lines.boxed(),
-        LogFormat::Json => lines.json().flatten_event(true).with_current_span(false).boxed(),
+    let traces = match traces::layer(tracing) {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
     };
     // The limit sits outside the filter: only what the filter lets through
-    // counts against a call site's budget.
-    match tracing_subscriber::registry().with(filter).with(lines).with(ForeignLimit::default()).try_init() {
+    // counts against a call site's budget. With traces on, the filter is the
+    // lines' own, so the OpenTelemetry layer sees spans the log does not;
+    // off, it stays global, where a span no layer wants costs least.
+    let (installed, traces) = match traces {
+        None => {
+            let lines = lines(&writer, ansi, format);
+            (tracing_subscriber::registry().with(filter).with(lines).with(ForeignLimit::default()).try_init(), None)
+        }
+        Some((otel, traces)) => {
+            let lines = lines(&writer, ansi, format).and_then(ForeignLimit::default()).with_filter(filter);
+            (tracing_subscriber::registry().with(lines).with(otel).try_init(), Some(traces))
+        }
+    };
+    match installed {
         Ok(()) => {
             // On a terminal, access lines go through tracing, which colours them.
             let sink = if ansi { None } else { Some(AccessSink { writer: writer.clone(), format }) };
             // `init` installs once, or returns above.
             let _ = sink.map(|s| SINK.set(s));
-            LogGuard(Some(writer))
+            LogGuard(Some(writer), traces)
         }
         // A subscriber is already set (tests that start several servers):
         // this writer was never installed.
         Err(_) => {
             writer.stop();
-            LogGuard(None)
+            LogGuard(None, None)
         }
+    }
+}
+
+/// The log's layer: its lines, human or JSON, through `writer`.
+fn lines<S>(writer: &Writer, ansi: bool, format: LogFormat) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    let lines = tracing_subscriber::fmt::layer().with_writer(writer.clone()).with_ansi(ansi);
+    match format {
+        LogFormat::Human => lines.boxed(),
+        LogFormat::Json => lines.json().flatten_event(true).with_current_span(false).boxed(),
     }
 }
 

@@ -85,6 +85,10 @@ pub const DEFAULT_ETCD_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_REPLICA_TIMEOUT: Duration = Duration::from_millis(250);
 
 pub(super) const DEFAULT_LOG_LEVEL: &str = "info";
+/// The `service.name` of fencegate's spans.
+pub(super) const DEFAULT_SERVICE_NAME: &str = "fencegate";
+/// Every trace kept, when traces are on.
+pub(super) const DEFAULT_SAMPLE_RATIO: f64 = 1.0;
 
 /// Default route `max_upstream_connections`.
 pub(super) const DEFAULT_MAX_UPSTREAM_CONNECTIONS: usize = 256;

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use super::file::{
     AdminSection, FencesSection, FileConfig, LeaseTokenSection, LogSection, RouteSection, ServerSection, TlsSection,
+    TracingSection,
 };
 use super::model::{Config, LogFormat, StoreKind};
 use super::route::RouteConfig;
@@ -40,7 +41,7 @@ pub const SECRET_FIELDS: [&str; 4] = ["admin.auth_token", "admin.lease_tokens.to
 
 /// Every other field: shown as it is in force. A field in neither list fails
 /// a test, so whoever adds one says which it is.
-pub const PUBLIC_FIELDS: [&str; 79] = [
+pub const PUBLIC_FIELDS: [&str; 83] = [
     "server.listen",
     "server.shutdown_grace",
     "server.header_read_timeout",
@@ -86,6 +87,9 @@ pub const PUBLIC_FIELDS: [&str; 79] = [
     "fences.user",
     "log.format",
     "log.level",
+    "tracing.otlp_endpoint",
+    "tracing.sample_ratio",
+    "tracing.service_name",
     "route.name",
     "route.prefix",
     "route.upstream",
@@ -120,6 +124,7 @@ pub const PUBLIC_FIELDS: [&str; 79] = [
     "admin",
     "fences",
     "log",
+    "tracing",
 ];
 
 /// The file a [`Config`] was validated from, kept to show what the model
@@ -156,6 +161,14 @@ impl Config {
                     .into(),
                 ),
                 level: Some(self.log.level.clone()),
+            },
+            // The endpoint as spans are posted to it (`/v1/traces` added):
+            // printed back, it names the same URL. It holds no secret, as
+            // validation refuses a user or password in it.
+            tracing: TracingSection {
+                otlp_endpoint: self.tracing.otlp_endpoint.as_ref().map(ToString::to_string),
+                sample_ratio: Some(self.tracing.sample_ratio),
+                service_name: Some(self.tracing.service_name.clone()),
             },
             routes: self
                 .routes

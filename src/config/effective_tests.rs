@@ -20,6 +20,7 @@ fn every_field_of_the_file_is_known_secret_or_public() {
         ("admin.lease_tokens", "[[admin.lease_tokens]]", ""),
         ("fences", "[fences]", ""),
         ("log", "[log]", ""),
+        ("tracing", "[tracing]", ""),
         ("route", "[[route]]", ""),
     ];
     let mut seen = 0;
@@ -105,6 +106,9 @@ fn defaults_are_filled_in() {
     assert_eq!(json["fences"]["store"], "file");
     assert_eq!(json["fences"]["path"], "data/fences");
     assert_eq!(json["log"]["level"], "info");
+    assert!(json["tracing"]["otlp_endpoint"].is_null(), "traces are off: {json}");
+    assert_eq!(json["tracing"]["sample_ratio"], 1.0);
+    assert_eq!(json["tracing"]["service_name"], "fencegate");
     let route = &json["route"][0];
     assert_eq!(route["key"], "{path}");
     assert_eq!(route["timeout"], "30s");
@@ -129,6 +133,9 @@ fn the_printed_toml_parses_back_to_the_same_config() {
         trusted_proxies = ["10.1.2.3/8", "192.168.0.7"]
         [log]
         format = "json"
+        [tracing]
+        otlp_endpoint = "http://127.0.0.1:4318"
+        sample_ratio = 0.25
     "#;
     let route = "pattern = \"/objects/{bucket}/{object*}\"\nkey = \"{bucket}|{object}\"\nstrict = true\n\
                  settle = \"0s\"\ntimeout = \"1m 30s\"\nmax_token_jump = 1000\n";
@@ -153,6 +160,8 @@ fn the_printed_toml_parses_back_to_the_same_config() {
     assert_eq!(again.server.trusted_proxies.len(), 2);
     assert!(printed.contains("trusted_proxies = [\"10.0.0.0/8\", \"192.168.0.7/32\"]"), "{printed}");
     assert!(printed.contains("timeout = \"1m 30s\""), "{printed}");
+    assert!(printed.contains("otlp_endpoint = \"http://127.0.0.1:4318/v1/traces\""), "{printed}");
+    assert_eq!(again.tracing.sample_ratio, 0.25);
     assert!(printed.contains("max_header_bytes = 32768"), "{printed}");
     assert!(printed.contains("pattern = \"/objects/{bucket}/{object*}\""), "{printed}");
 }

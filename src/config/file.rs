@@ -24,6 +24,8 @@ pub struct FileConfig {
     pub fences: FencesSection,
     #[serde(default)]
     pub log: LogSection,
+    #[serde(default)]
+    pub tracing: TracingSection,
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteSection>,
 }
@@ -111,6 +113,15 @@ pub struct FencesSection {
 pub struct LogSection {
     pub format: Option<String>,
     pub level: Option<String>,
+}
+
+/// `[tracing]`: OpenTelemetry traces over OTLP.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingSection {
+    pub otlp_endpoint: Option<String>,
+    pub sample_ratio: Option<f64>,
+    pub service_name: Option<String>,
 }
 
 /// One `[[route]]`.

@@ -40,7 +40,7 @@ pub use effective::{Written, PUBLIC_FIELDS, REDACTED, SECRET_FIELDS};
 pub use file::FileConfig;
 pub use model::{
     AdminConfig, Config, EtcdConfig, FencesConfig, LeaseToken, LogConfig, LogFormat, ProxyProtocol, RedisConfig,
-    RefusalDrain, ServerConfig, StoreKind, TlsFiles,
+    RefusalDrain, ServerConfig, StoreKind, TlsFiles, TracingConfig,
 };
 pub use problems::{ConfigError, ConfigProblem, MAX_DURATION};
 #[cfg(test)]
@@ -275,6 +275,28 @@ pub(super) mod tests {
         assert!(msg.contains("unknown field `fenced_method`"), "{msg}");
         let msg = problems("[server]\nlisten = \"127.0.0.1:1\"\nbacklog = 5\n")[0].message.clone();
         assert!(msg.contains("unknown field `backlog`"), "{msg}");
+    }
+
+    #[test]
+    fn traces_are_off_by_default_and_their_fields_are_checked() {
+        let config = Config::from_toml_str(MINIMAL).unwrap();
+        assert_eq!(config.tracing.otlp_endpoint, None);
+        assert_eq!(config.tracing.service_name, "fencegate");
+        let on = format!("{MINIMAL}\n[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\nsample_ratio = 0.25\n");
+        let config = Config::from_toml_str(&on).unwrap();
+        let endpoint = config.tracing.otlp_endpoint.as_ref().map(|u| u.to_string());
+        assert_eq!(endpoint.as_deref(), Some("http://127.0.0.1:4318/v1/traces"));
+        assert_eq!(config.tracing.sample_ratio, 0.25);
+        let own_path = format!("{MINIMAL}\n[tracing]\notlp_endpoint = \"http://collector:4318/otlp/v1/traces\"\n");
+        let endpoint = Config::from_toml_str(&own_path).unwrap().tracing.otlp_endpoint.as_ref().map(|u| u.to_string());
+        assert_eq!(endpoint.as_deref(), Some("http://collector:4318/otlp/v1/traces"));
+        let bad = format!(
+            "{MINIMAL}\n[tracing]\notlp_endpoint = \"https://collector\"\nsample_ratio = 1.5\nservice_name = \"\"\n"
+        );
+        assert_eq!(fields(&bad), ["tracing.otlp_endpoint", "tracing.sample_ratio", "tracing.service_name"]);
+        let credentials = format!("{MINIMAL}\n[tracing]\notlp_endpoint = \"http://otel:hunter2@collector:4318\"\n");
+        let msg = Config::from_toml_str(&credentials).unwrap_err().to_string();
+        assert!(msg.contains("tracing.otlp_endpoint") && !msg.contains("hunter2"), "{msg}");
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub struct Config {
     pub admin: AdminConfig,
     pub fences: FencesConfig,
     pub log: LogConfig,
+    pub tracing: TracingConfig,
     pub routes: Vec<RouteConfig>,
     /// The file this was validated from, for [`Config::effective`].
     pub written: Written,
@@ -273,4 +274,24 @@ pub struct LogConfig {
 pub enum LogFormat {
     Human,
     Json,
+}
+
+/// OpenTelemetry traces: off unless an OTLP endpoint is set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracingConfig {
+    /// Where spans are sent: an OTLP/HTTP collector's `/v1/traces`
+    /// (`http://` only); `None`: traces are off.
+    pub otlp_endpoint: Option<http::Uri>,
+    /// The share of traces started here that are kept, `0.0 ..= 1.0`; a
+    /// request whose `traceparent` says whether its trace is sampled follows it.
+    pub sample_ratio: f64,
+    /// The `service.name` the spans carry.
+    pub service_name: String,
+}
+
+/// Traces off, as when the file has no `[tracing]`.
+impl Default for TracingConfig {
+    fn default() -> Self {
+        TracingConfig { otlp_endpoint: None, sample_ratio: 1.0, service_name: "fencegate".to_string() }
+    }
 }

@@ -59,7 +59,7 @@ pub fn run(options: DemoOptions) -> ExitCode {
         return ExitCode::from(2);
     }
     // Errors only: access lines would drown the story (RUST_LOG overrides).
-    let _log = telemetry::init(LogFormat::Human, "error");
+    let _log = telemetry::init(LogFormat::Human, "error", &Default::default());
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {

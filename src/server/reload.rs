@@ -16,7 +16,7 @@
 //!
 //! What it does not change: `[server]` (listeners, limits, TLS files, the
 //! PROXY protocol, trusted proxies),
-//! the rest of `[admin]`, `[fences]` and `[log]`. A new config that changes any of them
+//! the rest of `[admin]`, `[fences]`, `[log]` and `[tracing]`. A new config that changes any of them
 //! is refused whole, nothing applied, with a log line naming the sections
 //! that take a restart; so is a config that does not validate, with every
 //! problem logged as `--check` prints them. The running config keeps serving
@@ -228,6 +228,9 @@ fn restart_needed(running: &Config, new: &mut Config) -> Vec<&'static str> {
     }
     if running.log != new.log {
         changed.push("[log]");
+    }
+    if running.tracing != new.tracing {
+        changed.push("[tracing]");
     }
     changed
 }

@@ -46,5 +46,6 @@ mod request_ids;
 mod server_tls;
 mod signing;
 mod third_pass;
+mod traces;
 mod upstream_http2;
 mod upstream_tls;

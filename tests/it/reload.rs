@@ -106,7 +106,16 @@ async fn a_config_that_does_not_validate_or_needs_a_restart_changes_nothing() {
     assert_eq!(put(&proxy.url("/objects/a"), 2, "a").await.status, 200);
     assert!(b.applied().is_empty());
 
-    // The same routes without the [admin] change: applied.
+    // Traces turned on beside the same new route: [tracing] takes a restart
+    // (the exporter starts once, with the log), so this is refused whole too.
+    let traced = format!(
+        "{}\n[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\n",
+        config_text("", MEMORY_STORE, &with_blobs)
+    );
+    rewrite(&proxy, &path, &traced, RESTART_NEEDED, 2.0).await;
+    put(&proxy.url("/blobs/x"), 1, "x").await.problem(404);
+
+    // The same routes without the [admin] or [tracing] change: applied.
     rewrite(&proxy, &path, &config_text("", MEMORY_STORE, &with_blobs), APPLIED, 1.0).await;
     assert_eq!(put(&proxy.url("/blobs/x"), 1, "x").await.status, 200);
 }

@@ -7,7 +7,7 @@
 //!
 //! | file | what it owns |
 //! |---|---|
-//! | `mod.rs` | the order sections are read in, `[admin]`, `[log]`, checks across routes |
+//! | `mod.rs` | the order sections are read in, `[admin]`, `[log]`, `[tracing]`, checks across routes |
 //! | `server.rs` | `[server]`: limits, timeouts, the buffer budget's share, `[server.tls]` |
 //! | `store.rs` | `[fences]`: the store and the fields each store takes |
 
@@ -16,8 +16,8 @@ mod store;
 
 use super::defaults::*;
 use super::effective::Written;
-use super::file::{AdminSection, FileConfig, LeaseTokenSection, LogSection};
-use super::model::{AdminConfig, Config, LeaseToken, LogConfig, LogFormat, ServerConfig};
+use super::file::{AdminSection, FileConfig, LeaseTokenSection, LogSection, TracingSection};
+use super::model::{AdminConfig, Config, LeaseToken, LogConfig, LogFormat, ServerConfig, TracingConfig};
 use super::problems::{ConfigProblem, Problems};
 use super::route::validate_route;
 use super::route::RouteConfig;
@@ -35,6 +35,7 @@ pub(crate) fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
     let admin = admin(&file.admin, &mut p);
     let fences = fences(&file.fences, &mut p);
     let log = log(file.log, &mut p);
+    let tracing = tracing(file.tracing, &mut p);
 
     if file.routes.is_empty() {
         p.add("route", "no [[route]] is configured; fencegate would answer 404 to everything");
@@ -50,7 +51,7 @@ pub(crate) fn validate(file: FileConfig) -> Result<Config, Vec<ConfigProblem>> {
     server.max_connection_buffered_bytes = connection_share(&file.server, &server, &routes, &mut p);
     header_rate(&server, &mut p);
 
-    p.or(Config { server, admin, fences, log, routes, written })
+    p.or(Config { server, admin, fences, log, tracing, routes, written })
 }
 
 fn admin(s: &AdminSection, p: &mut Problems) -> AdminConfig {
@@ -116,6 +117,43 @@ fn log(s: LogSection, p: &mut Problems) -> LogConfig {
         p.add("log.level", format!("'{}' is not a log filter ({e})", log.level));
     }
     log
+}
+
+fn tracing(s: TracingSection, p: &mut Problems) -> TracingConfig {
+    let otlp_endpoint = s.otlp_endpoint.filter(|e| !e.is_empty()).and_then(|e| match otlp_endpoint(&e) {
+        Ok(uri) => Some(uri),
+        Err(why) => {
+            p.add("tracing.otlp_endpoint", format!("'{}' {why}", super::redact_userinfo(&e)));
+            None
+        }
+    });
+    let sample_ratio = s.sample_ratio.unwrap_or(DEFAULT_SAMPLE_RATIO);
+    if !(0.0..=1.0).contains(&sample_ratio) {
+        p.add("tracing.sample_ratio", format!("{sample_ratio} is not between 0.0 and 1.0"));
+    }
+    let service_name = s.service_name.unwrap_or_else(|| DEFAULT_SERVICE_NAME.to_string());
+    if service_name.is_empty() {
+        p.add("tracing.service_name", "is empty; leave it out for \"fencegate\"");
+    }
+    TracingConfig { otlp_endpoint, sample_ratio, service_name }
+}
+
+/// The URL spans are posted to: the collector's base URL with `/v1/traces`
+/// added when it has no path of its own (the OTLP/HTTP convention).
+fn otlp_endpoint(text: &str) -> Result<http::Uri, &'static str> {
+    let uri: http::Uri = text.parse().map_err(|_| "is not a URL")?;
+    if uri.scheme() != Some(&http::uri::Scheme::HTTP) || uri.authority().is_none() {
+        return Err("is not an http:// URL with a host (https is not supported: send to a local collector)");
+    }
+    // Credentials in the URL would never be sent, and would be shown by
+    // `--print` and `GET /config`, which take this field for public.
+    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        return Err("names a user or password, which are not sent: leave them out");
+    }
+    if matches!(uri.path(), "" | "/") && uri.query().is_none() {
+        return format!("{}/v1/traces", text.trim_end_matches('/')).parse().map_err(|_| "is not a URL");
+    }
+    Ok(uri)
 }
 
 /// What only shows with every route in view: unique names and prefixes, and

@@ -15,8 +15,10 @@ use hyper::body::{Body, Frame, SizeHint};
 use tracing::Span;
 
 use super::on_response::{Answered, Started};
-use crate::http::{ProxyBody, REQUEST_ID};
+use crate::http::{Outcome, ProxyBody, REQUEST_ID};
+use crate::metrics::NO_ROUTE_LABEL;
 use crate::stack::error::Rejection;
+use crate::telemetry::traces;
 
 pin_project_lite::pin_project! {
     /// [`AccessLogService`](super::service::AccessLogService)'s future: the
@@ -57,6 +59,7 @@ where
         // its problem.
         let mut response = response.unwrap_or_else(|refusal| refusal.into_response_for(Some(&started.id)));
         started.log.on_response(&response, latency);
+        record_decision(this.span, &response);
         // The upstream's own ID, if it sent one, is the request's already
         // (it got it) or not this request's: the response carries ours.
         response.headers_mut().insert(&REQUEST_ID, started.id.clone());
@@ -70,6 +73,18 @@ where
         let span = std::mem::replace(this.span, Span::none());
         Poll::Ready(Ok(response.map(|inner| AccessLogBody { inner, span, answered, sent: 0 })))
     }
+}
+
+/// The decision on the request's span, for traces (nothing on a disabled span).
+fn record_decision(span: &Span, response: &Response<ProxyBody>) {
+    if span.is_disabled() {
+        return;
+    }
+    let decision = response.body().decision();
+    let route = decision.and_then(|d| d.route.as_ref()).map_or(NO_ROUTE_LABEL, |r| r.0.name());
+    let outcome = decision.map_or(Outcome::Internal, |d| d.outcome);
+    let (key, token) = (decision.and_then(|d| d.key.as_deref()), decision.and_then(|d| d.token));
+    traces::record_decision(span, outcome.as_str(), route, key, token);
 }
 
 pin_project_lite::pin_project! {

@@ -11,6 +11,7 @@ use super::service::AccessLogService;
 use super::AccessLog;
 use crate::metrics::Metrics;
 use crate::proxy::ClientAddr;
+use crate::telemetry::traces::REQUEST_TARGET;
 
 /// The layer that writes the access log: a debug span per request, and a
 /// line per response once its body is done.
@@ -32,7 +33,18 @@ impl<S> Layer<S> for AccessLogLayer {
     }
 }
 
-/// A debug-level span per request: free when debug logging is off.
+/// A debug-level span per request: free when debug logging and traces are
+/// off. Its last four fields are recorded once the response is decided.
 pub(super) fn request_span<B>(req: &Request<B>) -> Span {
-    tracing::debug_span!("request", method = %req.method(), path = %req.uri().path())
+    use tracing::field::Empty;
+    tracing::debug_span!(
+        target: REQUEST_TARGET,
+        "request",
+        method = %req.method(),
+        path = %req.uri().path(),
+        decision = Empty,
+        route = Empty,
+        key = Empty,
+        token = Empty,
+    )
 }

@@ -15,6 +15,7 @@ use super::on_response::Started;
 use super::AccessLog;
 use crate::http::{request_id, ClientBody, ProxyBody};
 use crate::stack::error::Rejection;
+use crate::telemetry::traces;
 
 /// See [`AccessLogLayer`](super::layer::AccessLogLayer).
 #[derive(Clone)]
@@ -50,6 +51,7 @@ where
         // names, read before the request is handed on (and changed); for
         // any other connection, one branch.
         let behind = self.log.client().behind_proxy(req.headers());
+        traces::continue_from(&span, req.headers());
         // The ID goes upstream in the request's own head: the client's is
         // there already; a made one replaces whatever the client sent.
         let id = request_id(req.headers_mut());

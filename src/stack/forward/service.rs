@@ -19,6 +19,7 @@ use crate::http::RequestBody;
 use crate::proxy::{strip_hop_by_hop, ClientAddr, StreamHeld, UpstreamError, Upstreams};
 use crate::stack::error::ProxyError;
 use crate::stack::router::Routed;
+use crate::telemetry::traces;
 
 /// The innermost service: sends a request to its route's upstream, on an
 /// upstream connection of the worker's (HTTP/1.1 clients) or of the client
@@ -117,7 +118,14 @@ fn forward(
     req: Routed<RequestBody>,
 ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send {
     let Routed { route, request, fenced, destination, slot_taken, .. } = req;
-    let prepared = prepare(&connection.0.client, &route, request, fenced, destination);
+    let mut prepared = prepare(&connection.0.client, &route, request, fenced, destination);
+    // Open until the response head (or the failure): the exchange's span.
+    // Its trace context is written here, not in the future: a request the
+    // future borrows is kept apart from the send's state, not overlapped.
+    let exchange = traces::upstream_span();
+    if let Ok((request, _)) = &mut prepared {
+        traces::pass_on(&exchange, request.headers_mut());
+    }
     async move {
         let (request, upgrade) = prepared?;
         // A way to the upstream first, outside the timeout: at the route's cap

@@ -53,6 +53,7 @@ use crate::fence::store::FenceStore;
 use crate::fence::KeyGate;
 use crate::http::{BufferBudget, ClientBody, ProxyBody, RequestBody, RouteTag};
 use crate::route::LiveRoutes;
+use crate::telemetry::traces;
 
 /// The fence for one client connection, forwarding through `F`.
 #[derive(Debug)]
@@ -122,6 +123,9 @@ where
 
     fn call(&mut self, request: Request<ClientBody>) -> PipelineFuture {
         let connection = &*self.connection;
+        // Routing and the head's checks, up to the future (traces).
+        let head = traces::head_span();
+        let _head = head.enter();
         if let Err(e) = header_count::check(request.headers(), connection.max_headers) {
             return PipelineFuture::refused(e.into(), None);
         }
@@ -158,7 +162,10 @@ where
             None => {
                 let connection = self.connection.clone();
                 let ready = Box::pin(async move {
+                    // The store's read, a step of its own (traces).
+                    let reading = traces::store_span();
                     check_marks(&*connection.store, checked.fence.as_ref(), &checked.routed.route).await?;
+                    drop(reading);
                     plan(checked, &connection.budgets)?.ready().await
                 });
                 turn::fenced_after(self.forward.clone(), self.store(), self.gate(), version, ready)

@@ -25,6 +25,7 @@ use crate::stack::forward::Forwarder;
 use crate::stack::forward::SlotTaken;
 use crate::stack::head::{check_mark, Checked, Fence};
 use crate::stack::router::Routed;
+use crate::telemetry::traces;
 
 /// A request the fence lets through unfenced: forwarded as it is.
 fn unfenced<F, B>(forward: F, routed: Routed<B>) -> ResponseFuture
@@ -117,6 +118,10 @@ where
         // that settles for 2s holds that key 2s, whatever its source route says.
         let settle = destination.as_ref().map_or(route.settle, |(_, to)| route.settle.max(to.settle));
 
+        // The span of the step under way (traces): the wait for the turns,
+        // then the store's reads and raises. One local for both, as each one
+        // held across several awaits takes room of its own in the fence's box.
+        let mut step = traces::turn_span();
         // After a restart on a store a previous process wrote to, that process may
         // have died with writes in flight: keys start closed for the settle period.
         if !gate.wait_reopened(settle, route.queue_timeout).await {
@@ -161,6 +166,8 @@ where
                 }
             }
         }
+        // The turns are held: the store's step begins (the turn's span ends).
+        drop(std::mem::replace(&mut step, traces::store_span()));
         // The checks that count happen with the turns held: a newer token may have
         // won while this request waited. Every mark is read first, so a request
         // refused on one key raises none (with a store replicas share, another
@@ -208,6 +215,7 @@ where
         // Every mark is this token now: the key's other requests carrying it may
         // go too (a no-op for turns held alone).
         turns.share();
+        drop(step);
 
         // The forward runs to its end whatever the client does: if the client
         // goes away (its connection closes, its HTTP/2 stream is reset), this
