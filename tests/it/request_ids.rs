@@ -95,6 +95,9 @@ async fn missing_ids_are_made_and_never_repeat() {
     }
 }
 
+/// A request refused: its method, URL, headers and the status it gets.
+type Refused<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, u16);
+
 /// Every refusal carries the header, and its problem the same ID.
 #[tokio::test]
 async fn refusals_carry_the_id_in_the_header_and_the_problem() {
@@ -102,7 +105,7 @@ async fn refusals_carry_the_id_in_the_header_and_the_problem() {
     let mut fg = Running::start(&config(&up.url())).await;
     assert_eq!(put(&fg.url("/objects/a"), 5, "v5").await.status, 200);
     let url = fg.url("/objects/a");
-    let cases: [(&str, &str, Vec<(&str, &str)>, u16); 4] = [
+    let cases: [Refused; 4] = [
         ("PUT", &*url, vec![("x-fencing-token", "4")], 409),
         ("PUT", &*url, vec![], 428),
         ("PUT", &*url, vec![("x-fencing-token", "-1")], 400),
