@@ -241,9 +241,7 @@ fn known_plain(text: &str, out: &mut Vec<u8>) {
 /// A [`plain`] `text` between quotes, anything else as `escaped` writes it.
 fn quoted(text: &str, out: &mut Vec<u8>, escaped: impl FnOnce(&str, &mut Vec<u8>)) {
     if plain(text) {
-        out.push(b'"');
-        out.extend_from_slice(text.as_bytes());
-        out.push(b'"');
+        known_plain(text, out);
     } else {
         escaped(text, out);
     }
