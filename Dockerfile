@@ -27,9 +27,12 @@
 # docs/kubernetes.md).
 
 # ---- build ------------------------------------------------------------------
-# The toolchain is the crate's rust-version (Cargo.toml), so the image is built
-# the same way every time; raise both together (.ci/deploy-lint checks it).
-ARG RUST_VERSION=1.91
+# The toolchain is the one fencegate's optimization profile was made with
+# (benches/pgo/toolchain.txt), so the image is built the same way every time
+# and with the profile (benches/pgo/rustc-wrapper applies it only with that
+# toolchain's LLVM); .ci/deploy-lint checks it, and that it is no older than
+# Cargo.toml's rust-version.
+ARG RUST_VERSION=1.95
 FROM rust:${RUST_VERSION}-bookworm AS builder
 # A pipe in a RUN fails the step when any of its commands fails.
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -55,6 +58,10 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends protobuf-compiler \
     && rm -rf /var/lib/apt/lists/*
 COPY Cargo.toml Cargo.lock ./
+# The rustc wrapper and the profile it compiles every crate with
+# (profile-guided optimization; benches/README.md), dependencies included.
+COPY .cargo ./.cargo
+COPY benches/pgo ./benches/pgo
 RUN mkdir -p src benches \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs \

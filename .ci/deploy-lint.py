@@ -89,9 +89,21 @@ with open("Cargo.toml", "rb") as f:
 user = re.search(r"^USER (\d+):(\d+)$", dockerfile, re.M)
 if not user:
     problem("Dockerfile: no USER uid:gid")
+# The image is built with the toolchain the optimization profile was made
+# with (benches/pgo/toolchain.txt), which the rustc wrapper needs to apply it,
+# and never with one older than the crate's rust-version.
 image_rust = re.search(r"^ARG RUST_VERSION=(\S+)$", dockerfile, re.M)
-if not image_rust or image_rust[1] != package["rust-version"]:
-    problem(f"Dockerfile: ARG RUST_VERSION must be Cargo.toml's rust-version, {package['rust-version']}")
+profile_rust = re.search(r"^rustc (\S+)$", Path("benches/pgo/toolchain.txt").read_text(), re.M)
+if not profile_rust:
+    problem("benches/pgo/toolchain.txt: no 'rustc <version>' line")
+elif not image_rust or image_rust[1] != profile_rust[1]:
+    problem(f"Dockerfile: ARG RUST_VERSION must be the profile's toolchain, {profile_rust[1]} (benches/pgo/toolchain.txt)")
+def version(text):
+    return tuple(int(part) for part in text.split("."))
+if image_rust and version(image_rust[1]) < version(package["rust-version"]):
+    problem(f"Dockerfile: ARG RUST_VERSION is older than Cargo.toml's rust-version, {package['rust-version']}")
+if "COPY .cargo ./.cargo" not in dockerfile or "COPY benches/pgo ./benches/pgo" not in dockerfile:
+    problem("Dockerfile: the build must copy .cargo/ and benches/pgo/ (the rustc wrapper and the profile)")
 image_version = re.search(r"^ARG VERSION=(\S+)$", dockerfile, re.M)
 if not image_version or image_version[1] != package["version"]:
     problem(f"Dockerfile: ARG VERSION must be Cargo.toml's version, {package['version']}")

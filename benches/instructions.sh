@@ -240,4 +240,10 @@ for contender in $CONTENDERS; do
     echo "| $contender | ${PER_REQUEST[$contender]} | $(ratio "$contender" nginx-lua) | $(ratio "$contender" hyper-floor) |"
 done
 echo
-echo "access log: $ACCESS_LOG; $CONNS connections, $KEYS keys primed, ${SECONDS_MEASURED}s counted; $(nginx -v 2>&1 | sed 's/^nginx version: //'); files in $OUT"
+# Whether the Rust contenders this script built have the optimization
+# profile (benches/pgo/rustc-wrapper): FENCEGATE_PGO=off builds them
+# without. (A build cargo made earlier, before a profile or without it, is
+# reused as it is: compare with fresh target directories.)
+pgo="profile-guided: ${FENCEGATE_PGO:-on}"
+((${#build[@]})) || pgo="binaries given"
+echo "access log: $ACCESS_LOG; $CONNS connections, $KEYS keys primed, ${SECONDS_MEASURED}s counted; $pgo; $(nginx -v 2>&1 | sed 's/^nginx version: //'); files in $OUT"

@@ -16,6 +16,7 @@ mod common;
 
 mod binary;
 mod bounds;
+mod build_profile;
 mod checker;
 mod cli;
 mod client_address;
