@@ -95,36 +95,22 @@ HYPER_FLOOR_BIN=${HYPER_FLOOR_BIN:-${target_dir:-}/release/examples/hyper_floor}
 OUT=${OUT:-$(mktemp -d -t fencegate-instructions-XXXXXX)}
 mkdir -p "$OUT"
 PIDS=()
-NGINX_PID=
+UPSTREAM_PID=
 cleanup() {
     for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
     # nginx's master takes its worker with it only on a signal it handles.
-    if [[ -n "$NGINX_PID" ]]; then
-        kill -TERM "$NGINX_PID" 2>/dev/null || true
-        wait "$NGINX_PID" 2>/dev/null || true
+    if [[ -n "$UPSTREAM_PID" ]]; then
+        kill -TERM "$UPSTREAM_PID" 2>/dev/null || true
+        wait "$UPSTREAM_PID" 2>/dev/null || true
     fi
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_up() { # url
-    for _ in $(seq 300); do
-        curl -s -o /dev/null --max-time 1 "$1" && return 0
-        sleep 0.2
-    done
-    return 1
-}
+source "$here/upstream.sh"
 
 # The upstream: the load bench's nginx, one worker, 200 "ok" to everything.
-up_port=$(free_port)
-user_line="# (not root)"
-[[ "$(id -u)" == 0 ]] && user_line="user root;"
-mkdir -p "$OUT/upstream"
-sed -e "s|@USER_LINE@|$user_line|" -e "s|@DIR@|$OUT/upstream|g" -e "s|@PORT@|$up_port|" \
-    "$here/load/upstream-nginx.conf.in" >"$OUT/upstream/nginx.conf"
-nginx -p "$OUT/upstream/" -c "$OUT/upstream/nginx.conf" -e "$OUT/upstream/error.log" >"$OUT/upstream/stdout.log" 2>&1 &
-NGINX_PID=$!
-wait_up "http://127.0.0.1:$up_port/" || die "the upstream nginx did not start (see $OUT/upstream)"
+start_upstream "$OUT/upstream" || die "the upstream nginx did not start (see $OUT/upstream)"
+up_port=$UPSTREAM_PORT
 
 level=warn
 [[ "$ACCESS_LOG" == on ]] && level=info

@@ -49,8 +49,14 @@ llvm=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
 
 work=$(mktemp -d -t fencegate-pgo-XXXXXX)
 PIDS=()
+UPSTREAM_PID=
 cleanup() {
     for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    # nginx's master takes its worker with it only on a signal it handles.
+    if [[ -n "$UPSTREAM_PID" ]]; then
+        kill -TERM "$UPSTREAM_PID" 2>/dev/null || true
+        wait "$UPSTREAM_PID" 2>/dev/null || true
+    fi
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -60,25 +66,11 @@ echo "building fencegate instrumented (target/pgo-generate)..." >&2
     cargo build --release --locked --bin fencegate >&2) || die "the instrumented build failed"
 bin=$repo/target/pgo-generate/release/fencegate
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_up() {
-    for _ in $(seq 300); do
-        curl -s -o /dev/null --max-time 1 "$1" && return 0
-        sleep 0.2
-    done
-    return 1
-}
+source "$benches/upstream.sh"
 
 # The upstream: the load bench's nginx, 200 "ok" to everything.
-up_port=$(free_port)
-user_line="# (not root)"
-[[ "$(id -u)" == 0 ]] && user_line="user root;"
-mkdir -p "$work/upstream"
-sed -e "s|@USER_LINE@|$user_line|" -e "s|@DIR@|$work/upstream|g" -e "s|@PORT@|$up_port|" \
-    "$benches/load/upstream-nginx.conf.in" >"$work/upstream/nginx.conf"
-nginx -p "$work/upstream/" -c "$work/upstream/nginx.conf" -e "$work/upstream/error.log" >/dev/null 2>&1 &
-PIDS+=($!)
-wait_up "http://127.0.0.1:$up_port/" || die "the upstream nginx did not start"
+start_upstream "$work/upstream" || die "the upstream nginx did not start (see $work/upstream)"
+up_port=$UPSTREAM_PORT
 
 # One run of the traffic against a fencegate with `store`.
 run() { # store

@@ -4,7 +4,8 @@
 //! arguments it was given.
 //!
 //! - An optimized build (opt-level 3) with the profile's LLVM gets
-//!   `-Cprofile-use` with the profile.
+//!   `-Cprofile-use` with the profile, and LLVM's warnings about functions
+//!   changed since it was made are off unless `FENCEGATE_PGO=warn`.
 //! - An unoptimized build, `FENCEGATE_PGO=off`, another LLVM, and builds that
 //!   instrument code themselves (a profile being made, coverage, a fuzzer)
 //!   get their arguments as they were.
@@ -73,8 +74,11 @@ fn an_optimized_build_gets_the_profile() {
     let given = through_wrapper(&llvm, None, OPTIMIZED);
     let mut expected: Vec<String> = OPTIMIZED.iter().map(|a| a.to_string()).collect();
     expected.push(profile_use());
+    // `warn`: LLVM names the functions changed since the profile was made.
+    assert_eq!(through_wrapper(&llvm, Some("warn"), OPTIMIZED), expected);
+    expected.push("-Cllvm-args=-no-pgo-warn-mismatch".into());
     assert_eq!(given, expected);
-    // `on`, or anything but `off`, is the default.
+    // `on`, like anything but `off` and `warn`, is the default.
     assert_eq!(through_wrapper(&llvm, Some("on"), OPTIMIZED), expected);
 }
 
