@@ -111,6 +111,9 @@ source "$here/upstream.sh"
 # The upstream: the load bench's nginx, one worker, 200 "ok" to everything.
 start_upstream "$OUT/upstream" || die "the upstream nginx did not start (see $OUT/upstream)"
 up_port=$UPSTREAM_PORT
+# The nginx contenders' configs say the same of the user they run as.
+user_line="# (not root)"
+[[ "$(id -u)" == 0 ]] && user_line="user root;"
 
 level=warn
 [[ "$ACCESS_LOG" == on ]] && level=info
@@ -230,6 +233,11 @@ echo
 # profile (benches/pgo/rustc-wrapper): FENCEGATE_PGO=off builds them
 # without. (A build cargo made earlier, before a profile or without it, is
 # reused as it is: compare with fresh target directories.)
-pgo="profile-guided: ${FENCEGATE_PGO:-on}"
-((${#build[@]})) || pgo="binaries given"
-echo "access log: $ACCESS_LOG; $CONNS connections, $KEYS keys primed, ${SECONDS_MEASURED}s counted; $pgo; $(nginx -v 2>&1 | sed 's/^nginx version: //'); files in $OUT"
+pgo=
+case " $CONTENDERS " in
+    *" fencegate "* | *" fenced-floor "* | *" hyper-floor "*)
+        pgo="; Rust contenders given as binaries"
+        ((${#build[@]})) && pgo="; Rust contenders built with the optimization profile: ${FENCEGATE_PGO:-on}"
+        ;;
+esac
+echo "access log: $ACCESS_LOG; $CONNS connections, $KEYS keys primed, ${SECONDS_MEASURED}s counted$pgo; $(nginx -v 2>&1 | sed 's/^nginx version: //'); files in $OUT"
