@@ -94,19 +94,8 @@ HYPER_FLOOR_BIN=${HYPER_FLOOR_BIN:-${target_dir:-}/release/examples/hyper_floor}
 
 OUT=${OUT:-$(mktemp -d -t fencegate-instructions-XXXXXX)}
 mkdir -p "$OUT"
-PIDS=()
-UPSTREAM_PID=
-cleanup() {
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    # nginx's master takes its worker with it only on a signal it handles.
-    if [[ -n "$UPSTREAM_PID" ]]; then
-        kill -TERM "$UPSTREAM_PID" 2>/dev/null || true
-        wait "$UPSTREAM_PID" 2>/dev/null || true
-    fi
-}
-trap cleanup EXIT
-
 source "$here/upstream.sh"
+trap stop_started EXIT
 
 # The upstream: the load bench's nginx, one worker, 200 "ok" to everything.
 start_upstream "$OUT/upstream" || die "the upstream nginx did not start (see $OUT/upstream)"

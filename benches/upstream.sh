@@ -1,5 +1,22 @@
 # Sourced by benches/instructions.sh and benches/pgo/train.sh: free ports,
-# waiting for a server, and the upstream both put their proxy in front of.
+# waiting for a server, the upstream both put their proxy in front of, and
+# stopping what they started.
+
+# What the script started: PIDS are killed at the end, the upstream
+# (UPSTREAM_PID, set by start_upstream) stopped.
+PIDS=()
+UPSTREAM_PID=
+
+# Kills every process in PIDS, and stops the upstream with TERM: nginx's
+# master takes its worker with it only on a signal it handles. For `trap
+# ... EXIT`.
+stop_started() {
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    if [[ -n "$UPSTREAM_PID" ]]; then
+        kill -TERM "$UPSTREAM_PID" 2>/dev/null || true
+        wait "$UPSTREAM_PID" 2>/dev/null || true
+    fi
+}
 
 # A port free on 127.0.0.1 now.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -15,8 +32,7 @@ wait_up() { # url
 
 # Starts the load bench's nginx upstream (one worker, 200 "ok" to
 # everything) on a free port, with its config and logs in `dir`, and waits
-# for it. Sets UPSTREAM_PORT and UPSTREAM_PID; stop it with TERM, which
-# nginx's master passes on to its worker (a KILL would leave the worker).
+# for it. Sets UPSTREAM_PORT and UPSTREAM_PID (stop_started stops it).
 start_upstream() { # dir
     local dir=$1 user_line="# (not root)"
     local benches

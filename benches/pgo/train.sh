@@ -48,25 +48,13 @@ llvm=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
     die "$LLVM_PROFDATA is not of rustc's LLVM ($llvm)"
 
 work=$(mktemp -d -t fencegate-pgo-XXXXXX)
-PIDS=()
-UPSTREAM_PID=
-cleanup() {
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    # nginx's master takes its worker with it only on a signal it handles.
-    if [[ -n "$UPSTREAM_PID" ]]; then
-        kill -TERM "$UPSTREAM_PID" 2>/dev/null || true
-        wait "$UPSTREAM_PID" 2>/dev/null || true
-    fi
-    rm -rf "$work"
-}
-trap cleanup EXIT
+source "$benches/upstream.sh"
+trap 'stop_started; rm -rf "$work"' EXIT
 
 echo "building fencegate instrumented (target/pgo-generate)..." >&2
 (cd "$repo" && FENCEGATE_PGO=off RUSTFLAGS="-Cprofile-generate=$work/raw" CARGO_TARGET_DIR="$repo/target/pgo-generate" \
     cargo build --release --locked --bin fencegate >&2) || die "the instrumented build failed"
 bin=$repo/target/pgo-generate/release/fencegate
-
-source "$benches/upstream.sh"
 
 # The upstream: the load bench's nginx, 200 "ok" to everything.
 start_upstream "$work/upstream" || die "the upstream nginx did not start (see $work/upstream)"
