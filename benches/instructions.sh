@@ -132,22 +132,7 @@ for contender in $CONTENDERS; do
     tool=(valgrind --tool=callgrind --callgrind-out-file="$d/callgrind.out")
     case $contender in
         fencegate)
-            cat >"$d/fencegate.toml" <<EOF
-[server]
-listen = "127.0.0.1:$port"
-workers = 2
-[admin]
-listen = "127.0.0.1:$(free_port)"
-[fences]
-store = "memory"
-[log]
-level = "$level"
-[[route]]
-name = "objects"
-prefix = "/objects/"
-upstream = "http://127.0.0.1:$up_port"
-key = "{path}"
-EOF
+            bench_config "$d" "$port" "$(free_port)" memory "$level"
             cmd=("$FENCEGATE_BIN" --config "$d/fencegate.toml")
             ;;
         fenced-floor) cmd=("$HYPER_FLOOR_BIN" "127.0.0.1:$port" "127.0.0.1:$up_port" 2 fence) ;;

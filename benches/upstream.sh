@@ -1,6 +1,6 @@
 # Sourced by benches/instructions.sh and benches/pgo/train.sh: free ports,
-# waiting for a server, the upstream both put their proxy in front of, and
-# stopping what they started.
+# waiting for a server, the upstream both put their proxy in front of, the
+# fencegate config both run it with, and stopping what they started.
 
 # What the script started: PIDS are killed at the end, the upstream
 # (UPSTREAM_PID, set by start_upstream) stopped.
@@ -45,4 +45,31 @@ start_upstream() { # dir
     nginx -p "$dir/" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout.log" 2>&1 &
     UPSTREAM_PID=$!
     wait_up "http://127.0.0.1:$UPSTREAM_PORT/"
+}
+
+# fencegate's config for these benches, written to `dir`/fencegate.toml:
+# `listen` and `admin` ports, two workers, fences in `store` (a file store
+# under `dir`/fences), the log at `level`, and one route, /objects/ to the
+# upstream (start_upstream first), keyed by path.
+bench_config() { # dir listen admin store level
+    local dir=$1 path=
+    [[ "$4" == file ]] && path="path = \"$dir/fences\""
+    mkdir -p "$dir"
+    cat >"$dir/fencegate.toml" <<EOF
+[server]
+listen = "127.0.0.1:$2"
+workers = 2
+[admin]
+listen = "127.0.0.1:$3"
+[fences]
+store = "$4"
+$path
+[log]
+level = "$5"
+[[route]]
+name = "objects"
+prefix = "/objects/"
+upstream = "http://127.0.0.1:$UPSTREAM_PORT"
+key = "{path}"
+EOF
 }

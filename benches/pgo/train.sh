@@ -58,31 +58,13 @@ bin=$repo/target/pgo-generate/release/fencegate
 
 # The upstream: the load bench's nginx, 200 "ok" to everything.
 start_upstream "$work/upstream" || die "the upstream nginx did not start (see $work/upstream)"
-up_port=$UPSTREAM_PORT
 
 # One run of the traffic against a fencegate with `store`.
 run() { # store
     local port admin d=$work/$1
     port=$(free_port)
     admin=$(free_port)
-    mkdir -p "$d"
-    cat >"$d/fencegate.toml" <<EOF
-[server]
-listen = "127.0.0.1:$port"
-workers = 2
-[admin]
-listen = "127.0.0.1:$admin"
-[fences]
-store = "$1"
-$([[ "$1" == file ]] && echo "path = \"$d/fences\"")
-[log]
-level = "info"
-[[route]]
-name = "objects"
-prefix = "/objects/"
-upstream = "http://127.0.0.1:$up_port"
-key = "{path}"
-EOF
+    bench_config "$d" "$port" "$admin" "$1" info
     "$bin" --config "$d/fencegate.toml" >"$d/stdout.log" 2>"$d/stderr.log" &
     local pid=$!
     PIDS+=("$pid")
